@@ -1,0 +1,53 @@
+"""producerkit: publish messages to Kafka and NATS fast, and never lose track of one.
+
+::
+
+    import producerkit as pk
+
+    async with pk.Producer("kafka://127.0.0.1:9092", topic="orders") as producer:
+        await producer.produce(b"v", key=b"user-1", nonblocking=True)
+"""
+
+from producerkit._producer import Producer
+from producerkit._sync import SyncProducer
+from producerkit._types import ConnectionStats, Delivery, Failure, Stats
+from producerkit.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerUnavailable,
+    ConfigurationError,
+    DeliveryError,
+    MessageError,
+    MessageTooLarge,
+    MissingDependencyError,
+    ProduceError,
+    ProducerClosed,
+    ProducerError,
+    ProduceTimeout,
+    TLSError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
+    "BrokerUnavailable",
+    "ConfigurationError",
+    "ConnectionStats",
+    "Delivery",
+    "DeliveryError",
+    "Failure",
+    "MessageError",
+    "MessageTooLarge",
+    "MissingDependencyError",
+    "ProduceError",
+    "ProduceTimeout",
+    "Producer",
+    "ProducerClosed",
+    "ProducerError",
+    "Stats",
+    "SyncProducer",
+    "TLSError",
+    "__version__",
+]

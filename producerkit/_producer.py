@@ -1,0 +1,621 @@
+"""The asynchronous Producer: validate -> partition -> window -> backend, and the accounting.
+
+Every message handed to a backend is in ``_pending`` (insertion-ordered by send time, so also by
+deadline) until exactly one of ``acked``/``failed`` removes it. That single ledger gives the
+invariant ``produced == acked + failed + in_flight``, per-message timeouts with one timer for the
+whole producer (no task or timer handle per message), and a complete list of what close() could
+not deliver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Literal
+
+from producerkit import partitioners
+from producerkit._config import parse_url
+from producerkit._types import ConnectionStats, Delivery, Failure, Headers, Record, Stats
+from producerkit._window import InFlightWindow
+from producerkit.backends import Backend, load_backend
+from producerkit.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    DeliveryError,
+    MessageError,
+    MessageTooLarge,
+    ProduceError,
+    ProducerClosed,
+    ProducerError,
+    ProduceTimeout,
+)
+
+__all__ = ["Producer"]
+
+logger = logging.getLogger("producerkit")
+
+_NEW: Final = 0
+_RUNNING: Final = 1
+_CLOSING: Final = 2
+_CLOSED: Final = 3
+
+#: Bytes a backend adds around a record (lengths, timestamps, attributes); used in the size check.
+_RECORD_OVERHEAD: Final = 64
+
+ErrorCallback = Callable[[Failure], object]
+Partitioner = Callable[[bytes, int], int]
+
+
+class Producer:
+    """Publishes messages to Kafka, NATS, JetStream, memory or nowhere, with the same calls.
+
+    ``async with Producer(url, topic=...) as producer:`` connects, and on leaving flushes and
+    closes. ``await producer.produce(value, key=...)`` waits for the broker's ack and returns a
+    :class:`~producerkit.Delivery`; with ``nonblocking=True`` it returns once the message is handed
+    off, and the outcome is counted in :attr:`stats` and reported by :meth:`flush`.
+
+    Args:
+        url: ``kafka://host:port[,host:port]``, ``jetstream://host:port``, ``nats://host:port``,
+            ``memory://[name]`` or ``null://``; query parameters are backend options.
+        topic: default topic (Kafka topic, NATS subject) for ``produce()`` calls that name none.
+        concurrent_task_limit: most messages in flight at once; a produce that finds the window
+            full waits until it has drained to half the limit.
+        timeout: seconds a message may stay unacknowledged before it fails with
+            :class:`~producerkit.ProduceTimeout`; also bounds connecting.
+        connections: independent connections to the broker; a partition always uses the same one.
+        partitioner: ``"xxhash"`` (default), ``"murmur2"`` (Java-compatible), ``"memphis"``,
+            ``"crc32"`` or a function ``(key: bytes, num_partitions: int) -> int``.
+        keyless: how messages without key or partition spread over partitions: ``"sticky"``
+            (Kafka's default: one partition until its batch is sent) or ``"round_robin"`` (the
+            default on backends that do not batch).
+        on_error: called with each :class:`~producerkit.Failure` as it happens.
+        **options: backend options (``linger_ms``, ``acks``, ``partitions``, ...).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        topic: str | None = None,
+        concurrent_task_limit: int = 1000,
+        timeout: float = 30.0,
+        connections: int = 1,
+        partitioner: str | Partitioner = "xxhash",
+        keyless: Literal["sticky", "round_robin"] | None = None,
+        on_error: ErrorCallback | None = None,
+        **options: Any,
+    ) -> None:
+        self._url = parse_url(url)
+        self._backend_class = load_backend(self._url.scheme)
+        self._options = self._backend_class.check_options({**self._url.options, **options})
+        self._limit = _positive_int("concurrent_task_limit", concurrent_task_limit)
+        self._connection_count = _positive_int("connections", connections)
+        self._timeout = _positive_number("timeout", timeout)
+        if topic is not None:
+            _check_topic_type(topic, ConfigurationError)
+        self._topic = topic
+        self._partitioner: Partitioner = partitioners.resolve(partitioner)
+        if keyless is None:
+            keyless = self._backend_class.DEFAULT_KEYLESS  # type: ignore[assignment]
+        keyless_class = partitioners.KEYLESS_PARTITIONERS.get(keyless)  # type: ignore[arg-type]
+        if keyless_class is None:
+            raise ConfigurationError(
+                f"unknown keyless={keyless!r}: use one of {', '.join(partitioners.KEYLESS_PARTITIONERS)}"
+            )
+        self._keyless: partitioners.KeylessPartitioner = keyless_class()
+        if on_error is not None and not callable(on_error):
+            raise ConfigurationError("on_error must be a callable taking a producerkit.Failure")
+        self._on_error = on_error
+
+        self._state = _NEW
+        self._start_lock: asyncio.Lock | None = None
+        self._connections: list[Backend] = []
+        self._window = InFlightWindow(self._limit)
+        self._pending: dict[int, Record] = {}
+        self._seq = 0
+        self._acked = 0
+        self._failed = 0
+        self._conn_produced = [0] * self._connection_count
+        self._conn_acked = [0] * self._connection_count
+        self._conn_failed = [0] * self._connection_count
+        self._round_robin = 0
+        self._failures: list[Failure] = []
+        self._topics: dict[str, int | None] = {}
+        self._topic_tasks: dict[str, asyncio.Task[int | None]] = {}
+        self._max_size = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._failure_log = _FailureLog()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect every connection. Raises BrokerUnavailable within ``timeout`` if it cannot."""
+        if self._state == _RUNNING:
+            return
+        if self._state != _NEW:
+            raise ProducerClosed("this producer is closed; create a new one")
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._state != _NEW:
+                return
+            self._loop = asyncio.get_running_loop()
+            connections = [
+                self._backend_class(
+                    self._url, self._options, self, timeout=self._timeout, index=index
+                )
+                for index in range(self._connection_count)
+            ]
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(connection.connect() for connection in connections)),
+                    self._timeout,
+                )
+            except BaseException as exc:
+                await asyncio.gather(
+                    *(_close_quietly(connection) for connection in connections)
+                )
+                if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+                    raise BrokerUnavailable(
+                        f"could not connect to {self._describe_servers()} within {self._timeout}s"
+                    ) from exc
+                if isinstance(exc, ProducerError) or not isinstance(exc, Exception):
+                    raise
+                raise BrokerUnavailable(
+                    f"could not connect to {self._describe_servers()}: {exc}"
+                ) from exc
+            self._connections = connections
+            self._max_size = min(connection.max_message_size for connection in connections)
+            self._state = _RUNNING
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            await self.close()
+            return
+        # Leaving on an exception: close, but let the caller's exception be the one they see.
+        try:
+            await self.close()
+        except ProduceError as close_error:
+            logger.warning("closing after an error: %s", close_error)
+            exc.add_note(f"producerkit: also, on close: {close_error}")
+
+    # ------------------------------------------------------------------ produce
+
+    async def produce(
+        self,
+        value: bytes | bytearray | memoryview | str,
+        *,
+        key: bytes | str | None = None,
+        headers: Mapping[str, bytes | str] | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+        nonblocking: bool = False,
+        msg_id: str | None = None,
+    ) -> Delivery | None:
+        """Publish one message.
+
+        Waits for the broker's ack and returns its Delivery, or with ``nonblocking=True`` returns
+        None once the message is handed off. Raises MessageError (nothing sent) for a bad
+        message, ProducerClosed after close(); a blocking produce raises the message's own error
+        (ProduceTimeout, DeliveryError, ...) if it fails.
+        """
+        if self._state != _RUNNING:
+            await self._ensure_running()
+        if type(value) is not bytes:
+            value = _to_bytes("value", value)
+        if key is not None and type(key) is not bytes:
+            key = _to_bytes("key", key)
+        if topic is None:
+            topic = self._topic
+            if topic is None:
+                raise MessageError("no topic: pass topic= to produce() or to the Producer")
+        num_partitions = self._topics.get(topic, -1)
+        if num_partitions == -1:
+            num_partitions = await self._prepare_topic(topic)
+        if partition is not None:
+            _check_partition(partition, num_partitions, topic)
+        elif num_partitions is not None:
+            if key is not None:
+                partition = self._partitioner(key, num_partitions)
+            else:
+                partition = self._keyless.partition(topic, num_partitions)
+        header_pairs = None
+        if headers is not None:
+            header_pairs = _normalize_headers(headers)
+            self._backend_class.check_headers(header_pairs)
+        if msg_id is not None and (type(msg_id) is not str or not msg_id):
+            raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
+        size = len(value)
+        if key is not None:
+            size += len(key)
+        if header_pairs:
+            size += sum(len(name) + len(data) for name, data in header_pairs)
+        if size + _RECORD_OVERHEAD > self._max_size:
+            raise MessageTooLarge(
+                f"message of {size} bytes (value, key and headers) is larger than "
+                f"{self._max_size - _RECORD_OVERHEAD}, the most this {self._url.scheme}:// "
+                "connection accepts"
+            )
+
+        window = self._window
+        if window.in_flight >= window.limit:
+            await window.wait_for_room()
+            if self._state != _RUNNING:
+                raise ProducerClosed("the producer was closed while this produce waited")
+
+        # From here on the message is counted: it must end acked or failed.
+        if partition is not None:
+            index = partition % self._connection_count
+        elif key is not None and self._connection_count > 1:
+            index = hash(key) % self._connection_count
+        else:
+            index = self._round_robin = (self._round_robin + 1) % self._connection_count
+        loop = self._loop
+        assert loop is not None
+        future = None if nonblocking else loop.create_future()
+        seq = self._seq = self._seq + 1
+        record = Record(
+            seq, value, key, topic, partition, header_pairs, msg_id,
+            time.monotonic() + self._timeout, index, future,
+        )
+        self._pending[seq] = record
+        window.acquire()
+        self._conn_produced[index] += 1
+        if self._timer is None:
+            self._arm_timer(record.deadline)
+        try:
+            handed_off = self._connections[index].send(record)
+            if handed_off is not None:
+                await handed_off
+        except asyncio.CancelledError:
+            # The caller went away mid hand-off; the record may or may not be out. Its outcome
+            # still arrives (or its deadline fails it), so the accounting stays exact.
+            raise
+        except ProducerError as exc:
+            self.failed(record, exc)
+        except Exception as exc:  # a backend bug must not lose the message
+            self.failed(record, DeliveryError(f"{type(exc).__name__}: {exc}"))
+        if future is None:
+            return None
+        return await future
+
+    async def _ensure_running(self) -> None:
+        if self._state == _NEW:
+            await self.start()
+        if self._state != _RUNNING:
+            raise ProducerClosed("produce() after close(): create a new Producer")
+
+    async def _prepare_topic(self, topic: str) -> int | None:
+        """First message to a topic: validate its name and learn its partition count (once)."""
+        _check_topic_type(topic, MessageError)
+        self._backend_class.check_topic(topic)
+        task = self._topic_tasks.get(topic)
+        if task is None:
+            task = asyncio.ensure_future(self._connections[0].prepare_topic(topic))
+            self._topic_tasks[topic] = task
+        try:
+            count = await asyncio.wait_for(asyncio.shield(task), self._timeout)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            self._topic_tasks.pop(topic, None)
+            raise ProduceTimeout(
+                f"no metadata for topic {topic!r} within {self._timeout}s"
+            ) from exc
+        except BaseException:
+            if task.done():
+                self._topic_tasks.pop(topic, None)
+            raise
+        self._topic_tasks.pop(topic, None)
+        self._topics[topic] = count
+        return count
+
+    # ------------------------------------------------------------------ outcomes (DeliverySink)
+
+    def acked(self, record: Record) -> None:
+        if self._pending.pop(record.seq, None) is None:
+            return  # already failed (timed out) or reported twice
+        self._acked += 1
+        self._conn_acked[record.connection] += 1
+        self._window.release()
+        future = record.future
+        if future is not None and not future.done():
+            future.set_result(Delivery(record.topic, record.partition, record.offset))
+
+    def failed(self, record: Record, exc: BaseException) -> None:
+        if self._pending.pop(record.seq, None) is None:
+            return
+        self._failed += 1
+        self._conn_failed[record.connection] += 1
+        self._window.release()
+        future = record.future
+        if future is not None and not future.done():
+            future.set_exception(exc)
+            return  # the caller awaiting it is told; a blocking produce is not reported twice
+        failure = record.failure(exc)
+        self._failures.append(failure)
+        self._failure_log.add(failure)
+        if self._on_error is not None:
+            try:
+                self._on_error(failure)
+            except Exception:
+                logger.exception("on_error callback raised; the failure is still in flush()")
+
+    def topic_changed(self, topic: str) -> None:
+        self._topics.pop(topic, None)
+
+    def batch_sent(self, topic: str, partition: int) -> None:
+        num_partitions = self._topics.get(topic)
+        if num_partitions:
+            self._keyless.on_new_batch(topic, num_partitions, partition)
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _arm_timer(self, deadline: float) -> None:
+        assert self._loop is not None
+        delay = max(0.0, deadline - time.monotonic())
+        self._timer = self._loop.call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        expired: list[Record] = []
+        next_deadline = None
+        for record in self._pending.values():
+            if record.deadline > now:
+                next_deadline = record.deadline
+                break
+            expired.append(record)
+        for record in expired:
+            self.failed(
+                record,
+                ProduceTimeout(
+                    f"not acknowledged within {self._timeout}s (topic {record.topic!r}); "
+                    "it may still have been stored"
+                ),
+            )
+        if next_deadline is None and self._pending:
+            next_deadline = next(iter(self._pending.values())).deadline
+        if next_deadline is not None:
+            self._arm_timer(next_deadline)
+
+    # ------------------------------------------------------------------ flush / close
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until nothing is in flight; raise ProduceError with every failure since last time.
+
+        With ``timeout``, raise ProduceTimeout at that deadline if messages are still in flight
+        (they stay in flight and keep their own deadlines).
+        """
+        if timeout is not None:
+            timeout = _positive_number("timeout", timeout)
+        if self._connections:
+            try:
+                await asyncio.wait_for(self._drain(), timeout)
+            except (asyncio.TimeoutError, TimeoutError) as exc:
+                raise ProduceTimeout(
+                    f"flush() timed out after {timeout}s with {self._window.in_flight} "
+                    "message(s) still in flight"
+                ) from exc
+        self._raise_failures()
+
+    async def _drain(self) -> None:
+        await asyncio.gather(*(connection.flush() for connection in self._connections))
+        await self._window.wait_empty()
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Flush, then close every connection.
+
+        Waits at most ``timeout`` seconds (default: the producer's timeout) for messages in
+        flight; those still unacknowledged then fail with ProduceTimeout. Raises ProduceError if
+        any message failed, so ``acked + failed == produced`` always holds after close().
+        """
+        if self._state in (_CLOSING, _CLOSED):
+            return
+        if timeout is not None:
+            timeout = _positive_number("timeout", timeout)
+        was_running = self._state == _RUNNING
+        self._state = _CLOSING
+        self._window._wake(self._window._room_waiters)  # waiters see the state and give up
+        try:
+            if was_running:
+                try:
+                    await asyncio.wait_for(self._drain(), timeout or self._timeout)
+                except (asyncio.TimeoutError, TimeoutError):
+                    self._fail_pending(
+                        lambda: ProduceTimeout(
+                            "not acknowledged before the close() deadline; it may still have "
+                            "been stored"
+                        )
+                    )
+            await asyncio.gather(*(_close_quietly(connection) for connection in self._connections))
+            self._fail_pending(lambda: ProducerClosed("the producer closed with this message in flight"))
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            for task in self._topic_tasks.values():
+                task.cancel()
+            self._state = _CLOSED
+        self._failure_log.flush()
+        self._raise_failures()
+
+    def _fail_pending(self, make_error: Callable[[], BaseException]) -> None:
+        for record in list(self._pending.values()):
+            self.failed(record, make_error())
+
+    def _raise_failures(self) -> None:
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise ProduceError(failures)
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def stats(self) -> Stats:
+        window = self._window
+        connections = tuple(
+            ConnectionStats(
+                index,
+                self._conn_produced[index],
+                self._conn_acked[index],
+                self._conn_failed[index],
+                self._conn_produced[index] - self._conn_acked[index] - self._conn_failed[index],
+            )
+            for index in range(self._connection_count)
+        )
+        return Stats(
+            produced=self._seq,
+            acked=self._acked,
+            failed=self._failed,
+            in_flight=len(self._pending),
+            max_in_flight=window.max_in_flight,
+            window_waits=window.waits,
+            window_wait_seconds=window.wait_seconds,
+            connections=connections,
+        )
+
+    @property
+    def backend(self) -> Backend:
+        """The first connection's backend (``producer.backend.records`` on ``memory://``)."""
+        if not self._connections:
+            raise ProducerClosed("the producer is not started: use `async with` or await start()")
+        return self._connections[0]
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        return tuple(self._connections)
+
+    @property
+    def topic(self) -> str | None:
+        return self._topic
+
+    @property
+    def closed(self) -> bool:
+        return self._state == _CLOSED
+
+    def _describe_servers(self) -> str:
+        servers = ",".join(self._url.server_strings())
+        return f"{self._url.scheme}://{servers or self._url.name}"
+
+    def __repr__(self) -> str:
+        state = ("new", "running", "closing", "closed")[self._state]
+        return (
+            f"<Producer {self._describe_servers()} topic={self._topic!r} "
+            f"connections={self._connection_count} limit={self._limit} {state}>"
+        )
+
+
+# ---------------------------------------------------------------------- validation helpers
+
+
+def _to_bytes(what: str, data: object) -> bytes:
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise MessageError(f"{what} must be bytes, bytearray, memoryview or str, not {type(data).__name__}")
+
+
+def _normalize_headers(headers: object) -> Headers:
+    pairs: Iterable[Any]
+    if isinstance(headers, Mapping):
+        pairs = headers.items()
+    elif isinstance(headers, (list, tuple)):
+        pairs = headers
+    else:
+        raise MessageError(
+            f"headers must be a mapping of str to bytes/str, not {type(headers).__name__}"
+        )
+    normalized = []
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise MessageError(f"headers must be (name, value) pairs, got {pair!r}")
+        name, data = pair
+        if not isinstance(name, str) or not name:
+            raise MessageError(f"header names must be non-empty str, got {name!r}")
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        elif isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            raise MessageError(
+                f"header {name!r} must have a bytes or str value, not {type(data).__name__}"
+            )
+        normalized.append((name, data))
+    return tuple(normalized)
+
+
+def _check_topic_type(topic: object, error: type[ProducerError]) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise error(f"topic must be a non-empty str, got {topic!r}")
+
+
+def _check_partition(partition: object, num_partitions: int | None, topic: str) -> None:
+    if type(partition) is not int:
+        raise MessageError(f"partition must be an int, not {type(partition).__name__}")
+    if num_partitions is None:
+        raise MessageError(
+            f"partition={partition} given but topic {topic!r} is not partitioned on this backend "
+            "(NATS: create the producer with partitions=N)"
+        )
+    if not 0 <= partition < num_partitions:
+        raise MessageError(
+            f"partition {partition} is out of range for topic {topic!r} "
+            f"with {num_partitions} partition(s)"
+        )
+
+
+def _positive_int(name: str, value: object) -> int:
+    if type(value) is not int or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _positive_number(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or value == float("inf")
+    ):
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+async def _close_quietly(connection: Backend) -> None:
+    try:
+        await asyncio.wait_for(connection.close(), connection.timeout)
+    except Exception:
+        logger.debug("error closing %r", connection, exc_info=True)
+
+
+class _FailureLog:
+    """Logs failures as counts, at most one line per second, never one line per message."""
+
+    INTERVAL: Final = 1.0
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._last = 0.0
+
+    def add(self, failure: Failure) -> None:
+        name = type(failure.exception).__name__
+        self._counts[name] = self._counts.get(name, 0) + 1
+        now = time.monotonic()
+        if now - self._last >= self.INTERVAL:
+            self._last = now
+            self.flush(example=failure)
+
+    def flush(self, example: Failure | None = None) -> None:
+        if not self._counts:
+            return
+        counts = ", ".join(f"{count} {name}" for name, count in sorted(self._counts.items()))
+        detail = f" (latest: {example.exception})" if example is not None else ""
+        logger.warning("messages failed: %s%s", counts, detail)
+        self._counts.clear()

@@ -1,0 +1,41 @@
+"""Backends by URL scheme, imported on first use so that ``import producerkit`` stays light."""
+
+from __future__ import annotations
+
+import importlib
+
+from producerkit.backends.base import Backend, DeliverySink
+from producerkit.errors import ConfigurationError, MissingDependencyError
+
+__all__ = ["Backend", "DeliverySink", "load_backend"]
+
+# scheme -> (module, class, the extra that installs its client library)
+_BACKENDS: dict[str, tuple[str, str, str | None]] = {
+    "kafka": ("kafka", "KafkaBackend", "kafka"),
+    "jetstream": ("nats", "JetStreamBackend", "nats"),
+    "nats": ("nats", "NatsBackend", "nats"),
+    "memory": ("memory", "MemoryBackend", None),
+    "null": ("null", "NullBackend", None),
+}
+_loaded: dict[str, type[Backend]] = {}
+
+
+def load_backend(scheme: str) -> type[Backend]:
+    cls = _loaded.get(scheme)
+    if cls is not None:
+        return cls
+    try:
+        module_name, class_name, extra = _BACKENDS[scheme]
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown backend {scheme!r}: use one of {', '.join(sorted(_BACKENDS))}"
+        ) from None
+    try:
+        module = importlib.import_module(f"producerkit.backends.{module_name}")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the {scheme}:// backend needs {exc.name or 'a package'} which is not installed: "
+            f'run  pip install "producerkit[{extra}]"'
+        ) from exc
+    cls = _loaded[scheme] = getattr(module, class_name)
+    return cls

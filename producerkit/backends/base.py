@@ -1,0 +1,102 @@
+"""The seam: one small interface every backend implements.
+
+A backend is one connection to a broker. The producer above it owns everything else, written once:
+the in-flight window, deadlines, stats, partition choice, connection pooling and failure
+accounting. A backend only moves records and reports, for each record it was handed, exactly one
+outcome through its :class:`DeliverySink`: ``acked(record)`` (after setting ``record.offset``) or
+``failed(record, exc)`` with a producerkit error. Late or duplicate reports are ignored above, so
+a backend need not track deadlines.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Mapping
+from typing import Any, ClassVar, Protocol
+
+from producerkit._config import ParsedURL, coerce_option
+from producerkit._types import Headers, Record
+from producerkit.errors import ConfigurationError
+
+
+class DeliverySink(Protocol):
+    def acked(self, record: Record) -> None: ...
+
+    def failed(self, record: Record, exc: BaseException) -> None: ...
+
+    def topic_changed(self, topic: str) -> None:
+        """The partition count of ``topic`` may have changed: ask ``prepare_topic`` again."""
+
+    def batch_sent(self, topic: str, partition: int) -> None:
+        """A batch for this partition left: sticky keyless partitioning may move on (KIP-480)."""
+
+
+class Backend(abc.ABC):
+    """One connection to a broker (or to memory, or to nowhere)."""
+
+    #: Options this backend accepts (as keywords or URL query parameters) and their types.
+    OPTIONS: ClassVar[Mapping[str, type]] = {}
+    #: How keyless messages spread when the user does not say: sticky suits backends that batch.
+    DEFAULT_KEYLESS: ClassVar[str] = "round_robin"
+    #: Largest message (value + key + headers) this backend accepts; set by ``connect()``.
+    max_message_size: int = 1024 * 1024
+
+    def __init__(
+        self,
+        url: ParsedURL,
+        options: Mapping[str, Any],
+        sink: DeliverySink,
+        *,
+        timeout: float,
+        index: int = 0,
+    ) -> None:
+        self.url = url
+        self.options = dict(options)
+        self.sink = sink
+        self.timeout = timeout
+        self.index = index
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Convert options to their declared types; unknown names are a ConfigurationError."""
+        checked: dict[str, Any] = {}
+        for name, value in options.items():
+            kind = cls.OPTIONS.get(name)
+            if kind is None:
+                known = ", ".join(sorted(cls.OPTIONS)) or "none"
+                raise ConfigurationError(
+                    f"unknown option {name!r} for {cls.__name__}; options it accepts: {known}"
+                )
+            checked[name] = coerce_option(name, value, kind)
+        return checked
+
+    @classmethod
+    def check_topic(cls, topic: str) -> None:
+        """Raise MessageError if ``topic`` is not a valid name on this backend (called once a topic)."""
+
+    @classmethod
+    def check_headers(cls, headers: Headers) -> None:
+        """Raise MessageError if this backend cannot carry these headers."""
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Open the connection; raise BrokerUnavailable (or a subclass) if it cannot be opened."""
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        """Called once per topic before its first message: the partition count, or None."""
+        return None
+
+    @abc.abstractmethod
+    def send(self, record: Record) -> Awaitable[None] | None:
+        """Hand a record off. Return None, or an awaitable when the backend needs the caller to
+        wait for buffer space (not for the ack). Report the outcome later through the sink."""
+
+    async def flush(self) -> None:
+        """Push out anything buffered; acks still arrive through the sink."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the connection. Records not yet reported are failed by the producer above."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url.scheme}://{','.join(self.url.server_strings()) or self.url.name}>"

@@ -1,0 +1,280 @@
+"""``kafka://host:port[,host:port]`` on aiokafka, batching with the protocol's own record batches.
+
+Instead of one ``send()`` (and one future) per message, records are appended to an open record
+batch per partition (aiokafka's ``create_batch``) and each batch is handed to ``send_batch``. One
+done-callback per batch then acks every record in it, with offset ``base_offset + index``.
+
+Batching needs no linger: a partition's batch stays open while the previous batch of that
+partition is still in aiokafka's accumulator (aiokafka keeps one per partition), so batches grow
+exactly as large as the broker's pace requires. With ``linger_ms=0`` (the default, for latency)
+an idle partition ships its batch at the end of the current event-loop iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
+from aiokafka.producer.message_accumulator import BatchBuilder
+
+from producerkit._types import Record
+from producerkit.backends.base import Backend
+from producerkit.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerUnavailable,
+    ConfigurationError,
+    DeliveryError,
+    MessageError,
+    MessageTooLarge,
+    ProducerError,
+    ProduceTimeout,
+)
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+#: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
+_AIOKAFKA_OPTIONS: dict[str, type] = {
+    "acks": str,  # 0, 1, -1 or all; converted in check_options
+    "client_id": str,
+    "compression_type": str,
+    "connections_max_idle_ms": int,
+    "enable_idempotence": bool,
+    "linger_ms": int,
+    "max_batch_size": int,
+    "max_request_size": int,
+    "metadata_max_age_ms": int,
+    "request_timeout_ms": int,
+    "retry_backoff_ms": int,
+    "send_backoff_ms": int,
+}
+
+#: Options for throughput over latency (``preset="throughput"``); see docs/tuning.md.
+THROUGHPUT_PRESET: dict[str, Any] = {"linger_ms": 5, "max_batch_size": 1024 * 1024 - 4096}
+
+
+class _PartitionQueue:
+    """Batches of one partition waiting for aiokafka, oldest first, and the open one."""
+
+    __slots__ = ("builder", "full", "records", "shipping")
+
+    def __init__(self) -> None:
+        self.builder: BatchBuilder | None = None
+        self.records: list[Record] = []
+        self.full: deque[tuple[BatchBuilder, list[Record]]] = deque()
+        self.shipping = False
+
+
+class KafkaBackend(Backend):
+    DEFAULT_KEYLESS: ClassVar[str] = "sticky"
+    OPTIONS: ClassVar[Mapping[str, type]] = {**_AIOKAFKA_OPTIONS, "preset": str}
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        checked = super().check_options(options)
+        if checked.get("preset") not in (None, "latency", "throughput"):
+            raise ConfigurationError(
+                f"unknown preset {checked['preset']!r}: use 'latency' or 'throughput'"
+            )
+        acks = checked.get("acks")
+        if acks is not None:
+            if acks not in ("0", "1", "-1", "all"):
+                raise ConfigurationError(f"acks must be 0, 1, -1 or 'all', got {acks!r}")
+            checked["acks"] = acks if acks == "all" else int(acks)
+        return checked
+
+    async def connect(self) -> None:
+        settings = self._client_settings()
+        self.max_message_size = settings.get("max_request_size", 1024 * 1024)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.url.server_strings(), **settings
+        )
+        self._linger = settings["linger_ms"] / 1000
+        self._queues: dict[tuple[str, int], _PartitionQueue] = {}
+        self._ship_scheduled = False
+        self._partition_counts: dict[str, int] = {}
+        self._shippers: set[asyncio.Task[None]] = set()
+        try:
+            await self._producer.start()
+        except BaseException as exc:
+            await self._producer.stop()
+            if isinstance(exc, Exception):
+                raise _translate(exc) from exc
+            raise
+        self._producer.client.cluster.add_listener(self._metadata_updated)
+
+    def _client_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {"linger_ms": 0, "acks": 1, "enable_idempotence": False}
+        options = dict(self.options)
+        preset = options.pop("preset", None)
+        if preset == "throughput":
+            settings.update(THROUGHPUT_PRESET)
+        settings.update(options)
+        settings.setdefault("request_timeout_ms", int(self.timeout * 1000))
+        return settings
+
+    @classmethod
+    def check_topic(cls, topic: str) -> None:
+        if not _TOPIC.match(topic) or topic in (".", ".."):
+            raise MessageError(
+                f"invalid Kafka topic {topic!r}: use 1 to 249 of the characters a-z A-Z 0-9 . _ -"
+            )
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        try:
+            partitions = await self._producer.partitions_for(topic)
+        except Exception as exc:
+            raise _translate(exc) from exc
+        self._partition_counts[topic] = len(partitions)
+        return len(partitions)
+
+    def _metadata_updated(self, cluster: Any) -> None:
+        for topic, known in list(self._partition_counts.items()):
+            partitions = cluster.partitions_for_topic(topic)
+            if partitions is not None and len(partitions) != known:
+                self._partition_counts[topic] = len(partitions)
+                self.sink.topic_changed(topic)
+
+    def send(self, record: Record) -> None:
+        assert record.partition is not None
+        slot = (record.topic, record.partition)
+        queue = self._queues.get(slot)
+        if queue is None:
+            queue = self._queues[slot] = _PartitionQueue()
+        builder = queue.builder
+        if builder is None:
+            builder = queue.builder = self._producer.create_batch()
+        if builder.append(
+            timestamp=None, key=record.key, value=record.value, headers=list(record.headers) if record.headers else []
+        ) is None:
+            # The open batch is full: queue it and start the next one with this record.
+            queue.full.append((builder, queue.records))
+            builder = queue.builder = self._producer.create_batch()
+            queue.records = []
+            if builder.append(
+                timestamp=None, key=record.key, value=record.value, headers=list(record.headers) if record.headers else []
+            ) is None:
+                self.sink.failed(record, MessageTooLarge("record larger than max_batch_size"))
+                return
+        queue.records.append(record)
+        if not queue.shipping and not self._ship_scheduled:
+            self._ship_scheduled = True
+            loop = asyncio.get_running_loop()
+            if self._linger:
+                loop.call_later(self._linger, self._ship_all)
+            else:
+                loop.call_soon(self._ship_all)
+
+    def _ship_all(self) -> None:
+        self._ship_scheduled = False
+        for slot, queue in self._queues.items():
+            if not queue.shipping and (queue.records or queue.full):
+                queue.shipping = True
+                task = asyncio.ensure_future(self._ship(slot, queue))
+                self._shippers.add(task)
+                task.add_done_callback(self._shippers.discard)
+
+    async def _ship(self, slot: tuple[str, int], queue: _PartitionQueue) -> None:
+        """Hand this partition's batches to aiokafka in order, one at a time (it queues one per
+        partition); meanwhile the open batch keeps filling."""
+        topic, partition = slot
+        try:
+            while True:
+                if queue.full:
+                    builder, records = queue.full.popleft()
+                elif queue.records:
+                    assert queue.builder is not None
+                    builder, records = queue.builder, queue.records
+                    queue.builder, queue.records = None, []
+                else:
+                    return
+                self.sink.batch_sent(topic, partition)
+                try:
+                    future = await self._producer.send_batch(builder, topic, partition=partition)
+                except Exception as exc:
+                    self._fail_all(records, exc)
+                    continue
+                future.add_done_callback(
+                    lambda done, records=records: self._batch_done(done, records)
+                )
+        finally:
+            queue.shipping = False
+
+    def _batch_done(self, done: asyncio.Future[Any], records: list[Record]) -> None:
+        if done.cancelled():
+            self._fail_all(records, BrokerUnavailable("the batch was cancelled (connection closed)"))
+            return
+        exc = done.exception()
+        if exc is not None:
+            self._fail_all(records, exc)
+            return
+        offset = done.result().offset
+        acked = self.sink.acked
+        for record in records:
+            record.offset = offset
+            offset += 1
+            acked(record)
+
+    def _fail_all(self, records: list[Record], exc: BaseException) -> None:
+        error = _translate(exc)
+        for record in records:
+            self.sink.failed(record, error)
+
+    async def flush(self) -> None:
+        if self._ship_scheduled or any(
+            queue.records or queue.full for queue in self._queues.values()
+        ):
+            self._ship_all()
+        while self._shippers:
+            await asyncio.gather(*self._shippers, return_exceptions=True)
+        await self._producer.flush()
+
+    async def close(self) -> None:
+        for task in list(getattr(self, "_shippers", ())):
+            task.cancel()
+        for queue in getattr(self, "_queues", {}).values():
+            stranded = [record for _, records in queue.full for record in records] + queue.records
+            queue.full.clear()
+            queue.records = []
+            queue.builder = None
+            for record in stranded:
+                self.sink.failed(record, BrokerUnavailable("the connection closed before this message was sent"))
+        await self._producer.stop()
+
+
+def _translate(exc: BaseException) -> ProducerError:
+    """aiokafka's exceptions -> producerkit's, at this backend's edge."""
+    if isinstance(exc, ProducerError):
+        return exc
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, kafka_errors.MessageSizeTooLargeError | kafka_errors.RecordListTooLargeError):
+        return MessageTooLarge(text)
+    if isinstance(
+        exc,
+        kafka_errors.TopicAuthorizationFailedError
+        | kafka_errors.ClusterAuthorizationFailedError
+        | kafka_errors.GroupAuthorizationFailedError,
+    ):
+        return AuthorizationError(text)
+    if isinstance(exc, kafka_errors.AuthenticationFailedError | kafka_errors.UnsupportedSaslMechanismError):
+        return AuthenticationError(text)
+    if isinstance(exc, kafka_errors.KafkaTimeoutError | kafka_errors.RequestTimedOutError):
+        return ProduceTimeout(text)
+    if isinstance(
+        exc,
+        kafka_errors.KafkaConnectionError
+        | kafka_errors.NodeNotReadyError
+        | kafka_errors.NotLeaderForPartitionError
+        | kafka_errors.LeaderNotAvailableError
+        | ConnectionError
+        | OSError,
+    ):
+        return BrokerUnavailable(text)
+    if isinstance(exc, kafka_errors.InvalidTopicError):
+        return MessageError(text)
+    return DeliveryError(text)

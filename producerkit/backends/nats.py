@@ -1,0 +1,355 @@
+"""``nats://`` (core NATS) and ``jetstream://`` (acked, stored) on nats-py.
+
+JetStream: every publish carries a reply subject ``<inbox>.<n>`` and one wildcard subscription
+receives all the PubAcks, so publishes are pipelined with no future or task per message.
+The PubAck's stream sequence becomes the Delivery offset. ``msg_id`` sets ``Nats-Msg-Id``, which
+the server uses to drop duplicates within the stream's duplicate window.
+
+Core NATS has no acks. Its "ack" is the server's PONG to a PING sent after the message: the server
+answers in order, so a PONG proves it received everything published before the PING (not that any
+subscriber got it). One flush acknowledges a whole burst of messages.
+
+Options: ``partitions=N`` maps partition p to subject ``{topic}.{p}`` (Memphis-style partitions);
+``create_stream`` (JetStream) creates a stream for a topic that has none, with ``stream_storage``
+``memory`` or ``file``; ``pending_size`` is nats-py's outgoing buffer (bytes kept while
+reconnecting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import ssl
+import time
+from collections.abc import Awaitable, Mapping
+from typing import Any, ClassVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from producerkit._types import Headers, Record
+from producerkit.backends.base import Backend
+from producerkit.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerUnavailable,
+    ConfigurationError,
+    DeliveryError,
+    MessageError,
+    MessageTooLarge,
+    ProducerError,
+    ProduceTimeout,
+    TLSError,
+)
+
+logger = logging.getLogger("producerkit")
+
+_BAD_SUBJECT = re.compile(r"[\s*>]|^\.|\.$|\.\.")
+_BAD_HEADER_NAME = re.compile(r"[\s:]")
+
+
+class _NatsConnection(Backend):
+    """What core NATS and JetStream share: connecting, subjects, headers, reconnect logging."""
+
+    OPTIONS: ClassVar[Mapping[str, type]] = {
+        "partitions": int,
+        "pending_size": int,
+        "name": str,
+    }
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        checked = super().check_options(options)
+        if checked.get("partitions", 1) < 1:
+            raise ConfigurationError(f"partitions must be at least 1, got {checked['partitions']}")
+        if checked.get("stream_storage", "memory") not in ("memory", "file"):
+            raise ConfigurationError("stream_storage must be 'memory' or 'file'")
+        return checked
+
+    @classmethod
+    def check_topic(cls, topic: str) -> None:
+        if _BAD_SUBJECT.search(topic):
+            raise MessageError(
+                f"invalid NATS subject {topic!r}: no spaces, no wildcards (* >), no empty tokens"
+            )
+
+    @classmethod
+    def check_headers(cls, headers: Headers) -> None:
+        for name, data in headers:
+            if _BAD_HEADER_NAME.search(name):
+                raise MessageError(f"invalid NATS header name {name!r}: no spaces or colons")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MessageError(
+                    f"NATS header {name!r} must be UTF-8 text; NATS headers cannot carry binary"
+                ) from None
+            if "\r" in text or "\n" in text:
+                raise MessageError(f"NATS header {name!r} must not contain line breaks")
+
+    async def connect(self) -> None:
+        self._partitions: int | None = self.options.get("partitions")
+        self._closing = False
+        self._connected = False
+        self._reconnects = 0
+        servers = [f"nats://{host}:{port}" for host, port in self.url.servers]
+        settings: dict[str, Any] = {
+            "servers": servers,
+            "name": self.options.get("name", "producerkit"),
+            "connect_timeout": min(self.timeout, 5.0),
+            "allow_reconnect": True,
+            # Fail the first connect fast (one pass over the servers); reconnect forever after.
+            "max_reconnect_attempts": 0,
+            "reconnect_time_wait": 0.25,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+        }
+        if "pending_size" in self.options:
+            settings["pending_size"] = self.options["pending_size"]
+        client = Client()
+        try:
+            await client.connect(**settings)
+        except BaseException as exc:
+            await _close_client(client)
+            if isinstance(exc, Exception):
+                raise _translate(exc) from exc
+            raise
+        client.options["max_reconnect_attempts"] = -1
+        self._nc = client
+        self._connected = True
+        self.max_message_size = client.max_payload
+
+    def subject(self, record: Record) -> str:
+        if self._partitions is None:
+            return record.topic
+        return f"{record.topic}.{record.partition}"
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        return self._partitions
+
+    def nats_headers(self, record: Record) -> dict[str, str] | None:
+        headers = None
+        if record.headers:
+            headers = {name: data.decode("utf-8") for name, data in record.headers}
+        if record.msg_id is not None:
+            headers = headers or {}
+            headers["Nats-Msg-Id"] = record.msg_id
+        return headers
+
+    async def _publish(self, record: Record, reply: str = "") -> None:
+        try:
+            await self._nc.publish(
+                self.subject(record), record.value, reply=reply, headers=self.nats_headers(record)
+            )
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    async def _on_error(self, exc: Exception) -> None:
+        if self._connected and not self._closing:
+            logger.warning("NATS connection %d: %s", self.index, exc)
+
+    async def _on_disconnected(self) -> None:
+        if self._connected and not self._closing:
+            logger.warning("NATS connection %d lost; reconnecting", self.index)
+
+    async def _on_reconnected(self) -> None:
+        self._reconnects += 1
+        logger.warning(
+            "NATS connection %d reconnected (%d reconnects so far)", self.index, self._reconnects
+        )
+
+    async def close(self) -> None:
+        self._closing = True
+        client = getattr(self, "_nc", None)
+        if client is not None:
+            await _close_client(client)
+
+
+class NatsBackend(_NatsConnection):
+    """Core NATS: fire-and-forget publishes, acknowledged in bursts by PING/PONG."""
+
+    async def connect(self) -> None:
+        await super().connect()
+        self._unflushed: list[Record] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    def send(self, record: Record) -> Awaitable[None]:
+        self._unflushed.append(record)
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush_loop())
+        return self._publish(record)
+
+    async def _flush_loop(self) -> None:
+        try:
+            while self._unflushed:
+                await asyncio.sleep(0)  # let the rest of this burst be published first
+                burst, self._unflushed = self._unflushed, []
+                try:
+                    await self._nc.flush(timeout=max(1, int(self.timeout)))
+                except Exception as exc:
+                    error = _translate(exc)
+                    for record in burst:
+                        self.sink.failed(record, error)
+                else:
+                    for record in burst:
+                        self.sink.acked(record)
+        finally:
+            self._flusher = None
+
+    async def flush(self) -> None:
+        flusher = self._flusher
+        if flusher is not None:
+            await asyncio.shield(flusher)
+
+
+class JetStreamBackend(_NatsConnection):
+    """JetStream: pipelined publishes, PubAcks matched by reply subject on one subscription."""
+
+    OPTIONS: ClassVar[Mapping[str, type]] = {
+        **_NatsConnection.OPTIONS,
+        "create_stream": bool,
+        "stream_storage": str,
+    }
+
+    async def connect(self) -> None:
+        await super().connect()
+        self._js = self._nc.jetstream()
+        self._inbox = self._nc.new_inbox()
+        self._inbox_prefix_length = len(self._inbox) + 1
+        self._awaiting: dict[int, Record] = {}
+        self._next_token = 0
+        self._last_sweep = time.monotonic()
+        await self._nc.subscribe(self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1)
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        if self.options.get("create_stream"):
+            await self._ensure_stream(topic)
+        return self._partitions
+
+    async def _ensure_stream(self, topic: str) -> None:
+        probe = topic if self._partitions is None else f"{topic}.0"
+        try:
+            await self._js.find_stream_name_by_subject(probe)
+            return
+        except nats.js.errors.NotFoundError:
+            pass
+        except Exception as exc:
+            raise _translate(exc) from exc
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", topic)
+        storage = self.options.get("stream_storage", "memory")
+        try:
+            await self._js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage)
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def send(self, record: Record) -> Awaitable[None]:
+        token = self._next_token = self._next_token + 1
+        self._awaiting[token] = record
+        return self._publish(record, reply=f"{self._inbox}.{token}")
+
+    async def _on_ack(self, msg: Msg) -> None:
+        try:
+            token = int(msg.subject[self._inbox_prefix_length :])
+        except ValueError:
+            return
+        record = self._awaiting.pop(token, None)
+        if record is None:
+            return  # already timed out and forgotten
+        error = _puback_error(msg)
+        if error is not None:
+            self.sink.failed(record, error)
+            return
+        try:
+            record.offset = json.loads(msg.data)["seq"]
+        except (ValueError, KeyError, TypeError):
+            self.sink.failed(record, DeliveryError(f"unreadable PubAck {msg.data[:200]!r}"))
+            return
+        self.sink.acked(record)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Forget records whose deadline passed (the producer failed them) and whose ack never came."""
+        now = time.monotonic()
+        if now - self._last_sweep < self.timeout:
+            return
+        self._last_sweep = now
+        expired = [token for token, record in self._awaiting.items() if record.deadline < now]
+        for token in expired:
+            del self._awaiting[token]
+
+    async def flush(self) -> None:
+        pass  # publishes are written as they are made; PubAcks arrive on their own
+
+    async def close(self) -> None:
+        await super().close()
+        for record in list(getattr(self, "_awaiting", {}).values()):
+            self.sink.failed(record, BrokerUnavailable("the connection closed before the PubAck"))
+        if hasattr(self, "_awaiting"):
+            self._awaiting.clear()
+
+
+def _puback_error(msg: Msg) -> ProducerError | None:
+    if not msg.data:
+        status = (msg.headers or {}).get("Status", "")
+        if status == "503":
+            return DeliveryError(
+                f"no JetStream stream stores subject {msg.subject!r} (503 no responders); create "
+                "one or pass create_stream=True"
+            )
+        return DeliveryError(f"empty PubAck (status {status or 'none'})")
+    if b'"error"' in msg.data:
+        try:
+            error = json.loads(msg.data)["error"]
+            code, description = error.get("err_code") or error.get("code"), error.get("description")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return DeliveryError(f"JetStream rejected the message: {msg.data[:200]!r}")
+        text = f"JetStream rejected the message: {description} (code {code})"
+        if "permission" in str(description).lower():
+            return AuthorizationError(text)
+        if "too large" in str(description).lower() or "maximum" in str(description).lower():
+            return MessageTooLarge(text)
+        return DeliveryError(text)
+    return None
+
+
+async def _close_client(client: Client) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 5)
+    except Exception:
+        logger.debug("error closing a NATS connection", exc_info=True)
+
+
+def _translate(exc: BaseException) -> ProducerError:
+    """nats-py's exceptions -> producerkit's, at this backend's edge."""
+    if isinstance(exc, ProducerError):
+        return exc
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, nats.errors.AuthorizationError):
+        return AuthenticationError(text)
+    if isinstance(exc, ssl.SSLError | nats.errors.SecureConnRequiredError | nats.errors.SecureConnWantedError | nats.errors.SecureConnFailedError):
+        return TLSError(text)
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return MessageTooLarge(text)
+    if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError):
+        return ProduceTimeout(text)
+    if isinstance(
+        exc,
+        nats.errors.NoServersError
+        | nats.errors.ConnectionClosedError
+        | nats.errors.ConnectionDrainingError
+        | nats.errors.OutboundBufferLimitError
+        | nats.errors.StaleConnectionError
+        | nats.errors.UnexpectedEOF
+        | ConnectionError
+        | OSError,
+    ):
+        return BrokerUnavailable(text)
+    if isinstance(exc, nats.js.errors.APIError):
+        return DeliveryError(text)
+    return DeliveryError(text)

@@ -1,0 +1,33 @@
+"""``null://``: acknowledges every message at once.
+
+It measures producerkit's own overhead (validation, partitioning, window, accounting) with no I/O,
+the way Tansu's null storage engine measures a broker's protocol path (seed 004).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from producerkit._types import Record
+from producerkit.backends.base import Backend
+
+
+class NullBackend(Backend):
+    OPTIONS: ClassVar[Mapping[str, type]] = {"partitions": int}
+
+    _next_offset = 0
+
+    async def connect(self) -> None:
+        self._partitions: int | None = self.options.get("partitions")
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        return self._partitions
+
+    def send(self, record: Record) -> None:
+        record.offset = self._next_offset
+        self._next_offset += 1
+        self.sink.acked(record)
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,116 @@
+"""Every error producerkit raises, in one tree.
+
+::
+
+    ProducerError                      base of everything below
+    ├── ConfigurationError (ValueError)    bad URL, option or producer setting, at construction
+    │   └── MissingDependencyError (ImportError)  a backend's extra is not installed
+    ├── MessageError (ValueError)          a bad value/key/headers/topic/partition, at produce()
+    │   └── MessageTooLarge                    larger than the backend accepts
+    ├── BrokerUnavailable (ConnectionError)    cannot connect, or the connection is gone
+    │   ├── AuthenticationError                credentials refused
+    │   └── TLSError                           handshake or certificate failure
+    ├── AuthorizationError                 the broker refused this message (permissions)
+    ├── DeliveryError                      the broker rejected this message for another reason
+    ├── ProduceTimeout (TimeoutError)      not acked within ``timeout``; or flush/close deadline
+    ├── ProducerClosed                     produce() after close(), or closed with the message in flight
+    └── ProduceError                       aggregate: ``.failures`` holds every failed message
+
+Errors about one call are raised at that call, and the producer stays usable. Errors about one
+message after it was handed off are recorded in a :class:`~producerkit.Failure` (with the message),
+passed to ``on_error`` and raised together by ``flush()`` as a :class:`ProduceError`.
+Client library exceptions never escape: backends translate them at their edge and chain the
+original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from producerkit._types import Failure
+
+__all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
+    "BrokerUnavailable",
+    "ConfigurationError",
+    "DeliveryError",
+    "MessageError",
+    "MessageTooLarge",
+    "MissingDependencyError",
+    "ProduceError",
+    "ProduceTimeout",
+    "ProducerClosed",
+    "ProducerError",
+    "TLSError",
+]
+
+
+class ProducerError(Exception):
+    """Base class of every producerkit error."""
+
+
+class ConfigurationError(ProducerError, ValueError):
+    """A URL, option or producer setting is invalid."""
+
+
+class MissingDependencyError(ConfigurationError, ImportError):
+    """A backend needs an optional dependency that is not installed."""
+
+
+class MessageError(ProducerError, ValueError):
+    """A message given to ``produce()`` is invalid; nothing was sent."""
+
+
+class MessageTooLarge(MessageError):
+    """The message is larger than the backend accepts."""
+
+
+class BrokerUnavailable(ProducerError, ConnectionError):
+    """The broker cannot be reached, or the connection to it was lost."""
+
+
+class AuthenticationError(BrokerUnavailable):
+    """The broker refused the credentials."""
+
+
+class TLSError(BrokerUnavailable):
+    """The TLS handshake failed (certificate not trusted, TLS required or refused)."""
+
+
+class AuthorizationError(ProducerError):
+    """The broker refused this message: the user may not publish to its topic."""
+
+
+class DeliveryError(ProducerError):
+    """The broker rejected this message (no stream for the subject, invalid record, ...)."""
+
+
+class ProduceTimeout(ProducerError, TimeoutError):
+    """A message was not acknowledged in time, or flush()/close() reached its deadline."""
+
+
+class ProducerClosed(ProducerError):
+    """The producer is closed, or was closed before this message was acknowledged."""
+
+
+class ProduceError(ProducerError):
+    """Some messages failed; :attr:`failures` holds each with its exception, ready to retry."""
+
+    def __init__(self, failures: Sequence[Failure], message: str | None = None) -> None:
+        self.failures: list[Failure] = list(failures)
+        if message is None:
+            message = _summarize(self.failures)
+        super().__init__(message)
+
+
+def _summarize(failures: Sequence[Failure]) -> str:
+    counts: dict[str, int] = {}
+    for failure in failures:
+        name = type(failure.exception).__name__
+        counts[name] = counts.get(name, 0) + 1
+    parts = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+    first = f"; first: {failures[0].exception}" if failures else ""
+    return f"{len(failures)} message(s) failed ({parts}){first}"
