@@ -104,7 +104,7 @@ class _NatsConnection(Backend):
             "connect_timeout": min(self.timeout, 5.0),
             "allow_reconnect": True,
             # Fail the first connect fast (one pass over the servers); reconnect forever after.
-            "max_reconnect_attempts": 0,
+            "max_reconnect_attempts": 1,
             "reconnect_time_wait": 0.25,
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnected,

@@ -1,0 +1,3 @@
+from producerkit.cli import main
+
+raise SystemExit(main())

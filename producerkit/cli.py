@@ -1,0 +1,48 @@
+"""The ``producerkit`` command: ``demo``, ``bench``, ``produce`` and ``dev``.
+
+Each subcommand lives in its own module, imported only when it runs, so ``producerkit --help``
+is quick and needs none of the optional dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+_COMMANDS = {
+    "demo": ("producerkit._demo", "start local brokers and show sync vs nonblocking produce"),
+    "bench": ("producerkit.bench.command", "open-loop latency/throughput benchmark (HDR, plots)"),
+    "produce": ("producerkit._cli_produce", "publish each record of a file or stdin"),
+    "dev": ("producerkit._cli_dev", "start local Kafka (Tansu) and NATS brokers for development"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: producerkit COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<9} {summary}" for name, (_, summary) in _COMMANDS.items()]
+    lines += ["", "producerkit COMMAND --help shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        from producerkit import __version__
+
+        print(__version__)
+        return 0
+    command = _COMMANDS.get(args[0])
+    if command is None:
+        print(f"producerkit: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(command[0])
+    code: int = module.main(args[1:])
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

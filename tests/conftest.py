@@ -1,0 +1,154 @@
+"""Session brokers started from installed wheels, and one fixture parametrized over every backend.
+
+Tansu (Kafka protocol, memory storage) and nats-server (JetStream, temp store) start once per
+session on free loopback ports and stop at the end. ``backend_url`` runs a test on memory, null,
+kafka, jetstream and nats; ``read_back`` reads a topic back with a plain client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from producerkit.brokers import LocalBroker, start_kafka, start_nats
+
+BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[LocalBroker]:
+    with start_kafka() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def nats_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    with start_nats(jetstream=True, workdir=tmp_path_factory.mktemp("nats")) as broker:
+        yield broker
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+class BackendCase:
+    """A backend under test: its URL, the options a test producer needs, and how to read back."""
+
+    def __init__(self, name: str, url: str, options: dict[str, Any]) -> None:
+        self.name = name
+        self.url = url
+        self.options = options
+
+    @property
+    def real(self) -> bool:
+        return self.name in ("kafka", "jetstream", "nats")
+
+    def __repr__(self) -> str:
+        return f"<BackendCase {self.name} {self.url}>"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> BackendCase:
+    name = request.param
+    if name == "memory":
+        return BackendCase(name, f"memory://{uuid.uuid4().hex}", {})
+    if name == "null":
+        return BackendCase(name, "null://", {})
+    if name == "kafka":
+        broker: LocalBroker = request.getfixturevalue("kafka_broker")
+        return BackendCase(name, broker.url, {})
+    broker = request.getfixturevalue("nats_broker")
+    if name == "jetstream":
+        return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True})
+    return BackendCase(name, f"nats://{broker.host_port}", {})
+
+
+def run(coroutine: Awaitable[Any]) -> Any:
+    return asyncio.run(coroutine)  # type: ignore[arg-type]
+
+
+ReadBack = Callable[..., Awaitable[list[dict[str, Any]]]]
+
+
+async def read_kafka(url: str, topic: str, expected: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Every record of ``topic`` read with a plain aiokafka consumer, in partition order."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=url.removeprefix("kafka://"),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    await consumer.start()
+    records: list[dict[str, Any]] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(records) < expected and loop.time() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=10000)
+            for tp, messages in batches.items():
+                for message in messages:
+                    records.append(
+                        {
+                            "partition": tp.partition,
+                            "offset": message.offset,
+                            "key": message.key,
+                            "value": message.value,
+                            "headers": dict(message.headers or ()),
+                        }
+                    )
+        # a little longer, to catch duplicates beyond the expected count
+        for _ in range(2):
+            batches = await consumer.getmany(timeout_ms=200)
+            for tp, messages in batches.items():
+                for message in messages:
+                    records.append({"partition": tp.partition, "offset": message.offset,
+                                    "key": message.key, "value": message.value,
+                                    "headers": dict(message.headers or ())})
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def read_jetstream(url: str, subject: str, expected: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Every message on ``subject`` (a filter: ``orders`` or ``orders.>``) read with a plain
+    nats-py pull consumer, in stream order."""
+    import nats
+    import nats.errors
+
+    nc = await nats.connect(url.replace("jetstream://", "nats://"))
+    try:
+        js = nc.jetstream()
+        probe = subject.replace(".>", ".0").replace(".*", ".0")
+        stream = await js.find_stream_name_by_subject(probe)
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        psub = await js.pull_subscribe(
+            subject, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
+        )
+        records: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        quiet = 0
+        while loop.time() < deadline and (len(records) < expected or quiet < 1):
+            try:
+                batch = await psub.fetch(2000, timeout=0.5)
+            except nats.errors.TimeoutError:
+                quiet += 1
+                continue
+            for msg in batch:
+                records.append(
+                    {"subject": msg.subject, "offset": msg.metadata.sequence.stream,
+                     "value": msg.data, "headers": dict(msg.headers or {})}
+                )
+        await psub.unsubscribe()
+        return records
+    finally:
+        await nc.close()
