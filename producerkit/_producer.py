@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from producerkit import partitioners
 from producerkit._config import parse_url
@@ -71,6 +71,8 @@ class Producer:
             (Kafka's default: one partition until its batch is sent) or ``"round_robin"`` (the
             default on backends that do not batch).
         on_error: called with each :class:`~producerkit.Failure` as it happens.
+        on_stats: called with a :class:`~producerkit.Stats` snapshot every ``stats_interval``
+            seconds while the producer runs.
         **options: backend options (``linger_ms``, ``acks``, ``partitions``, ...).
     """
 
@@ -83,8 +85,10 @@ class Producer:
         timeout: float = 30.0,
         connections: int = 1,
         partitioner: str | Partitioner = "xxhash",
-        keyless: Literal["sticky", "round_robin"] | None = None,
+        keyless: str | partitioners.KeylessPartitioner | None = None,
         on_error: ErrorCallback | None = None,
+        on_stats: Callable[[Stats], object] | None = None,
+        stats_interval: float = 5.0,
         **options: Any,
     ) -> None:
         self._url = parse_url(url)
@@ -98,16 +102,16 @@ class Producer:
         self._topic = topic
         self._partitioner: Partitioner = partitioners.resolve(partitioner)
         if keyless is None:
-            keyless = self._backend_class.DEFAULT_KEYLESS  # type: ignore[assignment]
-        keyless_class = partitioners.KEYLESS_PARTITIONERS.get(keyless)  # type: ignore[arg-type]
-        if keyless_class is None:
-            raise ConfigurationError(
-                f"unknown keyless={keyless!r}: use one of {', '.join(partitioners.KEYLESS_PARTITIONERS)}"
-            )
-        self._keyless: partitioners.KeylessPartitioner = keyless_class()
+            keyless = self._backend_class.DEFAULT_KEYLESS
+        self._keyless = partitioners.resolve_keyless(keyless)
         if on_error is not None and not callable(on_error):
             raise ConfigurationError("on_error must be a callable taking a producerkit.Failure")
         self._on_error = on_error
+        if on_stats is not None and not callable(on_stats):
+            raise ConfigurationError("on_stats must be a callable taking a producerkit.Stats")
+        self._on_stats = on_stats
+        self._stats_interval = _positive_number("stats_interval", stats_interval)
+        self._stats_timer: asyncio.TimerHandle | None = None
 
         self._state = _NEW
         self._start_lock: asyncio.Lock | None = None
@@ -170,6 +174,8 @@ class Producer:
             self._connections = connections
             self._max_size = min(connection.max_message_size for connection in connections)
             self._state = _RUNNING
+            if self._on_stats is not None:
+                self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -384,6 +390,15 @@ class Producer:
         if next_deadline is not None:
             self._arm_timer(next_deadline)
 
+    def _report_stats(self) -> None:
+        assert self._loop is not None and self._on_stats is not None
+        try:
+            self._on_stats(self.stats)
+        except Exception:
+            logger.exception("on_stats callback raised")
+        if self._state == _RUNNING:
+            self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
+
     # ------------------------------------------------------------------ flush / close
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -436,9 +451,10 @@ class Producer:
             await asyncio.gather(*(_close_quietly(connection) for connection in self._connections))
             self._fail_pending(lambda: ProducerClosed("the producer closed with this message in flight"))
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            for timer in (self._timer, self._stats_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._timer = self._stats_timer = None
             for task in self._topic_tasks.values():
                 task.cancel()
             self._state = _CLOSED
