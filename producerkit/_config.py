@@ -43,7 +43,7 @@ def parse_url(url: object) -> ParsedURL:
     match = _URL.match(url.strip())
     if match is None:
         raise ConfigurationError(
-            f"malformed producer URL {_redact(url)!r}: expected SCHEME://HOST:PORT with SCHEME one of "
+            f"malformed producer URL {_redact(url)!r}: expected SCHEME://HOST:PORT, SCHEME one of "
             f"{', '.join(SCHEMES)}"
         )
     scheme = match["scheme"].lower()
@@ -71,7 +71,7 @@ def parse_url(url: object) -> ParsedURL:
     hostpart, _, path = rest.partition("/")
     if path.strip("/"):
         raise ConfigurationError(
-            f"the producer URL {_redact(url)!r} has a path {path!r}: put the topic in topic=, not the URL"
+            f"the producer URL {_redact(url)!r} has a path {path!r}: pass the topic as topic="
         )
     servers = tuple(_parse_server(part, scheme, url) for part in hostpart.split(","))
     return ParsedURL(scheme, servers, "", options, username, password)

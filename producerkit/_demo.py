@@ -11,18 +11,23 @@ import argparse
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import producerkit as pk
 from producerkit.brokers import start_kafka, start_nats
 
 
-async def _rate(url: str, mode: str, count: int, limit: int, **options: object) -> tuple[float, pk.Stats]:
+async def _rate(
+    url: str, mode: str, count: int, limit: int, **options: Any
+) -> tuple[float, pk.Stats]:
     value = b"x" * 512
     async with pk.Producer(url, topic="demo", concurrent_task_limit=limit, **options) as producer:
         await producer.produce(value, key=b"warm-up")  # connect and learn the topic first
         started = time.perf_counter()
         for i in range(count):
-            await producer.produce(value, key=b"user-%d" % (i % 1000), nonblocking=mode == "nonblocking")
+            await producer.produce(
+                value, key=b"user-%d" % (i % 1000), nonblocking=mode == "nonblocking"
+            )
         await producer.flush()
         elapsed = time.perf_counter() - started
     return count / elapsed, producer.stats
@@ -33,8 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync-messages", type=int, default=2_000)
     parser.add_argument("--nonblocking-messages", type=int, default=50_000)
     parser.add_argument("--concurrent-task-limit", type=int, default=1000)
-    parser.add_argument("--rtt-ms", type=float, default=0.0,
-                        help="emulate a WAN: add this round trip between client and broker")
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="emulate a WAN: add this round trip between client and broker",
+    )
     args = parser.parse_args(argv)
     print("starting local brokers (Tansu Kafka, nats-server JetStream) ...", flush=True)
     with start_kafka() as kafka, start_nats(jetstream=True) as nats:
@@ -42,20 +51,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = []
         for name, url, options in targets:
             with _maybe_delayed(url, args.rtt_ms, kafka if name == "kafka" else None) as target:
-                sync_rate, _ = asyncio.run(_rate(target, "sync", args.sync_messages, args.concurrent_task_limit, **options))
+                sync_rate, _ = asyncio.run(
+                    _rate(target, "sync", args.sync_messages, args.concurrent_task_limit, **options)
+                )
                 nb_rate, stats = asyncio.run(
-                    _rate(target, "nonblocking", args.nonblocking_messages, args.concurrent_task_limit, **options)
+                    _rate(
+                        target,
+                        "nonblocking",
+                        args.nonblocking_messages,
+                        args.concurrent_task_limit,
+                        **options,
+                    )
                 )
             rows.append((name, sync_rate, nb_rate, stats))
     rtt = f", {args.rtt_ms:g} ms RTT" if args.rtt_ms else " (loopback)"
     print(f"\n512-byte keyed messages{rtt}; window limit {args.concurrent_task_limit}\n")
-    print(f"{'backend':<10} {'sync msg/s':>12} {'nonblocking msg/s':>18} {'speed-up':>9}  accounting")
+    print(
+        f"{'backend':<10} {'sync msg/s':>12} {'nonblocking msg/s':>18} {'speed-up':>9}  accounting"
+    )
     for name, sync_rate, nb_rate, stats in rows:
         accounting = (
             f"produced={stats.produced} acked={stats.acked} failed={stats.failed} "
             f"max_in_flight={stats.max_in_flight} window_waits={stats.window_waits}"
         )
-        print(f"{name:<10} {sync_rate:>12,.0f} {nb_rate:>18,.0f} {nb_rate / sync_rate:>8.1f}x  {accounting}")
+        print(
+            f"{name:<10} {sync_rate:>12,.0f} {nb_rate:>18,.0f} "
+            f"{nb_rate / sync_rate:>8.1f}x  {accounting}"
+        )
     print("\nSync produce waits one round trip per message; nonblocking keeps up to the window's")
     print("limit in flight and drains to half when it fills. Try --rtt-ms 10 to see a WAN.")
     return 0

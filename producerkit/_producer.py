@@ -159,9 +159,7 @@ class Producer:
                     self._timeout,
                 )
             except BaseException as exc:
-                await asyncio.gather(
-                    *(_close_quietly(connection) for connection in connections)
-                )
+                await asyncio.gather(*(_close_quietly(connection) for connection in connections))
                 if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
                     raise BrokerUnavailable(
                         f"could not connect to {self._describe_servers()} within {self._timeout}s"
@@ -268,8 +266,16 @@ class Producer:
         future = None if nonblocking else loop.create_future()
         seq = self._seq = self._seq + 1
         record = Record(
-            seq, value, key, topic, partition, header_pairs, msg_id,
-            time.monotonic() + self._timeout, index, future,
+            seq,
+            value,
+            key,
+            topic,
+            partition,
+            header_pairs,
+            msg_id,
+            time.monotonic() + self._timeout,
+            index,
+            future,
         )
         self._pending[seq] = record
         window.acquire()
@@ -290,7 +296,8 @@ class Producer:
             self.failed(record, DeliveryError(f"{type(exc).__name__}: {exc}"))
         if future is None:
             return None
-        return await future
+        delivery: Delivery = await future
+        return delivery
 
     async def _ensure_running(self) -> None:
         if self._state == _NEW:
@@ -308,7 +315,7 @@ class Producer:
             self._topic_tasks[topic] = task
         try:
             count = await asyncio.wait_for(asyncio.shield(task), self._timeout)
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             self._topic_tasks.pop(topic, None)
             raise ProduceTimeout(
                 f"no metadata for topic {topic!r} within {self._timeout}s"
@@ -412,7 +419,7 @@ class Producer:
         if self._connections:
             try:
                 await asyncio.wait_for(self._drain(), timeout)
-            except (asyncio.TimeoutError, TimeoutError) as exc:
+            except TimeoutError as exc:
                 raise ProduceTimeout(
                     f"flush() timed out after {timeout}s with {self._window.in_flight} "
                     "message(s) still in flight"
@@ -441,7 +448,7 @@ class Producer:
             if was_running:
                 try:
                     await asyncio.wait_for(self._drain(), timeout or self._timeout)
-                except (asyncio.TimeoutError, TimeoutError):
+                except TimeoutError:
                     self._fail_pending(
                         lambda: ProduceTimeout(
                             "not acknowledged before the close() deadline; it may still have "
@@ -449,7 +456,9 @@ class Producer:
                         )
                     )
             await asyncio.gather(*(_close_quietly(connection) for connection in self._connections))
-            self._fail_pending(lambda: ProducerClosed("the producer closed with this message in flight"))
+            self._fail_pending(
+                lambda: ProducerClosed("the producer closed with this message in flight")
+            )
         finally:
             for timer in (self._timer, self._stats_timer):
                 if timer is not None:
@@ -535,7 +544,9 @@ def _to_bytes(what: str, data: object) -> bytes:
         return data.encode("utf-8")
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
-    raise MessageError(f"{what} must be bytes, bytearray, memoryview or str, not {type(data).__name__}")
+    raise MessageError(
+        f"{what} must be bytes, bytearray, memoryview or str, not {type(data).__name__}"
+    )
 
 
 def _normalize_headers(headers: object) -> Headers:

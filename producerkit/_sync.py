@@ -70,8 +70,13 @@ class SyncProducer:
         """Same as :meth:`Producer.produce`, blocking the calling thread."""
         return self._run(
             self._producer.produce(
-                value, key=key, headers=headers, topic=topic, partition=partition,
-                nonblocking=nonblocking, msg_id=msg_id,
+                value,
+                key=key,
+                headers=headers,
+                topic=topic,
+                partition=partition,
+                nonblocking=nonblocking,
+                msg_id=msg_id,
             ),
             # a full window may wait for a whole timeout before the message itself is sent
             wait=None if nonblocking else 2 * self._timeout,

@@ -37,8 +37,13 @@ class Failure:
     exception: BaseException
 
     def retry_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments that make ``produce(failure.value, **failure.retry_kwargs())`` resend it."""
-        return {"key": self.key, "topic": self.topic, "headers": self.headers, "msg_id": self.msg_id}
+        """Keywords for ``produce(failure.value, **failure.retry_kwargs())`` to resend it."""
+        return {
+            "key": self.key,
+            "topic": self.topic,
+            "headers": self.headers,
+            "msg_id": self.msg_id,
+        }
 
 
 @attrs.frozen(slots=True)

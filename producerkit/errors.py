@@ -13,7 +13,7 @@
     ├── AuthorizationError                 the broker refused this message (permissions)
     ├── DeliveryError                      the broker rejected this message for another reason
     ├── ProduceTimeout (TimeoutError)      not acked within ``timeout``; or flush/close deadline
-    ├── ProducerClosed                     produce() after close(), or closed with the message in flight
+    ├── ProducerClosed                     produce() after close(), or closed with it in flight
     └── ProduceError                       aggregate: ``.failures`` holds every failed message
 
 Errors about one call are raised at that call, and the producer stays usable. Errors about one

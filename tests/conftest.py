@@ -75,7 +75,9 @@ def run(coroutine: Awaitable[Any]) -> Any:
 ReadBack = Callable[..., Awaitable[list[dict[str, Any]]]]
 
 
-async def read_kafka(url: str, topic: str, expected: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+async def read_kafka(
+    url: str, topic: str, expected: int, timeout: float = 30.0
+) -> list[dict[str, Any]]:
     """Every record of ``topic`` read with a plain aiokafka consumer, in partition order."""
     from aiokafka import AIOKafkaConsumer
 
@@ -109,15 +111,23 @@ async def read_kafka(url: str, topic: str, expected: int, timeout: float = 30.0)
             batches = await consumer.getmany(timeout_ms=200)
             for tp, messages in batches.items():
                 for message in messages:
-                    records.append({"partition": tp.partition, "offset": message.offset,
-                                    "key": message.key, "value": message.value,
-                                    "headers": dict(message.headers or ())})
+                    records.append(
+                        {
+                            "partition": tp.partition,
+                            "offset": message.offset,
+                            "key": message.key,
+                            "value": message.value,
+                            "headers": dict(message.headers or ()),
+                        }
+                    )
     finally:
         await consumer.stop()
     return records
 
 
-async def read_jetstream(url: str, subject: str, expected: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+async def read_jetstream(
+    url: str, subject: str, expected: int, timeout: float = 30.0
+) -> list[dict[str, Any]]:
     """Every message on ``subject`` (a filter: ``orders`` or ``orders.>``) read with a plain
     nats-py pull consumer, in stream order."""
     import nats
@@ -145,8 +155,12 @@ async def read_jetstream(url: str, subject: str, expected: int, timeout: float =
                 continue
             for msg in batch:
                 records.append(
-                    {"subject": msg.subject, "offset": msg.metadata.sequence.stream,
-                     "value": msg.data, "headers": dict(msg.headers or {})}
+                    {
+                        "subject": msg.subject,
+                        "offset": msg.metadata.sequence.stream,
+                        "value": msg.data,
+                        "headers": dict(msg.headers or {}),
+                    }
                 )
         await psub.unsubscribe()
         return records

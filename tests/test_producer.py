@@ -77,7 +77,9 @@ def test_window_limit_and_drain_to_half(backend: BackendCase, topic: str) -> Non
 
 
 @pytest.mark.parametrize("name", ["kafka", "jetstream"])
-def test_round_trip_exactly_once_in_key_order(name: str, request: pytest.FixtureRequest, topic: str) -> None:
+def test_round_trip_exactly_once_in_key_order(
+    name: str, request: pytest.FixtureRequest, topic: str
+) -> None:
     """The done-when check: 20,000 keyed messages, limit 100, read back by another client."""
     backend: BackendCase = request.getfixturevalue("backend_" + name)
     count, keys = 20_000, 50
@@ -125,7 +127,11 @@ def test_kafka_keys_and_headers_round_trip(kafka_broker: LocalBroker, topic: str
         return await read_kafka(kafka_broker.url, topic, 3)
 
     records = sorted(asyncio.run(main()), key=lambda r: r["value"])
-    assert [(r["key"], r["value"]) for r in records] == [(None, b"ba"), (b"k1", b"bytes"), (b"k2", b"str")]
+    assert [(r["key"], r["value"]) for r in records] == [
+        (None, b"ba"),
+        (b"k1", b"bytes"),
+        (b"k2", b"str"),
+    ]
     assert records[1]["headers"] == {"a": b"\x00\xff", "b": b"text"}
 
 
@@ -154,7 +160,9 @@ def test_flush_raises_produce_error_with_failures(nats_broker: LocalBroker, topi
                 await producer.produce(b"%d" % i, key=b"k", nonblocking=True)
             with pytest.raises(pk.ProduceError) as caught:
                 await producer.flush()
-            assert sorted(f.value for f in caught.value.failures) == sorted(b"%d" % i for i in range(10))
+            assert sorted(f.value for f in caught.value.failures) == sorted(
+                b"%d" % i for i in range(10)
+            )
             assert all(isinstance(f.exception, pk.DeliveryError) for f in caught.value.failures)
             with pytest.raises(pk.DeliveryError):
                 await producer.produce(b"sync", key=b"k")  # a blocking produce raises its own error
@@ -171,7 +179,9 @@ def test_timeout_when_broker_stops_answering(name: str, tmp_path: Any, topic: st
     """A broker frozen with SIGSTOP: every message fails with ProduceTimeout at its deadline, the
     caller is never held past it, and flush/close report them."""
     starter = start_kafka if name == "kafka" else start_nats
-    kwargs: dict[str, Any] = {} if name == "kafka" else {"workdir": tmp_path, "jetstream": name == "jetstream"}
+    kwargs: dict[str, Any] = (
+        {} if name == "kafka" else {"workdir": tmp_path, "jetstream": name == "jetstream"}
+    )
     options: dict[str, Any] = {"create_stream": True} if name == "jetstream" else {}
     with starter(**kwargs) as broker:
         url = broker.url if name != "nats" else f"nats://{broker.host_port}"
@@ -192,7 +202,9 @@ def test_timeout_when_broker_stops_answering(name: str, tmp_path: Any, topic: st
                         await producer.flush()
                     assert time.monotonic() - started < 2 * 1.5 + 1.5
                     assert len(caught.value.failures) == 20
-                    assert all(isinstance(f.exception, pk.ProduceTimeout) for f in caught.value.failures)
+                    assert all(
+                        isinstance(f.exception, pk.ProduceTimeout) for f in caught.value.failures
+                    )
                     check_invariant(producer.stats)
                     assert producer.stats.in_flight == 0
                 finally:
@@ -277,7 +289,9 @@ def test_flush_timeout_reports_in_flight(tmp_path: Any, topic: str) -> None:
     with start_nats(workdir=tmp_path) as broker:
 
         async def main() -> None:
-            async with pk.Producer(broker.url, topic=topic, timeout=2, create_stream=True) as producer:
+            async with pk.Producer(
+                broker.url, topic=topic, timeout=2, create_stream=True
+            ) as producer:
                 await producer.produce(b"warm")
                 assert broker.process is not None
                 os.kill(broker.process.pid, signal.SIGSTOP)
@@ -334,7 +348,9 @@ def test_cancelled_sync_produce_keeps_accounting(backend: BackendCase, topic: st
         async with pk.Producer(
             backend.url, topic=topic, concurrent_task_limit=8, timeout=10, **backend.options
         ) as producer:
-            tasks = [asyncio.ensure_future(producer.produce(b"%d" % i, key=b"k")) for i in range(64)]
+            tasks = [
+                asyncio.ensure_future(producer.produce(b"%d" % i, key=b"k")) for i in range(64)
+            ]
             await asyncio.sleep(0)
             for task in tasks[::3]:
                 task.cancel()
@@ -354,16 +370,26 @@ def test_tcp_nodelay_is_on(kafka_broker: LocalBroker, nats_broker: LocalBroker) 
     import gc
 
     async def main() -> None:
-        for url, port in [(kafka_broker.url, kafka_broker.port), (nats_broker.url, nats_broker.port)]:
-            async with pk.Producer(url, topic="nodelay", create_stream=True) if "jetstream" in url else pk.Producer(url, topic="nodelay") as producer:
+        for url, port in [
+            (kafka_broker.url, kafka_broker.port),
+            (nats_broker.url, nats_broker.port),
+        ]:
+            async with (
+                pk.Producer(url, topic="nodelay", create_stream=True)
+                if "jetstream" in url
+                else pk.Producer(url, topic="nodelay") as producer
+            ):
                 await producer.produce(b"v")
                 sockets = [
                     obj.get_extra_info("socket")
                     for obj in gc.get_objects()
                     if isinstance(obj, asyncio.Transport) and not obj.is_closing()
                 ]
-                ours = [s for s in sockets if s is not None and s.family == socket.AF_INET
-                        and s.getpeername()[1] == port]
+                ours = [
+                    s
+                    for s in sockets
+                    if s is not None and s.family == socket.AF_INET and s.getpeername()[1] == port
+                ]
                 assert ours, f"no connection to {url}"
                 for sock in ours:
                     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

@@ -37,5 +37,6 @@ def load_backend(scheme: str) -> type[Backend]:
             f"the {scheme}:// backend needs {exc.name or 'a package'} which is not installed: "
             f'run  pip install "producerkit[{extra}]"'
         ) from exc
-    cls = _loaded[scheme] = getattr(module, class_name)
+    cls: type[Backend] = getattr(module, class_name)
+    _loaded[scheme] = cls
     return cls

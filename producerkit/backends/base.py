@@ -72,7 +72,7 @@ class Backend(abc.ABC):
 
     @classmethod
     def check_topic(cls, topic: str) -> None:
-        """Raise MessageError if ``topic`` is not a valid name on this backend (called once a topic)."""
+        """Raise MessageError if ``topic`` is not valid on this backend (once per topic)."""
 
     @classmethod
     def check_headers(cls, headers: Headers) -> None:
@@ -99,4 +99,5 @@ class Backend(abc.ABC):
         """Close the connection. Records not yet reported are failed by the producer above."""
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.url.scheme}://{','.join(self.url.server_strings()) or self.url.name}>"
+        where = ",".join(self.url.server_strings()) or self.url.name
+        return f"<{type(self).__name__} {self.url.scheme}://{where}>"

@@ -91,9 +91,7 @@ class KafkaBackend(Backend):
     async def connect(self) -> None:
         settings = self._client_settings()
         self.max_message_size = settings.get("max_request_size", 1024 * 1024)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.url.server_strings(), **settings
-        )
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.url.server_strings(), **settings)
         self._linger = settings["linger_ms"] / 1000
         self._queues: dict[tuple[str, int], _PartitionQueue] = {}
         self._ship_scheduled = False
@@ -149,16 +147,28 @@ class KafkaBackend(Backend):
         builder = queue.builder
         if builder is None:
             builder = queue.builder = self._producer.create_batch()
-        if builder.append(
-            timestamp=None, key=record.key, value=record.value, headers=list(record.headers) if record.headers else []
-        ) is None:
+        if (
+            builder.append(
+                timestamp=None,
+                key=record.key,
+                value=record.value,
+                headers=list(record.headers) if record.headers else [],
+            )
+            is None
+        ):
             # The open batch is full: queue it and start the next one with this record.
             queue.full.append((builder, queue.records))
             builder = queue.builder = self._producer.create_batch()
             queue.records = []
-            if builder.append(
-                timestamp=None, key=record.key, value=record.value, headers=list(record.headers) if record.headers else []
-            ) is None:
+            if (
+                builder.append(
+                    timestamp=None,
+                    key=record.key,
+                    value=record.value,
+                    headers=list(record.headers) if record.headers else [],
+                )
+                is None
+            ):
                 self.sink.failed(record, MessageTooLarge("record larger than max_batch_size"))
                 return
         queue.records.append(record)
@@ -207,7 +217,9 @@ class KafkaBackend(Backend):
 
     def _batch_done(self, done: asyncio.Future[Any], records: list[Record]) -> None:
         if done.cancelled():
-            self._fail_all(records, BrokerUnavailable("the batch was cancelled (connection closed)"))
+            self._fail_all(
+                records, BrokerUnavailable("the batch was cancelled (connection closed)")
+            )
             return
         exc = done.exception()
         if exc is not None:
@@ -239,7 +251,9 @@ class KafkaBackend(Backend):
             queue.records = []
             queue.builder = None
             for record in stranded:
-                self.sink.failed(record, BrokerUnavailable("the connection closed before this message was sent"))
+                self.sink.failed(
+                    record, BrokerUnavailable("the connection closed before this message was sent")
+                )
         await self._producer.stop()
 
 
@@ -248,7 +262,9 @@ def _translate(exc: BaseException) -> ProducerError:
     if isinstance(exc, ProducerError):
         return exc
     text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, kafka_errors.MessageSizeTooLargeError | kafka_errors.RecordListTooLargeError):
+    if isinstance(
+        exc, kafka_errors.MessageSizeTooLargeError | kafka_errors.RecordListTooLargeError
+    ):
         return MessageTooLarge(text)
     if isinstance(
         exc,
@@ -257,7 +273,9 @@ def _translate(exc: BaseException) -> ProducerError:
         | kafka_errors.GroupAuthorizationFailedError,
     ):
         return AuthorizationError(text)
-    if isinstance(exc, kafka_errors.AuthenticationFailedError | kafka_errors.UnsupportedSaslMechanismError):
+    if isinstance(
+        exc, kafka_errors.AuthenticationFailedError | kafka_errors.UnsupportedSaslMechanismError
+    ):
         return AuthenticationError(text)
     if isinstance(exc, kafka_errors.KafkaTimeoutError | kafka_errors.RequestTimedOutError):
         return ProduceTimeout(text)

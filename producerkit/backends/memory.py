@@ -43,8 +43,13 @@ class MemoryStore:
         self._next_offsets[slot] = offset + 1
         self.records.append(
             StoredRecord(
-                record.topic, record.partition, offset, record.key, record.value,
-                record.headers, record.msg_id,
+                record.topic,
+                record.partition,
+                offset,
+                record.key,
+                record.value,
+                record.headers,
+                record.msg_id,
             )
         )
         return offset

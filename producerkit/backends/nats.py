@@ -274,7 +274,7 @@ class JetStreamBackend(_NatsConnection):
         self._sweep()
 
     def _sweep(self) -> None:
-        """Forget records whose deadline passed (the producer failed them) and whose ack never came."""
+        """Forget records whose deadline passed (the producer failed them) and got no ack."""
         now = time.monotonic()
         if now - self._last_sweep < self.timeout:
             return
@@ -332,7 +332,13 @@ def _translate(exc: BaseException) -> ProducerError:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, nats.errors.AuthorizationError):
         return AuthenticationError(text)
-    if isinstance(exc, ssl.SSLError | nats.errors.SecureConnRequiredError | nats.errors.SecureConnWantedError | nats.errors.SecureConnFailedError):
+    if isinstance(
+        exc,
+        ssl.SSLError
+        | nats.errors.SecureConnRequiredError
+        | nats.errors.SecureConnWantedError
+        | nats.errors.SecureConnFailedError,
+    ):
         return TLSError(text)
     if isinstance(exc, nats.errors.MaxPayloadError):
         return MessageTooLarge(text)
