@@ -21,9 +21,9 @@ _loaded: dict[str, type[Backend]] = {}
 
 
 def load_backend(scheme: str) -> type[Backend]:
-    cls = _loaded.get(scheme)
-    if cls is not None:
-        return cls
+    cached = _loaded.get(scheme)
+    if cached is not None:
+        return cached
     try:
         module_name, class_name, extra = _BACKENDS[scheme]
     except KeyError:
