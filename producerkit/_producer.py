@@ -116,22 +116,18 @@ class Producer:
         self._state = _NEW
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Backend] = []
-        self._window = InFlightWindow(self._limit)
-        self._pending: dict[int, Record] = {}
+        self._window = InFlightWindow(
+            self._limit, self._timeout, self._connection_count, on_error
+        )
+        # Backends report straight into the window: these are the DeliverySink's hot methods.
+        self.acked = self._window.acked
+        self.failed = self._window.failed
         self._seq = 0
-        self._acked = 0
-        self._failed = 0
-        self._conn_produced = [0] * self._connection_count
-        self._conn_acked = [0] * self._connection_count
-        self._conn_failed = [0] * self._connection_count
         self._round_robin = 0
-        self._failures: list[Failure] = []
         self._topics: dict[str, int | None] = {}
         self._topic_tasks: dict[str, asyncio.Task[int | None]] = {}
-        self._max_size = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._max_payload = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._failure_log = _FailureLog()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,7 +166,9 @@ class Producer:
                     f"could not connect to {self._describe_servers()}: {exc}"
                 ) from exc
             self._connections = connections
-            self._max_size = min(connection.max_message_size for connection in connections)
+            self._max_payload = (
+                min(connection.max_message_size for connection in connections) - _RECORD_OVERHEAD
+            )
             self._state = _RUNNING
             if self._on_stats is not None:
                 self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
@@ -241,15 +239,14 @@ class Producer:
             size += len(key)
         if header_pairs:
             size += sum(len(name) + len(data) for name, data in header_pairs)
-        if size + _RECORD_OVERHEAD > self._max_size:
+        if size > self._max_payload:
             raise MessageTooLarge(
                 f"message of {size} bytes (value, key and headers) is larger than "
-                f"{self._max_size - _RECORD_OVERHEAD}, the most this {self._url.scheme}:// "
-                "connection accepts"
+                f"{self._max_payload}, the most this {self._url.scheme}:// connection accepts"
             )
 
         window = self._window
-        if window.in_flight >= window.limit:
+        if len(window.pending) >= self._limit:
             await window.wait_for_room()
             if self._state != _RUNNING:
                 raise ProducerClosed("the producer was closed while this produce waited")
@@ -277,11 +274,7 @@ class Producer:
             index,
             future,
         )
-        self._pending[seq] = record
-        window.acquire()
-        self._conn_produced[index] += 1
-        if self._timer is None:
-            self._arm_timer(record.deadline)
+        window.admit(record)
         try:
             handed_off = self._connections[index].send(record)
             if handed_off is not None:
@@ -330,35 +323,6 @@ class Producer:
 
     # ------------------------------------------------------------------ outcomes (DeliverySink)
 
-    def acked(self, record: Record) -> None:
-        if self._pending.pop(record.seq, None) is None:
-            return  # already failed (timed out) or reported twice
-        self._acked += 1
-        self._conn_acked[record.connection] += 1
-        self._window.release()
-        future = record.future
-        if future is not None and not future.done():
-            future.set_result(Delivery(record.topic, record.partition, record.offset))
-
-    def failed(self, record: Record, exc: BaseException) -> None:
-        if self._pending.pop(record.seq, None) is None:
-            return
-        self._failed += 1
-        self._conn_failed[record.connection] += 1
-        self._window.release()
-        future = record.future
-        if future is not None and not future.done():
-            future.set_exception(exc)
-            return  # the caller awaiting it is told; a blocking produce is not reported twice
-        failure = record.failure(exc)
-        self._failures.append(failure)
-        self._failure_log.add(failure)
-        if self._on_error is not None:
-            try:
-                self._on_error(failure)
-            except Exception:
-                logger.exception("on_error callback raised; the failure is still in flush()")
-
     def topic_changed(self, topic: str) -> None:
         self._topics.pop(topic, None)
 
@@ -366,36 +330,6 @@ class Producer:
         num_partitions = self._topics.get(topic)
         if num_partitions:
             self._keyless.on_new_batch(topic, num_partitions, partition)
-
-    # ------------------------------------------------------------------ deadlines
-
-    def _arm_timer(self, deadline: float) -> None:
-        assert self._loop is not None
-        delay = max(0.0, deadline - time.monotonic())
-        self._timer = self._loop.call_later(delay, self._expire)
-
-    def _expire(self) -> None:
-        self._timer = None
-        now = time.monotonic()
-        expired: list[Record] = []
-        next_deadline = None
-        for record in self._pending.values():
-            if record.deadline > now:
-                next_deadline = record.deadline
-                break
-            expired.append(record)
-        for record in expired:
-            self.failed(
-                record,
-                ProduceTimeout(
-                    f"not acknowledged within {self._timeout}s (topic {record.topic!r}); "
-                    "it may still have been stored"
-                ),
-            )
-        if next_deadline is None and self._pending:
-            next_deadline = next(iter(self._pending.values())).deadline
-        if next_deadline is not None:
-            self._arm_timer(next_deadline)
 
     def _report_stats(self) -> None:
         assert self._loop is not None and self._on_stats is not None
@@ -443,62 +377,62 @@ class Producer:
             timeout = _positive_number("timeout", timeout)
         was_running = self._state == _RUNNING
         self._state = _CLOSING
-        self._window._wake(self._window._room_waiters)  # waiters see the state and give up
+        self._window.wake_room_waiters()  # they see the state and give up
         try:
             if was_running:
                 try:
                     await asyncio.wait_for(self._drain(), timeout or self._timeout)
                 except TimeoutError:
-                    self._fail_pending(
+                    self._window.fail_pending(
                         lambda: ProduceTimeout(
                             "not acknowledged before the close() deadline; it may still have "
                             "been stored"
                         )
                     )
             await asyncio.gather(*(_close_quietly(connection) for connection in self._connections))
-            self._fail_pending(
+            self._window.fail_pending(
                 lambda: ProducerClosed("the producer closed with this message in flight")
             )
         finally:
-            for timer in (self._timer, self._stats_timer):
-                if timer is not None:
-                    timer.cancel()
-            self._timer = self._stats_timer = None
+            self._window.stop_timer()
+            if self._stats_timer is not None:
+                self._stats_timer.cancel()
+                self._stats_timer = None
             for task in self._topic_tasks.values():
                 task.cancel()
             self._state = _CLOSED
-        self._failure_log.flush()
         self._raise_failures()
 
-    def _fail_pending(self, make_error: Callable[[], BaseException]) -> None:
-        for record in list(self._pending.values()):
-            self.failed(record, make_error())
-
     def _raise_failures(self) -> None:
-        if self._failures:
-            failures, self._failures = self._failures, []
-            raise ProduceError(failures)
+        error = self._window.take_failures()
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------------ introspection
 
     @property
     def stats(self) -> Stats:
         window = self._window
+        in_flight_by_connection = [0] * self._connection_count
+        for record in list(window.pending.values()):
+            in_flight_by_connection[record.connection] += 1
         connections = tuple(
             ConnectionStats(
-                index,
-                self._conn_produced[index],
-                self._conn_acked[index],
-                self._conn_failed[index],
-                self._conn_produced[index] - self._conn_acked[index] - self._conn_failed[index],
+                index=index,
+                produced=window.connection_acked[index]
+                + window.connection_failed[index]
+                + in_flight_by_connection[index],
+                acked=window.connection_acked[index],
+                failed=window.connection_failed[index],
+                in_flight=in_flight_by_connection[index],
             )
             for index in range(self._connection_count)
         )
         return Stats(
             produced=self._seq,
-            acked=self._acked,
-            failed=self._failed,
-            in_flight=len(self._pending),
+            acked=window.acked_count,
+            failed=window.failed_count,
+            in_flight=len(window.pending),
             max_in_flight=window.max_in_flight,
             window_waits=window.waits,
             window_wait_seconds=window.wait_seconds,
@@ -620,29 +554,3 @@ async def _close_quietly(connection: Backend) -> None:
         await asyncio.wait_for(connection.close(), connection.timeout)
     except Exception:
         logger.debug("error closing %r", connection, exc_info=True)
-
-
-class _FailureLog:
-    """Logs failures as counts, at most one line per second, never one line per message."""
-
-    INTERVAL: Final = 1.0
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-        self._last = 0.0
-
-    def add(self, failure: Failure) -> None:
-        name = type(failure.exception).__name__
-        self._counts[name] = self._counts.get(name, 0) + 1
-        now = time.monotonic()
-        if now - self._last >= self.INTERVAL:
-            self._last = now
-            self.flush(example=failure)
-
-    def flush(self, example: Failure | None = None) -> None:
-        if not self._counts:
-            return
-        counts = ", ".join(f"{count} {name}" for name, count in sorted(self._counts.items()))
-        detail = f" (latest: {example.exception})" if example is not None else ""
-        logger.warning("messages failed: %s%s", counts, detail)
-        self._counts.clear()

@@ -1,47 +1,85 @@
-"""The bounded in-flight window: the one place where "how many messages may be in flight" lives.
+"""The bounded in-flight window: the one place where messages in flight are counted and settled.
 
 A producer may have at most ``limit`` messages in flight. When a produce finds the window full it
 waits until completions have drained it to half the limit, then resumes (seed 000, lesson 2):
 waiting for half rather than for one free slot turns a stream of tiny wake-ups into a few large
-bursts, and gives a saturated link time to recover before it is filled again.
+bursts, and gives a saturated link time to recover before it is filled again. Waiters are woken
+by completions, never by polling. Each waiter has its own future, so a cancelled caller cannot
+cancel anybody else's wait, and nothing is counted for a caller cancelled while it waits.
 
-Waiters are woken by completions, never by polling. Each waiter has its own future so that a
-cancelled caller cannot cancel anybody else's wait, and nothing is counted for a caller that is
-cancelled while it waits.
+Every admitted record sits in ``pending`` (insertion-ordered by send time, hence by deadline)
+until exactly one of :meth:`acked` / :meth:`failed` removes it. That single ledger gives
+``produced == acked + failed + in_flight`` at every moment, per-message deadlines with one timer
+for the whole window (no task or timer per message), and the list of what is left at close.
+Backends report into :meth:`acked` and :meth:`failed` directly: they are the hot path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from producerkit._types import Delivery, Failure, Record
+from producerkit.errors import ProduceError, ProduceTimeout
+
+logger = logging.getLogger("producerkit")
+
+ErrorCallback = Callable[[Failure], object]
 
 
 class InFlightWindow:
     __slots__ = (
         "_empty_waiters",
+        "_failure_log",
+        "_loop",
+        "_on_error",
         "_room_waiters",
-        "in_flight",
+        "_timer",
+        "acked_count",
+        "connection_acked",
+        "connection_failed",
+        "failed_count",
+        "failures",
         "limit",
         "low_water",
         "max_in_flight",
+        "pending",
+        "timeout",
         "wait_seconds",
         "waits",
     )
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, timeout: float, connections: int, on_error: ErrorCallback | None
+    ) -> None:
         self.limit = limit
         self.low_water = limit // 2
-        self.in_flight = 0
+        self.timeout = timeout
+        self.pending: dict[int, Record] = {}
         self.max_in_flight = 0
         self.waits = 0
         self.wait_seconds = 0.0
+        self.acked_count = 0
+        self.failed_count = 0
+        self.connection_acked = [0] * connections
+        self.connection_failed = [0] * connections
+        self.failures: list[Failure] = []
+        self._on_error = on_error
+        self._failure_log = _FailureLog()
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
-    def full(self) -> bool:
-        return self.in_flight >= self.limit
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    # ------------------------------------------------------------------ admission
 
     async def wait_for_room(self) -> None:
         """Wait until the window has drained to half; return with at least one free slot."""
@@ -50,7 +88,7 @@ class InFlightWindow:
         counted = False
         try:
             # Several waiters wake together at half; the ones that find it full again wait again.
-            while self.in_flight >= self.limit:
+            while len(self.pending) >= self.limit:
                 if not counted:
                     self.waits += 1
                     counted = True
@@ -65,35 +103,140 @@ class InFlightWindow:
             if counted:
                 self.wait_seconds += time.perf_counter() - started
 
-    def acquire(self) -> None:
-        """Take a slot. Callers check ``full`` (and wait) first; the window never exceeds limit."""
-        in_flight = self.in_flight + 1
-        self.in_flight = in_flight
-        if in_flight > self.max_in_flight:
-            self.max_in_flight = in_flight
+    def admit(self, record: Record) -> None:
+        """Count a record in flight. The caller has checked for room (and waited) just before."""
+        pending = self.pending
+        pending[record.seq] = record
+        if len(pending) > self.max_in_flight:
+            self.max_in_flight = len(pending)
+        if self._timer is None:
+            self._arm_timer(record.deadline)
 
-    def release(self) -> None:
-        in_flight = self.in_flight - 1
-        self.in_flight = in_flight
+    # ------------------------------------------------------------------ settlement
+
+    def acked(self, record: Record) -> None:
+        pending = self.pending
+        if pending.pop(record.seq, None) is None:
+            return  # already failed (timed out) or reported twice
+        self.acked_count += 1
+        self.connection_acked[record.connection] += 1
+        if self._room_waiters or self._empty_waiters:
+            self._wake(len(pending))
+        future = record.future
+        if future is not None and not future.done():
+            future.set_result(Delivery(record.topic, record.partition, record.offset))
+
+    def failed(self, record: Record, exc: BaseException) -> None:
+        pending = self.pending
+        if pending.pop(record.seq, None) is None:
+            return
+        self.failed_count += 1
+        self.connection_failed[record.connection] += 1
+        if self._room_waiters or self._empty_waiters:
+            self._wake(len(pending))
+        future = record.future
+        if future is not None and not future.done():
+            future.set_exception(exc)
+            return  # the caller awaiting it is told; a blocking produce is not reported twice
+        failure = record.failure(exc)
+        self.failures.append(failure)
+        self._failure_log.add(failure)
+        if self._on_error is not None:
+            try:
+                self._on_error(failure)
+            except Exception:
+                logger.exception("on_error callback raised; the failure is still in flush()")
+
+    def _wake(self, in_flight: int) -> None:
         if in_flight <= self.low_water:
-            if self._room_waiters:
-                self._wake(self._room_waiters)
+            self.wake_room_waiters()
             if in_flight == 0 and self._empty_waiters:
                 waiters, self._empty_waiters = self._empty_waiters, []
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
 
-    async def wait_empty(self) -> None:
-        """Wait until nothing is in flight."""
-        while self.in_flight:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._empty_waiters.append(waiter)
-            await waiter
-
-    @staticmethod
-    def _wake(waiters: deque[asyncio.Future[None]]) -> None:
+    def wake_room_waiters(self) -> None:
+        """Wake every produce waiting for room (also used at close, so they can give up)."""
+        waiters = self._room_waiters
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+
+    async def wait_empty(self) -> None:
+        """Wait until nothing is in flight."""
+        while self.pending:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._empty_waiters.append(waiter)
+            await waiter
+
+    def fail_pending(self, make_error: Callable[[], BaseException]) -> None:
+        for record in list(self.pending.values()):
+            self.failed(record, make_error())
+
+    def take_failures(self) -> ProduceError | None:
+        """The failures since the last call, as one ProduceError (or None)."""
+        self._failure_log.flush()
+        if not self.failures:
+            return None
+        failures, self.failures = self.failures, []
+        return ProduceError(failures)
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _arm_timer(self, deadline: float) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        delay = max(0.0, deadline - time.monotonic())
+        self._timer = self._loop.call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        expired: list[Record] = []
+        for record in self.pending.values():
+            if record.deadline > now:
+                break
+            expired.append(record)
+        for record in expired:
+            self.failed(
+                record,
+                ProduceTimeout(
+                    f"not acknowledged within {self.timeout}s (topic {record.topic!r}); "
+                    "it may still have been stored"
+                ),
+            )
+        if self.pending:
+            self._arm_timer(next(iter(self.pending.values())).deadline)
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class _FailureLog:
+    """Logs failures as counts, at most one line per second, never one line per message."""
+
+    INTERVAL: Final = 1.0
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._last = 0.0
+
+    def add(self, failure: Failure) -> None:
+        name = type(failure.exception).__name__
+        self._counts[name] = self._counts.get(name, 0) + 1
+        now = time.monotonic()
+        if now - self._last >= self.INTERVAL:
+            self._last = now
+            self.flush(example=failure)
+
+    def flush(self, example: Failure | None = None) -> None:
+        if not self._counts:
+            return
+        counts = ", ".join(f"{count} {name}" for name, count in sorted(self._counts.items()))
+        detail = f" (latest: {example.exception})" if example is not None else ""
+        logger.warning("messages failed: %s%s", counts, detail)
+        self._counts.clear()
