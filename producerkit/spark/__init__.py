@@ -1,0 +1,57 @@
+"""producerkit for PySpark: publish a DataFrame from the executors, batch or streaming.
+
+::
+
+    from producerkit.spark import publish
+
+    report = publish(df, "kafka://broker:9092", topic="orders", key_col="id")
+    print(report.delivered, report.failed)
+
+    df.write.format("producerkit").option("url", url).option("topic", "orders").save()
+    df.writeStream.format("producerkit").option("url", url).option("topic", "orders").start()
+    df.writeStream.foreachBatch(batch_publisher(url, topic="orders")).start()   # older Sparks
+
+Delivery guarantees: with ``id_col`` on ``jetstream://`` a publish is exactly-once within the
+stream's duplicate window (a retried task republishes the same ``Nats-Msg-Id``\\ s and the server
+drops them); on ``kafka://`` and ``nats://`` it is at-least-once (a retried task publishes its
+rows again). See docs/spark.md.
+
+``import producerkit`` never imports this package; this package imports pyspark lazily too, except
+for the DataSource classes (``register``, ``ProducerkitDataSource``), which subclass pyspark's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from producerkit.spark._publish import PartitionReport, PublishReport, batch_publisher, publish
+from producerkit.spark._worker import close_all
+
+if TYPE_CHECKING:
+    from producerkit.spark._datasource import ProducerkitDataSource
+
+__all__ = [
+    "PartitionReport",
+    "ProducerkitDataSource",
+    "PublishReport",
+    "batch_publisher",
+    "close_all",
+    "publish",
+    "register",
+]
+
+
+def register(spark: Any) -> None:
+    """Register ``format("producerkit")`` with ``spark`` (Spark 4 also registers it by itself
+    when producerkit is installed, through the ``pyspark_producerkit`` module)."""
+    from producerkit.spark._datasource import register as _register
+
+    _register(spark)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ProducerkitDataSource":
+        from producerkit.spark._datasource import ProducerkitDataSource
+
+        return ProducerkitDataSource
+    raise AttributeError(f"module 'producerkit.spark' has no attribute {name!r}")

@@ -1,0 +1,191 @@
+"""``df.write.format("producerkit")`` and ``df.writeStream.format("producerkit")`` (Spark 4).
+
+Spark's Python DataSource API: ``ProducerkitDataSource.writer()`` runs on the driver (in a Python
+worker Spark starts), its writer is pickled to the executors, where ``write()`` gets the task's
+Arrow record batches and publishes them with :func:`~producerkit.spark._worker.publish_task` (the
+same code as ``publish()``), and ``commit()`` gets every task's counts back on the driver.
+
+Columns follow Spark's Kafka sink: ``value`` (required, string/binary), and when present ``key``,
+``topic``, ``partition``, ``headers``. Options: ``url`` (required), ``topic``, ``id_col``,
+``on_error`` (fail|count), ``report_path`` (a file each commit appends its report to, as a JSON
+line), ``idle_timeout``, producer settings (``concurrent_task_limit``, ``connections``,
+``timeout``, ``partitioner``, ``keyless``) and any backend option (``create_stream``,
+``linger_ms``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from producerkit.errors import ConfigurationError
+from producerkit.spark._publish import PublishReport, check_columns, make_config
+from producerkit.spark._worker import (
+    DEFAULT_IDLE_TIMEOUT,
+    SinkConfig,
+    chunks_from_arrow,
+    chunks_from_rows,
+    publish_task,
+)
+
+try:  # Arrow writers: Spark 4.0 (batch) and 4.1 (streaming); rows before that
+    from pyspark.sql.datasource import DataSourceArrowWriter as _BatchBase
+except ImportError:  # pragma: no cover - older Spark
+    _BatchBase = DataSourceWriter  # type: ignore[misc,assignment]
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
+except ImportError:  # pragma: no cover - older Spark
+    _StreamBase = DataSourceStreamWriter  # type: ignore[misc,assignment]
+
+__all__ = ["ProducerkitDataSource", "register"]
+
+logger = logging.getLogger("producerkit.spark")
+
+#: The Kafka sink's optional columns, used when the DataFrame has them.
+_KAFKA_COLUMNS = {"key": "key_col", "topic": "topic_col", "partition": "partition_col",
+                  "headers": "headers_col"}
+_SINK_OPTIONS = ("value_col", "key_col", "topic_col", "partition_col", "headers_col", "id_col")
+
+
+@dataclass
+class ProducerkitCommit(WriterCommitMessage):
+    """One task's counts, sent back to the driver's ``commit()``."""
+
+    partition: int
+    attempt: int
+    rows: int
+    delivered: int
+    failed: int
+    errors: dict[str, int] = field(default_factory=dict)
+    first_error: str | None = None
+
+
+class ProducerkitDataSource(DataSource):
+    """``format("producerkit")``: publishes a DataFrame, batch or streaming, to a producer URL."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "producerkit"
+
+    def writer(self, schema: StructType, overwrite: bool) -> ProducerkitWriter:
+        return ProducerkitWriter(self._config(schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ProducerkitStreamWriter:
+        return ProducerkitStreamWriter(self._config(schema, overwrite))
+
+    def _config(self, schema: StructType, overwrite: bool) -> _WriteConfig:
+        if overwrite:
+            raise ConfigurationError(
+                'format("producerkit") appends messages; use mode("append") (the default), '
+                "a message bus cannot be overwritten"
+            )
+        options: dict[str, Any] = dict(self.options)
+        url = options.pop("url", None)
+        if not url:
+            raise ConfigurationError('format("producerkit") needs .option("url", ...)')
+        types = {f.name: f.dataType.simpleString() for f in schema.fields}
+        columns: dict[str, Any] = {
+            option: column for column, option in _KAFKA_COLUMNS.items() if column in types
+        }
+        columns["key_col"] = columns.get("key_col")
+        for name in _SINK_OPTIONS:
+            if name in options:
+                columns[name] = options.pop(name) or None
+        report_path = options.pop("report_path", None)
+        on_error = options.pop("on_error", "fail")
+        idle_timeout = float(options.pop("idle_timeout", DEFAULT_IDLE_TIMEOUT))
+        topic = options.pop("topic", None)
+        config = make_config(
+            url, topic=topic, on_error=on_error, idle_timeout=idle_timeout,
+            producer_kwargs=options, **columns,
+        )
+        config = check_columns(types, config, key_given=True)
+        return _WriteConfig(config, report_path)
+
+
+@dataclass(frozen=True)
+class _WriteConfig:
+    sink: SinkConfig
+    report_path: str | None
+
+
+def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> ProducerkitCommit:
+    from pyspark import TaskContext
+
+    columns = config.sink.columns()
+    chunks = chunks_from_arrow(data, columns) if arrow else chunks_from_rows(data, columns)
+    counts = publish_task(config.sink, chunks)
+    context = TaskContext.get()
+    return ProducerkitCommit(
+        partition=context.partitionId() if context is not None else -1,
+        attempt=context.attemptNumber() if context is not None else 0,
+        rows=counts.rows, delivered=counts.delivered, failed=counts.failed,
+        errors=dict(counts.errors), first_error=counts.first_error,
+    )
+
+
+def _commit(
+    config: _WriteConfig, messages: list[Any], started: float | None, batch_id: int | None
+) -> PublishReport:
+    report = PublishReport.from_rows(
+        (asdict(message) for message in messages if isinstance(message, ProducerkitCommit)),
+        seconds=time.time() - started if started is not None else 0.0,
+    )
+    where = "" if batch_id is None else f" (micro-batch {batch_id})"
+    logger.info("format('producerkit') published%s: %s", where, report)
+    if config.report_path:
+        line: Mapping[str, Any] = {"batch_id": batch_id, **report.to_dict()}
+        with open(config.report_path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(line) + "\n")
+    return report
+
+
+class ProducerkitWriter(_BatchBase):
+    def __init__(self, config: _WriteConfig) -> None:
+        self.config = config
+        self.started = time.time()
+
+    def write(self, iterator: Iterator[Any]) -> ProducerkitCommit:
+        return _write(self.config, iterator, arrow=_BatchBase is not DataSourceWriter)
+
+    def commit(self, messages: list[Any]) -> None:
+        _commit(self.config, messages, self.started, None)
+
+    def abort(self, messages: list[Any]) -> None:
+        done = sum(1 for message in messages if message is not None)
+        logger.warning("format('producerkit') write aborted after %d task(s) finished", done)
+
+
+class ProducerkitStreamWriter(_StreamBase):
+    """Publishes each micro-batch; Spark commits the batch after every task flushed."""
+
+    def __init__(self, config: _WriteConfig) -> None:
+        self.config = config
+
+    def write(self, iterator: Iterator[Any]) -> ProducerkitCommit:
+        return _write(self.config, iterator, arrow=_StreamBase is not DataSourceStreamWriter)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        _commit(self.config, messages, None, batchId)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        logger.warning("format('producerkit') micro-batch %d aborted", batchId)
+
+
+def register(spark: Any) -> None:
+    """Register ``format("producerkit")`` with this session (Spark 4 also finds it by itself
+    through the ``pyspark_producerkit`` module when producerkit is installed)."""
+    spark.dataSource.register(ProducerkitDataSource)
+

@@ -1,0 +1,343 @@
+"""Driver side: ``publish(df, url, ...)``, its report, and ``batch_publisher`` for foreachBatch.
+
+``publish`` ships a :class:`~producerkit.spark._worker.SinkConfig` to the executors with
+``mapInArrow``; each task publishes its rows with the worker's cached producer, flushes, and
+yields one result row. The driver collects those rows: the counts come back through the job's
+results, so a retried or speculative task is counted once (accumulators could count it twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from producerkit.errors import ConfigurationError
+from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, SinkConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["PartitionReport", "PublishReport", "batch_publisher", "publish"]
+
+logger = logging.getLogger("producerkit.spark")
+
+_STRINGS = ("string", "binary")
+
+
+@attrs.frozen(slots=True)
+class PartitionReport:
+    """What the successful attempt of one Spark partition published."""
+
+    partition: int
+    rows: int
+    delivered: int
+    failed: int
+    attempt: int = 0
+
+
+@attrs.frozen(slots=True)
+class PublishReport:
+    """Delivered and failed counts of one publish, in total and per Spark partition.
+
+    ``delivered + failed == rows`` (the DataFrame's row count). Rows an earlier, failed attempt of
+    a task published are not in these counts: on JetStream with ``id_col`` the server drops them
+    as duplicates; on Kafka and core NATS they may be stored twice (at-least-once).
+    """
+
+    delivered: int
+    failed: int
+    partitions: tuple[PartitionReport, ...] = ()
+    errors: Mapping[str, int] = attrs.field(factory=dict)
+    first_error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return self.delivered + self.failed
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def retried_partitions(self) -> int:
+        """Partitions whose counted attempt was not the first (an earlier attempt failed)."""
+        return sum(1 for partition in self.partitions if partition.attempt > 0)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], seconds: float = 0.0) -> PublishReport:
+        """Sum per-task result rows (partition, attempt, rows, delivered, failed, errors, ...)."""
+        partitions = []
+        errors: dict[str, int] = {}
+        first_error = None
+        for row in rows:
+            partitions.append(
+                PartitionReport(
+                    int(row["partition"]), int(row["rows"]), int(row["delivered"]),
+                    int(row["failed"]), int(row["attempt"]),
+                )
+            )
+            row_errors = row["errors"]
+            if isinstance(row_errors, str):
+                row_errors = json.loads(row_errors)
+            for name, count in (row_errors or {}).items():
+                errors[name] = errors.get(name, 0) + int(count)
+            if first_error is None and row["first_error"]:
+                first_error = str(row["first_error"])
+        partitions.sort(key=lambda report: report.partition)
+        return cls(
+            delivered=sum(report.delivered for report in partitions),
+            failed=sum(report.failed for report in partitions),
+            partitions=tuple(partitions),
+            errors=errors,
+            first_error=first_error,
+            seconds=seconds,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = attrs.asdict(self)
+        data["rows"] = self.rows
+        return data
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.delivered} delivered, {self.failed} failed over {len(self.partitions)} "
+            f"partition(s) in {self.seconds:.2f}s ({self.rows_per_second:,.0f} rows/s)"
+        )
+        if self.errors:
+            text += f"; errors: {dict(self.errors)}; first: {self.first_error}"
+        return text
+
+
+def make_config(
+    url: str,
+    *,
+    topic: str | None,
+    value_col: str = "value",
+    key_col: str | None = "key",
+    topic_col: str | None = None,
+    partition_col: str | None = None,
+    headers_col: str | None = None,
+    id_col: str | None = None,
+    on_error: str = "fail",
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    producer_kwargs: Mapping[str, Any] | None = None,
+) -> SinkConfig:
+    """Validate everything on the driver (a Producer is built, not started) and freeze it."""
+    kwargs = {name: value for name, value in (producer_kwargs or {}).items() if value is not None}
+    if "on_error" in kwargs:
+        raise ConfigurationError('the Spark sink takes on_error="fail" or "count", not a callback')
+    if callable(kwargs.get("partitioner")):
+        raise ConfigurationError("the Spark sink takes a partitioner by name (it is shipped)")
+    config = SinkConfig(
+        url=url, topic=topic, value_col=value_col, key_col=key_col, topic_col=topic_col,
+        partition_col=partition_col, headers_col=headers_col, id_col=id_col,
+        on_error=on_error,  # type: ignore[arg-type]
+        idle_timeout=float(idle_timeout), producer_kwargs=tuple(sorted(kwargs.items())),
+    )
+    config.check()
+    return config
+
+
+def _publish_config(
+    url: str,
+    *,
+    topic: str | None = None,
+    value_col: str = "value",
+    key_col: str | None = "key",
+    topic_col: str | None = None,
+    partition_col: str | None = None,
+    headers_col: str | None = None,
+    id_col: str | None = None,
+    concurrent_task_limit: int | None = 10_000,
+    connections: int | None = None,
+    timeout: float | None = None,
+    partitioner: str | None = None,
+    keyless: Literal["sticky", "round_robin"] | None = None,
+    on_error: Literal["fail", "count"] = "fail",
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    **backend_options: Any,
+) -> SinkConfig:
+    """:func:`publish`'s keyword arguments -> a checked SinkConfig (also for batch_publisher)."""
+    settings = {
+        "concurrent_task_limit": concurrent_task_limit, "connections": connections,
+        "timeout": timeout, "partitioner": partitioner, "keyless": keyless,
+    }
+    return make_config(
+        url, topic=topic, value_col=value_col, key_col=key_col, topic_col=topic_col,
+        partition_col=partition_col, headers_col=headers_col, id_col=id_col, on_error=on_error,
+        idle_timeout=idle_timeout, producer_kwargs={**settings, **backend_options},
+    )
+
+
+def check_columns(types: Mapping[str, str], config: SinkConfig, key_given: bool) -> SinkConfig:
+    """Check the columns (name -> Spark simpleString type) hold what the config names, with
+    types the producer takes; the default ``key`` column is dropped if absent."""
+    if config.key_col is not None and config.key_col not in types and not key_given:
+        config = attrs.evolve(config, key_col=None)  # the default "key" column is optional
+    for role, column in config.columns().items():
+        if column not in types:
+            raise ConfigurationError(
+                f"{role}_col={column!r} is not a column of the DataFrame "
+                f"(columns: {', '.join(types) or 'none'})"
+            )
+        dtype = types[column]
+        if role in ("value", "key") and dtype not in _STRINGS:
+            raise ConfigurationError(
+                f"the {role} column {column!r} is {dtype}: cast it to string or binary "
+                f"(e.g. F.to_json(F.struct(...)) or F.col({column!r}).cast('string'))"
+            )
+        if role == "topic" and dtype != "string":
+            raise ConfigurationError(f"the topic column {column!r} must be a string, not {dtype}")
+        if role == "partition" and dtype not in ("int", "bigint", "smallint", "tinyint"):
+            raise ConfigurationError(f"the partition column {column!r} must be an int, not {dtype}")
+        if role == "headers" and not dtype.startswith(("array<struct<key:string", "map<string")):
+            raise ConfigurationError(
+                f"the headers column {column!r} is {dtype}: use array<struct<key:string,"
+                "value:binary>> (as Spark's Kafka sink) or map<string,binary|string>"
+            )
+    return config
+
+
+def check_python(spark: SparkSession) -> None:
+    """Catch the usual PYSPARK_PYTHON mistake before a job fails on every executor with it."""
+    conf = spark.sparkContext.getConf()
+    python = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or "python3"
+    resolved = python if os.path.isabs(python) else shutil.which(python)
+    if resolved is None or not os.path.exists(resolved):
+        raise ConfigurationError(
+            f"the executors' Python {python!r} (PYSPARK_PYTHON / spark.pyspark.python) does not "
+            f"exist here; set PYSPARK_PYTHON={sys.executable} before the SparkSession is created"
+        )
+    master = spark.sparkContext.master or ""
+    same = os.path.realpath(resolved) == os.path.realpath(sys.executable)
+    if master.startswith("local") and not same:
+        logger.warning(
+            "Spark executors run %s but this driver runs %s: if producerkit is not installed "
+            "there, tasks fail. Set PYSPARK_PYTHON=%s before creating the SparkSession.",
+            resolved, sys.executable, sys.executable,
+        )
+
+
+def _register_entry_by_value() -> None:
+    from pyspark import cloudpickle
+
+    from producerkit.spark import _entry
+
+    cloudpickle.register_pickle_by_value(_entry)  # type: ignore[no-untyped-call]
+
+
+def publish(
+    df: DataFrame,
+    url: str,
+    *,
+    topic: str | None = None,
+    value_col: str = "value",
+    key_col: str | None = "key",
+    topic_col: str | None = None,
+    partition_col: str | None = None,
+    headers_col: str | None = None,
+    id_col: str | None = None,
+    concurrent_task_limit: int | None = 10_000,
+    connections: int | None = None,
+    timeout: float | None = None,
+    partitioner: str | None = None,
+    keyless: Literal["sticky", "round_robin"] | None = None,
+    on_error: Literal["fail", "count"] = "fail",
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    **backend_options: Any,
+) -> PublishReport:
+    """Publish every row of ``df`` from the executors and return the counts.
+
+    Each Spark task publishes its partition with its Python worker's cached producer (built
+    from the shipped configuration, never pickled), flushes, and returns its counts through the
+    job's results. ``on_error="fail"`` (default) makes a task whose messages failed raise, so
+    Spark retries it and the job fails if it keeps failing; ``"count"`` counts failures in the
+    report instead.
+
+    Args:
+        df: a batch DataFrame (for streaming, use ``writeStream.format("producerkit")`` or
+            ``foreachBatch(batch_publisher(...))``).
+        url: the producer URL, reachable from every executor.
+        topic: default topic; ``topic_col`` names a column with a topic per row (null: default).
+        value_col: string or binary column to publish (required). ``key_col``: string/binary,
+            used if present. ``partition_col``: int. ``headers_col``:
+            ``array<struct<key:string,value:binary>>`` or ``map<string,binary>``.
+        id_col: column whose value becomes ``msg_id`` (JetStream ``Nats-Msg-Id``): a retried
+            task republishes the same ids and the server drops duplicates, so the publish is
+            exactly-once within the stream's duplicate window. Kafka and NATS: at-least-once.
+        concurrent_task_limit, connections, timeout, partitioner, keyless: per executor
+            producer settings (see :class:`producerkit.Producer`).
+        idle_timeout: seconds a worker keeps an unused producer before closing it.
+        **backend_options: backend options (``create_stream=True``, ``linger_ms=5``, ...).
+    """
+    if df.isStreaming:
+        raise ConfigurationError(
+            "publish() takes a batch DataFrame; for streaming use "
+            'df.writeStream.format("producerkit") or '
+            ".foreachBatch(producerkit.spark.batch_publisher(url, ...))"
+        )
+    config = _publish_config(
+        url, topic=topic, value_col=value_col, key_col=key_col, topic_col=topic_col,
+        partition_col=partition_col, headers_col=headers_col, id_col=id_col,
+        concurrent_task_limit=concurrent_task_limit, connections=connections, timeout=timeout,
+        partitioner=partitioner, keyless=keyless, on_error=on_error, idle_timeout=idle_timeout,
+        **backend_options,
+    )
+    config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
+    return run_publish(df, config)
+
+
+def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
+    """Run the publish job for a checked config: the one place a Spark job is started."""
+    from pyspark.sql import functions as F
+
+    from producerkit.spark._entry import RESULT_SCHEMA, make_partition_function
+
+    check_python(df.sparkSession)
+    _register_entry_by_value()
+    selected = []
+    for role, column in config.columns().items():
+        expression = F.col(column)
+        if role == "id":
+            expression = expression.cast("string")  # ids travel as str whatever their type
+        selected.append(expression.alias(column))
+    driver = f"{sys.executable} (Python {sys.version.split()[0]})"
+    function = make_partition_function(config.to_dict(), driver)
+    started = time.perf_counter()
+    rows = df.select(*selected).mapInArrow(function, RESULT_SCHEMA).collect()
+    seconds = time.perf_counter() - started
+    report = PublishReport.from_rows((row.asDict() for row in rows), seconds)
+    logger.info("published %s", report)
+    return report
+
+
+def batch_publisher(
+    url: str,
+    *,
+    on_report: Callable[[int, PublishReport], object] | None = None,
+    **publish_kwargs: Any,
+) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function publishing each micro-batch (for Sparks without Python
+    streaming writers): ``df.writeStream.foreachBatch(batch_publisher(url, topic="t")).start()``.
+
+    Takes :func:`publish`'s keyword arguments; ``on_report(batch_id, report)`` sees each
+    micro-batch's report. A micro-batch replayed after a restart publishes again: use ``id_col``
+    on JetStream for exactly-once.
+    """
+    _publish_config(url, **publish_kwargs)  # a bad URL or option fails now, not per batch
+
+    def publish_batch(batch_df: DataFrame, batch_id: int) -> None:
+        report = publish(batch_df, url, **publish_kwargs)
+        if on_report is not None:
+            on_report(batch_id, report)
+
+    return publish_batch

@@ -1,0 +1,398 @@
+"""Executor side: one cached producer per (config, process), and the loop that publishes a task.
+
+Everything that runs in a Spark Python worker is here, written once for every entry point:
+``publish()`` (mapInArrow), the ``format("producerkit")`` batch and streaming writers, and
+``batch_publisher`` for foreachBatch. They all hand :func:`publish_task` an iterator of column
+chunks (:class:`Chunk`) and get back a :class:`TaskCounts`.
+
+A producer is never pickled: the driver ships a :class:`SinkConfig` (plain data), and each worker
+builds a :class:`~producerkit.SyncProducer` (producer + its own loop thread) on first use and keeps
+it for the worker's later tasks. The cache key includes ``os.getpid()`` so a forked child never
+touches its parent's loop thread (which does not exist in the child). A reaper thread closes
+producers idle for ``idle_timeout`` seconds; ``atexit`` closes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from producerkit._producer import Producer
+from producerkit._sync import SyncProducer
+from producerkit.errors import ConfigurationError, ProduceError, ProducerError
+
+__all__ = ["Chunk", "SinkConfig", "TaskCounts", "publish_task"]
+
+logger = logging.getLogger("producerkit.spark")
+
+#: Producer settings (not backend options) a sink config may carry.
+PRODUCER_SETTINGS = ("concurrent_task_limit", "connections", "keyless", "partitioner", "timeout")
+_INT_SETTINGS = ("concurrent_task_limit", "connections")
+
+#: Seconds a cached producer may sit unused in a worker before the reaper closes it.
+DEFAULT_IDLE_TIMEOUT = 60.0
+
+
+@attrs.frozen(slots=True)
+class SinkConfig:
+    """What the driver ships to executors: plain, picklable data; never a producer."""
+
+    url: str
+    topic: str | None = None
+    value_col: str = "value"
+    key_col: str | None = "key"
+    topic_col: str | None = None
+    partition_col: str | None = None
+    headers_col: str | None = None
+    id_col: str | None = None
+    on_error: Literal["fail", "count"] = "fail"
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    #: Producer keyword arguments (settings and backend options), sorted by name.
+    producer_kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if self.on_error not in ("fail", "count"):
+            raise ConfigurationError(f'on_error must be "fail" or "count", got {self.on_error!r}')
+
+    def columns(self) -> dict[str, str]:
+        """Role (value, key, topic, partition, headers, id) -> DataFrame column, for used roles."""
+        roles = {
+            "value": self.value_col, "key": self.key_col, "topic": self.topic_col,
+            "partition": self.partition_col, "headers": self.headers_col, "id": self.id_col,
+        }
+        return {role: column for role, column in roles.items() if column is not None}
+
+    def cache_key(self) -> str:
+        # repr of a frozen attrs instance of plain values is stable; sha keeps keys short
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:24]
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SinkConfig:
+        fields = dict(data)
+        fields["producer_kwargs"] = tuple(tuple(pair) for pair in fields.get("producer_kwargs", ()))
+        return cls(**fields)
+
+    def producer_arguments(self) -> dict[str, Any]:
+        kwargs = dict(self.producer_kwargs)
+        for name in _INT_SETTINGS:  # options from format("producerkit") arrive as strings
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = _parse_number(name, kwargs[name], int)
+        if isinstance(kwargs.get("timeout"), str):
+            kwargs["timeout"] = _parse_number("timeout", kwargs["timeout"], float)
+        return kwargs
+
+    def check(self) -> None:
+        """Raise ConfigurationError now (on the driver) for what would fail on every executor."""
+        Producer(self.url, topic=self.topic, **self.producer_arguments())
+        if self.topic is None and self.topic_col is None:
+            raise ConfigurationError("no topic: pass topic= (and/or topic_col= for one per row)")
+
+    def make_producer(self) -> SyncProducer:
+        return SyncProducer(self.url, topic=self.topic, **self.producer_arguments())
+
+
+def _parse_number(name: str, text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name} must be a {kind.__name__}, got {text!r}") from exc
+
+
+@attrs.frozen(slots=True)
+class TaskCounts:
+    """What one task (one attempt at a Spark partition) published."""
+
+    rows: int = 0
+    delivered: int = 0
+    failed: int = 0
+    errors: Mapping[str, int] = attrs.field(factory=dict)
+    first_error: str | None = None
+
+
+#: One chunk of rows, column-wise: role -> list of Python values (bytes/str/int/None/...).
+Chunk = Mapping[str, Sequence[Any]]
+
+
+# ---------------------------------------------------------------------- the producer cache
+
+
+class _Entry:
+    def __init__(self, producer: SyncProducer) -> None:
+        self.producer = producer
+        self.pid = os.getpid()
+        self.lock = threading.Lock()  # held for a whole task: a task's counts are its own
+        self.last_used = time.monotonic()
+
+
+_cache: dict[str, _Entry] = {}
+_cache_lock = threading.Lock()
+_reaper_pid: int | None = None
+_atexit_registered = False
+
+
+def _lease(config: SinkConfig) -> _Entry:
+    """The cached producer for ``config`` in this process (built on first use), locked."""
+    key = f"{os.getpid()}:{config.cache_key()}"
+    with _cache_lock:
+        _drop_forked_entries()
+        entry = _cache.get(key)
+        if entry is None:
+            producer = config.make_producer()
+            try:
+                producer.start()
+            except BaseException:
+                _close_quietly(producer)
+                raise
+            entry = _cache[key] = _Entry(producer)
+            _start_housekeeping(config.idle_timeout)
+    entry.lock.acquire()
+    return entry
+
+
+def _release(entry: _Entry) -> None:
+    entry.last_used = time.monotonic()
+    entry.lock.release()
+
+
+def _discard(entry: _Entry) -> None:
+    with _cache_lock:
+        for key, cached in list(_cache.items()):
+            if cached is entry:
+                del _cache[key]
+
+
+def _drop_forked_entries() -> None:
+    """Forget producers inherited through fork(): their loop threads exist only in the parent."""
+    pid = os.getpid()
+    for key, entry in list(_cache.items()):
+        if entry.pid != pid:
+            del _cache[key]
+
+
+def _start_housekeeping(idle_timeout: float) -> None:
+    global _reaper_pid, _atexit_registered
+    if not _atexit_registered:
+        atexit.register(close_all)
+        _atexit_registered = True
+    if _reaper_pid == os.getpid():
+        return
+    _reaper_pid = os.getpid()
+    interval = max(0.5, min(idle_timeout / 2, 10.0))
+    threading.Thread(
+        target=_reap, args=(idle_timeout, interval), name="producerkit-spark-reaper", daemon=True
+    ).start()
+
+
+def _reap(idle_timeout: float, interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        now = time.monotonic()
+        idle: list[_Entry] = []
+        with _cache_lock:
+            for key, entry in list(_cache.items()):
+                if now - entry.last_used >= idle_timeout and entry.lock.acquire(blocking=False):
+                    del _cache[key]
+                    idle.append(entry)
+        for entry in idle:
+            _close_quietly(entry.producer)
+
+
+def close_all() -> None:
+    """Close every producer this process cached (at exit; also handy in tests)."""
+    with _cache_lock:
+        entries = [entry for entry in _cache.values() if entry.pid == os.getpid()]
+        _cache.clear()
+    for entry in entries:
+        _close_quietly(entry.producer, timeout=5.0)
+
+
+def _close_quietly(producer: SyncProducer, timeout: float | None = None) -> None:
+    try:
+        producer.close(timeout)
+    except Exception:
+        logger.debug("error closing a cached producer", exc_info=True)
+
+
+# ---------------------------------------------------------------------- publishing one task
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.rows = 0
+        self.failed = 0
+        self.errors: dict[str, int] = {}
+        self.first_error: str | None = None
+
+    def fail(self, exc: BaseException, count: int = 1) -> None:
+        self.failed += count
+        name = type(exc).__name__
+        self.errors[name] = self.errors.get(name, 0) + count
+        if self.first_error is None:
+            self.first_error = f"{name}: {exc}"
+
+    def counts(self) -> TaskCounts:
+        return TaskCounts(
+            self.rows, self.rows - self.failed, self.failed, dict(self.errors), self.first_error
+        )
+
+
+async def _send_chunk(
+    producer: Producer, chunk: Chunk, tally: _Tally, fail_fast: bool
+) -> None:
+    """Produce every row of ``chunk`` nonblocking: one loop hop per chunk, never per row."""
+    values = chunk["value"]
+    count = len(values)
+    keys = chunk.get("key")
+    topics = chunk.get("topic")
+    partitions = chunk.get("partition")
+    headers = chunk.get("headers")
+    ids = chunk.get("id")
+    produce = producer.produce
+    for i in range(count):
+        tally.rows += 1
+        try:
+            value = values[i]
+            if value is None:
+                raise _NullValue("the value column is null (producerkit sends no tombstones)")
+            await produce(
+                value,
+                key=keys[i] if keys is not None else None,
+                topic=topics[i] if topics is not None else None,
+                partition=partitions[i] if partitions is not None else None,
+                # pairs, not a dict: Kafka headers may repeat a name; produce() takes both
+                headers=_headers(headers[i]) if headers is not None else None,  # type: ignore[arg-type]
+                msg_id=_msg_id(ids[i]) if ids is not None else None,
+                nonblocking=True,
+            )
+        except ProducerError as exc:  # this message only (MessageError, closed, ...)
+            tally.fail(exc)
+            if fail_fast:
+                raise
+
+
+class _NullValue(ProducerError, ValueError):
+    pass
+
+
+def _headers(value: Any) -> list[tuple[str, Any]] | None:
+    """Spark's Kafka sink shape (list of {key, value} structs) or a map, as (name, value) pairs."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return list(value.items())
+    pairs = []
+    for item in value:
+        if isinstance(item, Mapping):
+            pairs.append((item["key"], item["value"] if item["value"] is not None else b""))
+        else:
+            name, data = item
+            pairs.append((name, data if data is not None else b""))
+    return pairs
+
+
+def _msg_id(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def publish_task(config: SinkConfig, chunks: Iterable[Chunk]) -> TaskCounts:
+    """Publish every row of one task, flush, and return its counts.
+
+    With ``on_error="fail"`` a failed message raises ProduceError (so Spark retries the task);
+    with ``"count"`` failures are counted and the task succeeds. While one chunk is being
+    produced on the producer's loop, the next one is converted here (double buffering).
+    """
+    fail_fast = config.on_error == "fail"
+    tally = _Tally()
+    entry = _lease(config)
+    sync = entry.producer
+    keep = True
+    try:
+        pending: concurrent.futures.Future[None] | None = None
+        failed_before = sync.producer.stats.failed
+        for chunk in chunks:
+            if not len(chunk["value"]):
+                continue
+            if pending is not None:
+                pending.result()
+                if fail_fast and sync.producer.stats.failed > failed_before:
+                    break  # a message already failed: stop sending, flush reports it below
+            pending = asyncio.run_coroutine_threadsafe(
+                _send_chunk(sync.producer, chunk, tally, fail_fast), sync.loop
+            )
+        if pending is not None:
+            pending.result()
+        try:
+            sync.flush()
+        except ProduceError as exc:
+            for failure in exc.failures:
+                tally.fail(failure.exception)
+        except ProducerError as exc:  # flush itself timed out: close, which fails what is left
+            keep = False
+            _discard(entry)
+            try:
+                sync.close(timeout=1.0)
+            except ProduceError as close_exc:
+                for failure in close_exc.failures:
+                    tally.fail(failure.exception)
+            else:
+                raise exc from None
+    except BaseException:
+        # the task dies mid-way: flush what was sent so the next task starts clean
+        try:
+            sync.flush()
+        except Exception:
+            keep = False
+            _discard(entry)
+            _close_quietly(sync, timeout=1.0)
+        raise
+    finally:
+        if keep:
+            _release(entry)
+    counts = tally.counts()
+    if fail_fast and counts.failed:
+        raise ProduceError(
+            [], f"{counts.failed} of {counts.rows} message(s) failed; first: {counts.first_error}"
+        )
+    return counts
+
+
+def chunks_from_arrow(batches: Iterable[Any], columns: Mapping[str, str]) -> Iterator[Chunk]:
+    """Arrow record batches -> chunks: each used column as one Python list (one C call each)."""
+    for batch in batches:
+        yield {role: batch.column(name).to_pylist() for role, name in columns.items()}
+
+
+def chunks_from_rows(
+    rows: Iterable[Any], columns: Mapping[str, str], size: int = 10_000
+) -> Iterator[Chunk]:
+    """Spark Rows -> chunks of ``size`` rows (the row-based writer of Spark 4.0)."""
+    names = list(columns.items())
+    buffer: dict[str, list[Any]] = {role: [] for role, _ in names}
+    filled = 0
+    for row in rows:
+        for role, name in names:
+            buffer[role].append(row[name])
+        filled += 1
+        if filled == size:
+            yield buffer
+            buffer = {role: [] for role, _ in names}
+            filled = 0
+    if filled:
+        yield buffer
