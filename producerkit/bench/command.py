@@ -1,0 +1,328 @@
+"""``producerkit bench``: an open-loop latency/throughput benchmark, kafka-producer-perf-test style.
+
+::
+
+    producerkit bench --url embedded-nats --topic b --rate 5000 --duration 10 \\
+        --json out.json --hgrm out.hgrm --plot out.png
+    producerkit bench --url embedded-kafka --topic b --rate 200 --duration 10 \\
+        --rtt-ms 10 --mode sync
+    producerkit bench plot a.json b.json -o cmp.png
+
+Message i is due at t0 + i/rate (``--rate 0``: as fast as possible). Per message it records the
+send delay (send - due), the ack latency (ack - send) and the response time (ack - due, which
+includes the queueing a closed-loop benchmark omits), in HDR histograms up to p99.9999.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from producerkit._config import parse_url
+
+USAGE_EPILOG = """\
+--url may be embedded-kafka or embedded-nats: a local Tansu / nats-server (JetStream) is started
+from the installed wheels for the run. Backend options go in -o NAME=VALUE (e.g. -o linger_ms=5).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="producerkit bench",
+        description="Open-loop producer benchmark: send delay, ack latency and response time "
+        "(coordinated-omission corrected) in HDR histograms. "
+        "`producerkit bench plot A.json [B.json ...] -o OUT.png` overlays results.",
+        epilog=USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", required=True,
+                        help="kafka://, jetstream://, nats://, memory://, null://, "
+                        "embedded-kafka or embedded-nats")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--rate", type=float, default=1000.0,
+                        help="messages per second on the open-loop schedule; 0 = as fast as "
+                        "possible (default 1000)")
+    stop = parser.add_mutually_exclusive_group()
+    stop.add_argument("--duration", type=float, help="seconds of schedule (default 10)")
+    stop.add_argument("--num-records", type=int, help="messages to send")
+    parser.add_argument("--record-size", type=int, default=100, help="value bytes (default 100)")
+    parser.add_argument("--keys", type=int, default=0,
+                        help="distinct keys, cycled (default 0: no key)")
+    parser.add_argument("--mode", choices=("sync", "nonblocking"), default="nonblocking",
+                        help="sync: wait for each ack before the next send (per sender); "
+                        "nonblocking: hand off when due (default)")
+    parser.add_argument("--senders", type=int, default=1,
+                        help="concurrent senders in sync mode (default 1)")
+    parser.add_argument("--concurrent-task-limit", type=int, default=1000)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--partitions", type=int,
+                        help="NATS: subjects {topic}.{p}; Kafka: create the topic with P "
+                        "partitions")
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-message timeout, s")
+    parser.add_argument("--rtt-ms", type=float, default=0.0,
+                        help="insert a delay proxy adding this round trip (half each way)")
+    parser.add_argument("--warmup-records", type=int, default=1000,
+                        help="untimed messages sent (nonblocking) and acked first (default 1000)")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="backend option, e.g. linger_ms=5, acks=all, preset=throughput")
+    parser.add_argument("--compare", choices=("peers",),
+                        help="also run the raw clients (aiokafka, confluent-kafka, nats-py) "
+                        "on the same schedule and broker")
+    parser.add_argument("--peers", help="comma-separated subset of peers for --compare peers")
+    parser.add_argument("--json", type=Path, help="write the whole result here")
+    parser.add_argument("--hgrm", type=Path,
+                        help="write the response-time percentile distribution here "
+                        "(and NAME.ack_latency.hgrm, NAME.send_delay.hgrm beside it)")
+    parser.add_argument("--plot", type=Path, help="write a PNG: percentile spectrum, throughput")
+    parser.add_argument("--progress-interval", type=float, default=5.0, help=argparse.SUPPRESS)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["plot"]:
+        return plot_main(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    options = _parse_options(args.option)
+    for name in ("rate", "record_size", "senders", "concurrent_task_limit", "connections"):
+        if getattr(args, name) < (0 if name == "rate" else 1):
+            print(f"producerkit bench: --{name.replace('_', '-')} is out of range", file=sys.stderr)
+            return 2
+    if args.duration is None and args.num_records is None:
+        args.duration = 10.0
+
+    with contextlib.ExitStack() as stack:
+        url = _resolve_url(args.url, stack, options)
+        if args.partitions:
+            scheme = parse_url(url).scheme
+            if scheme in ("nats", "jetstream", "null", "memory"):
+                options["partitions"] = args.partitions
+            elif scheme == "kafka":
+                asyncio.run(_create_kafka_topic(url, args.topic, args.partitions))
+        target_url = url
+        if args.rtt_ms:
+            from producerkit.bench.proxy import DelayProxy
+
+            proxy = stack.enter_context(DelayProxy.for_url(url, args.rtt_ms))
+            target_url = proxy.url
+        config = _config(args, url, options)
+        result = asyncio.run(_run_all(args, target_url, options, config))
+
+    for line in _all_final_lines(result):
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+    if args.hgrm:
+        for path in write_hgrms(result, args.hgrm):
+            print(f"wrote {path}")
+    if args.plot:
+        from producerkit.bench.plot import plot_results
+
+        plot_results([(_label(result), result)], args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if result["summary"]["failed"] == 0 and result["summary"]["unacknowledged"] == 0 else 1
+
+
+async def _run_all(
+    args: argparse.Namespace, url: str, options: dict[str, Any], config: dict[str, Any]
+) -> dict[str, Any]:
+    from producerkit.bench.openloop import ProducerTarget
+
+    messages = make_messages(args.record_size, args.keys)
+    target = ProducerTarget(
+        url,
+        args.topic,
+        concurrent_task_limit=args.concurrent_task_limit,
+        connections=args.connections,
+        timeout=args.timeout,
+        **options,
+    )
+    await target.start()
+    try:
+        timings = await _run(args, target, messages, "producerkit")
+        stats = target.stats
+    finally:
+        await target.close()
+    from producerkit.bench.report import analyze
+
+    window = {
+        "max_in_flight": stats.max_in_flight,
+        "window_waits": stats.window_waits,
+        "window_wait_seconds": stats.window_wait_seconds,
+    }
+    result, _ = analyze(timings, config, args.record_size, window)
+    if args.compare == "peers":
+        from producerkit.bench.peers import make_peer, peers_for
+
+        names = args.peers.split(",") if args.peers else list(peers_for(url))
+        if not names:
+            print(f"no peers speak {parse_url(url).scheme}://", file=sys.stderr)
+        result["peers"] = {}
+        for name in names:
+            peer = make_peer(name, url, args.topic, args.concurrent_task_limit)
+            await peer.start()
+            try:
+                peer_timings = await _run(args, peer, messages, name)
+            finally:
+                await peer.close()
+            result["peers"][name], _ = analyze(peer_timings, config, args.record_size, None)
+    return result
+
+
+async def _run(args: argparse.Namespace, target: Any, messages: Any, name: str) -> Any:
+    from producerkit.bench.openloop import run_open_loop
+    from producerkit.bench.report import Progress
+
+    if not args.quiet:
+        rate = f"{args.rate:g} msg/s" if args.rate else "as fast as possible"
+        print(f"[{name}] {args.mode}, {rate}, {args.record_size}-byte records", flush=True)
+    progress = None if args.quiet else Progress(
+        args.record_size, lambda line: print(f"[{name}] {line}", flush=True)
+    )
+    return await run_open_loop(
+        target,
+        messages,
+        rate=args.rate,
+        count=args.num_records,
+        duration=args.duration if args.num_records is None else None,
+        mode=args.mode,
+        senders=args.senders,
+        warmup=args.warmup_records,
+        drain_timeout=max(args.timeout, 5.0),
+        progress=progress,
+        progress_interval=args.progress_interval,
+    )
+
+
+def make_messages(record_size: int, keys: int) -> list[tuple[bytes | None, bytes]]:
+    """``(key, value)`` pairs to cycle through: one per key (or one keyless), random values."""
+    value = os.urandom(record_size)
+    if keys <= 0:
+        return [(None, value)]
+    return [(b"key-%d" % k, value) for k in range(keys)]
+
+
+def _parse_options(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"producerkit bench: -o expects NAME=VALUE, got {pair!r}")
+        options[name.strip()] = value
+    return options
+
+
+def _resolve_url(url: str, stack: contextlib.ExitStack, options: dict[str, Any]) -> str:
+    if url == "embedded-kafka":
+        from producerkit.brokers import start_kafka
+
+        broker = stack.enter_context(start_kafka())
+        print(f"started Tansu at {broker.url}", flush=True)
+        return broker.url
+    if url == "embedded-nats":
+        from producerkit.brokers import start_nats
+
+        broker = stack.enter_context(start_nats(jetstream=True))
+        print(f"started nats-server (JetStream) at {broker.url}", flush=True)
+        options.setdefault("create_stream", True)
+        return broker.url
+    if parse_url(url).scheme == "jetstream":
+        options.setdefault("create_stream", True)
+    return url
+
+
+async def _create_kafka_topic(url: str, topic: str, partitions: int) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=parse_url(url).server_strings())
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
+
+
+def _config(args: argparse.Namespace, url: str, options: dict[str, Any]) -> dict[str, Any]:
+    from producerkit import __version__
+
+    config = {
+        key: (str(value) if isinstance(value, Path) else value)
+        for key, value in vars(args).items()
+        if key not in ("option", "quiet", "progress_interval")
+    }
+    config.update(
+        broker_url=url,
+        backend=parse_url(url).scheme,
+        options={key: str(value) for key, value in options.items()},
+        producerkit=__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        cpus=os.cpu_count(),
+    )
+    return config
+
+
+def _label(result: dict[str, Any]) -> str:
+    config = result["config"]
+    rate = f"{config['rate']:g}/s" if config["rate"] else "max rate"
+    rtt = f", rtt {config['rtt_ms']:g} ms" if config.get("rtt_ms") else ""
+    return f"{config['backend']} {config['mode']} {rate}{rtt}"
+
+
+def _all_final_lines(result: dict[str, Any]) -> list[str]:
+    from producerkit.bench.report import final_lines
+
+    lines = final_lines(result)
+    for name, peer in result.get("peers", {}).items():
+        lines += final_lines(peer, name)
+    return lines
+
+
+def write_hgrms(result: dict[str, Any], path: Path) -> list[Path]:
+    """``path`` gets the response time; ``<stem>.ack_latency.hgrm`` etc. the other measures."""
+    from hdrh.histogram import HdrHistogram
+
+    from producerkit.bench import histograms as hdr
+    from producerkit.bench.report import MEASURE_TITLES
+
+    written = []
+    for measure in ("response_time", "ack_latency", "send_delay"):
+        target = path if measure == "response_time" else path.with_suffix(f".{measure}.hgrm")
+        histogram = HdrHistogram.decode(result["histograms"][measure])
+        with open(target, "wb") as out:
+            hdr.write_hgrm(histogram, out, f"producerkit {MEASURE_TITLES[measure]}")
+        written.append(target)
+    return written
+
+
+def plot_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="producerkit bench plot",
+        description="Overlay the percentile spectra and throughput of several bench results.",
+    )
+    parser.add_argument("results", nargs="+", type=Path, help="result JSON files (--json)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="PNG to write")
+    parser.add_argument("--title", help="figure title")
+    args = parser.parse_args(argv)
+    from producerkit.bench.plot import plot_results
+
+    results = []
+    for path in args.results:
+        result = json.loads(path.read_text())
+        results.append((path.stem, result))
+    plot_results(results, args.output, title=args.title)
+    print(f"wrote {args.output}")
+    return 0

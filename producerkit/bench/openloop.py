@@ -1,0 +1,336 @@
+"""The open-loop driver: message i is due at ``t0 + i / rate``, whatever happened to message i-1.
+
+A closed-loop benchmark sends the next message when the previous one is done, so when the system
+stalls it simply stops asking, and the stall is counted once instead of for every message that
+should have been sent meanwhile (coordinated omission). Here the schedule is fixed in advance, and
+three durations are kept per message:
+
+- *send delay* = send - due: how late the sender got to it (the producer blocked, the window was
+  full, the loop was busy);
+- *ack latency* = ack - send: what a closed-loop benchmark reports;
+- *response time* = ack - due: what a caller with a deadline experiences, queueing included.
+
+Timestamps go into preallocated ``array('q')`` buffers (one store per event, no objects); the
+histograms and time series are computed from them after the run. The same driver runs
+producerkit and the raw-client peers (:mod:`producerkit.bench.peers`) through the small
+:class:`Target` interface, so every figure is measured the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from array import array
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from producerkit._producer import Producer
+from producerkit._types import Record, Stats
+from producerkit.backends.base import DeliverySink
+
+__all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop"]
+
+#: When the sender is behind schedule it still yields to the loop this often, so acks and the
+#: progress reporter are not starved (rate 0 on null:// never awaits otherwise).
+_YIELD_EVERY = 256
+#: Outcome codes in ``RunTimings.status``.
+PENDING, OK, FAILED = 0, 1, 2
+
+AckCallback = Callable[[int, bool], None]
+
+
+class Target(Protocol):
+    """What the open-loop driver sends to: producerkit, or a raw client (peers.py).
+
+    ``send`` hands message ``index`` off and later calls ``on_ack(index, ok)`` exactly once (the
+    driver timestamps the call); it may return an awaitable the driver awaits before the next
+    send (back-pressure). ``send_wait`` sends and returns only once acked (sync mode).
+    """
+
+    name: str
+    on_ack: AckCallback
+
+    async def start(self) -> None: ...
+
+    def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any] | None: ...
+
+    async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool: ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class _TimingSink:
+    """Stands between a producer's backends and the producer (the DeliverySink seam): times each
+    outcome by message index, then passes it on. Cheap: one subtraction and two array stores."""
+
+    __slots__ = ("base", "on_ack", "sink")
+
+    def __init__(self, sink: DeliverySink) -> None:
+        self.sink = sink
+        self.base = 0
+        self.on_ack: AckCallback = _ignore
+
+    def acked(self, record: Record) -> None:
+        self.on_ack(record.seq - self.base, True)
+        self.sink.acked(record)
+
+    def failed(self, record: Record, exc: BaseException) -> None:
+        self.on_ack(record.seq - self.base, False)
+        self.sink.failed(record, exc)
+
+    def topic_changed(self, topic: str) -> None:
+        self.sink.topic_changed(topic)
+
+    def batch_sent(self, topic: str, partition: int) -> None:
+        self.sink.batch_sent(topic, partition)
+
+
+class ProducerTarget:
+    """producerkit itself: nonblocking produce, acks timed where the backends report them.
+
+    Messages the producer fails on its own (deadline passed, closed) never reach a backend's
+    sink: they stay "unacknowledged" in the result, and the producer's stats count them.
+    """
+
+    name = "producerkit"
+
+    def __init__(self, url: str, topic: str, **producer_kwargs: Any) -> None:
+        self.producer = Producer(url, topic=topic, **producer_kwargs)
+        self.on_ack: AckCallback = _ignore
+        self._sinks: list[_TimingSink] = []
+
+    async def start(self) -> None:
+        await self.producer.start()
+        for backend in self.producer.backends:
+            sink = _TimingSink(backend.sink)
+            backend.sink = sink
+            self._sinks.append(sink)
+
+    def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
+        # One sender produces in index order: this message's record.seq will be _seq + 1.
+        base = self.producer._seq + 1 - index
+        on_ack = self.on_ack
+        for sink in self._sinks:
+            sink.base = base
+            sink.on_ack = on_ack
+        return self.producer.produce(value, key=key, nonblocking=True)
+
+    async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
+        for sink in self._sinks:
+            sink.on_ack = _ignore  # the driver times blocking produces itself
+        try:
+            await self.producer.produce(value, key=key)
+        except Exception:
+            return False
+        return True
+
+    async def flush(self) -> None:
+        with contextlib.suppress(Exception):  # every failure was already timed
+            await self.producer.flush()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.producer.close()
+
+    @property
+    def stats(self) -> Stats:
+        return self.producer.stats
+
+
+def _ignore(index: int, ok: bool) -> None:
+    pass
+
+
+class RunTimings:
+    """Per-message nanosecond timestamps (``perf_counter_ns``), relative to nothing: t0 is kept."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = 0
+        self.due = array("q")
+        self.send = array("q")
+        self.ack = array("q")
+        self.status = bytearray()
+        self.grow(max(capacity, 1024))
+        self.sent = 0
+        self.t0 = 0
+        self.interval = 0
+        self.end = 0
+
+    def grow(self, capacity: int) -> None:
+        extra = capacity - self.capacity
+        if extra <= 0:
+            return
+        zeros = array("q", bytes(8 * extra))
+        self.due.extend(zeros)
+        self.send.extend(zeros)
+        self.ack.extend(zeros)
+        self.status.extend(bytes(extra))
+        self.capacity = capacity
+
+    def on_ack(self, index: int, ok: bool) -> None:
+        if 0 <= index < self.capacity and not self.status[index]:
+            self.ack[index] = time.perf_counter_ns()
+            self.status[index] = OK if ok else FAILED
+
+
+ProgressCallback = Callable[[RunTimings, float], None]
+
+
+async def run_open_loop(
+    target: Target,
+    messages: Sequence[tuple[bytes | None, bytes]],
+    *,
+    rate: float,
+    count: int | None = None,
+    duration: float | None = None,
+    mode: str = "nonblocking",
+    senders: int = 1,
+    warmup: int = 0,
+    drain_timeout: float = 60.0,
+    progress: ProgressCallback | None = None,
+    progress_interval: float = 5.0,
+) -> RunTimings:
+    """Send ``messages`` (cycled) to a started ``target`` on the open-loop schedule.
+
+    ``rate`` messages/s (0: as fast as possible); stop after ``count`` messages or once
+    ``duration`` seconds of schedule have been sent. ``mode`` ``"nonblocking"``: one sender hands
+    each message off when due; ``"sync"``: ``senders`` coroutines each send one message and wait
+    for its ack before taking the next due one. ``warmup`` messages are sent and acked first,
+    untimed.
+    """
+    if count is None and duration is None:
+        raise ValueError("give count or duration")
+    if rate < 0:
+        raise ValueError("rate must be >= 0")
+    if count is None:
+        assert duration is not None
+        count = round(rate * duration) if rate > 0 else None
+    timings = RunTimings(count if count is not None else 1 << 16)
+    if warmup:
+        await _warm_up(target, messages, warmup)
+    target.on_ack = timings.on_ack
+    interval = round(1e9 / rate) if rate > 0 else 0
+    deadline_ns = None if count is not None or duration is None else round(duration * 1e9)
+    limit = count if count is not None else 1 << 62
+    timings.interval = interval
+    timings.t0 = t0 = time.perf_counter_ns() + 1_000_000  # the first message is due in 1 ms
+
+    reporter = None
+    if progress is not None:
+        reporter = asyncio.ensure_future(_report(timings, progress, progress_interval))
+    try:
+        if mode == "sync":
+            state = [0]
+            await asyncio.gather(
+                *(
+                    _sync_sender(target, messages, timings, state, limit, deadline_ns)
+                    for _ in range(senders)
+                )
+            )
+        elif mode == "nonblocking":
+            await _nonblocking_sender(target, messages, timings, t0, interval, limit, deadline_ns)
+        else:
+            raise ValueError(f"mode must be 'sync' or 'nonblocking', not {mode!r}")
+        # Past the drain timeout, the unacknowledged stay PENDING and are reported as such.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(target.flush(), drain_timeout)
+    finally:
+        timings.end = time.perf_counter_ns()
+        if reporter is not None:
+            reporter.cancel()
+    return timings
+
+
+async def _warm_up(target: Target, messages: Sequence[tuple[bytes | None, bytes]], n: int) -> None:
+    for i in range(n):
+        key, value = messages[i % len(messages)]
+        handed_off = target.send(-1 - i, key, value)
+        if handed_off is not None:
+            await handed_off
+    await target.flush()
+
+
+async def _nonblocking_sender(
+    target: Target,
+    messages: Sequence[tuple[bytes | None, bytes]],
+    timings: RunTimings,
+    t0: int,
+    interval: int,
+    limit: int,
+    deadline_ns: int | None,
+) -> None:
+    perf_counter_ns = time.perf_counter_ns
+    sleep = asyncio.sleep
+    due_array, send_array = timings.due, timings.send
+    send = target.send
+    n_messages = len(messages)
+    i = 0
+    while i < limit:
+        due = t0 + i * interval
+        now = perf_counter_ns()
+        if due > now:
+            # Sleep until the next message is due; everything due by then goes in one burst.
+            await sleep((due - now) / 1e9)
+            now = perf_counter_ns()
+        elif i % _YIELD_EVERY == 0:
+            await sleep(0)
+            now = perf_counter_ns()
+        if not interval:
+            due = now  # rate 0: every message is due when the sender gets to it
+            if deadline_ns is not None and now - t0 >= deadline_ns:
+                break
+        if i >= timings.capacity:
+            timings.grow(timings.capacity * 2)
+            due_array, send_array = timings.due, timings.send
+        key, value = messages[i % n_messages]
+        due_array[i] = due
+        send_array[i] = now
+        timings.sent = i + 1
+        handed_off = send(i, key, value)
+        if handed_off is not None:
+            await handed_off
+        i += 1
+
+
+async def _sync_sender(
+    target: Target,
+    messages: Sequence[tuple[bytes | None, bytes]],
+    timings: RunTimings,
+    state: list[int],
+    limit: int,
+    deadline_ns: int | None,
+) -> None:
+    perf_counter_ns = time.perf_counter_ns
+    t0, interval = timings.t0, timings.interval
+    n_messages = len(messages)
+    while True:
+        i = state[0]
+        if i >= limit:
+            return
+        state[0] = i + 1
+        due = t0 + i * interval
+        now = perf_counter_ns()
+        if due > now:
+            await asyncio.sleep((due - now) / 1e9)
+            now = perf_counter_ns()
+        if not interval:
+            due = now
+            if deadline_ns is not None and now - t0 >= deadline_ns:
+                return
+        if i >= timings.capacity:
+            timings.grow(timings.capacity * 2)
+        key, value = messages[i % n_messages]
+        timings.due[i] = due
+        timings.send[i] = now
+        timings.sent = max(timings.sent, i + 1)
+        ok = await target.send_wait(i, key, value)
+        timings.on_ack(i, ok)
+
+
+async def _report(timings: RunTimings, progress: ProgressCallback, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        progress(timings, interval)

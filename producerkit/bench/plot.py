@@ -1,0 +1,91 @@
+"""One PNG per comparison: the percentile spectrum and throughput over time.
+
+Top panel: latency (log ms) against percentile on HdrHistogram's usual axis, x = 1 / (1 - p)
+(log), from 0 % to 99.9999 %. Each run draws its response time (ack - due: CO-corrected) as a
+solid line and its ack latency (ack - send: uncorrected) dashed in the same colour, so the gap
+between them is the queueing a closed-loop benchmark would have hidden. Bottom panel: acked
+messages per second, every second. Peers in a result are drawn as runs of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_TICKS = [(0, "0%"), (1, "90%"), (2, "99%"), (3, "99.9%"), (4, "99.99%"), (5, "99.999%"),
+          (6, "99.9999%")]
+
+
+def _series(results: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    series = []
+    for label, result in results:
+        series.append((label, result))
+        for name, peer in result.get("peers", {}).items():
+            series.append((f"{label} [{name}]", peer))
+    return series
+
+
+def plot_results(
+    results: Sequence[tuple[str, dict[str, Any]]], output: Path | str, title: str | None = None
+) -> None:
+    """Draw ``(label, result)`` runs (from ``--json``) into one PNG at ``output``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = _series(results)
+    fig, (spectrum_ax, rate_ax) = plt.subplots(
+        2, 1, figsize=(10, 8.5), gridspec_kw={"height_ratios": [3, 1.4]}
+    )
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, (label, result) in enumerate(series):
+        color = colors[n % len(colors)]
+        for measure, style, suffix in (
+            ("response_time", "-", "response time (CO-corrected)"),
+            ("ack_latency", "--", "ack latency (uncorrected)"),
+        ):
+            points = result.get("spectrum", {}).get(measure) or []
+            if not points:
+                continue
+            xs = [10.0 ** nines for nines, _ in points]
+            ys = [max(value, 0.001) for _, value in points]
+            spectrum_ax.plot(xs, ys, style, color=color, linewidth=1.6,
+                             label=f"{label}: {suffix}")
+        rows = result.get("timeseries") or []
+        if rows:
+            rate_ax.plot([row["t"] for row in rows], [row["acked"] for row in rows],
+                         color=color, linewidth=1.4, label=label, marker=".")
+    spectrum_ax.set_xscale("log")
+    spectrum_ax.set_yscale("log")
+    spectrum_ax.set_xticks([10.0**k for k, _ in _TICKS], [text for _, text in _TICKS])
+    spectrum_ax.set_xlim(1, 10.0**6)
+    spectrum_ax.set_xlabel("percentile")
+    spectrum_ax.set_ylabel("latency (ms, log)")
+    spectrum_ax.grid(True, which="major", alpha=0.4)
+    spectrum_ax.grid(True, which="minor", axis="y", alpha=0.15)
+    spectrum_ax.legend(fontsize=7.5, loc="upper left")
+    spectrum_ax.set_title(title or _default_title(results), fontsize=11)
+    rate_ax.set_xlabel("time (s)")
+    rate_ax.set_ylabel("acked msg/s")
+    peak = max((row["acked"] for _, r in series for row in r.get("timeseries") or []), default=1)
+    rate_ax.set_ylim(0, peak * 1.15 + 1)
+    rate_ax.grid(True, alpha=0.4)
+    if len(series) > 1:
+        rate_ax.legend(fontsize=7.5, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(output, dpi=90)
+    plt.close(fig)
+
+
+def _default_title(results: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    if len(results) == 1:
+        config = results[0][1].get("config", {})
+        rate = f"{config.get('rate', 0):g} msg/s" if config.get("rate") else "max rate"
+        rtt = f", RTT +{config['rtt_ms']:g} ms" if config.get("rtt_ms") else ""
+        return (
+            f"producerkit bench: {config.get('backend')} {config.get('mode')}, {rate}, "
+            f"{config.get('record_size')} B{rtt}"
+        )
+    return "producerkit bench: " + " vs ".join(label for label, _ in results)
