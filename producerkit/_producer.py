@@ -41,6 +41,9 @@ _RUNNING: Final = 1
 _CLOSING: Final = 2
 _CLOSED: Final = 3
 
+_new_record = tuple.__new__
+_monotonic = time.monotonic
+
 #: Bytes a backend adds around a record (lengths, timestamps, attributes); used in the size check.
 _RECORD_OVERHEAD: Final = 64
 
@@ -114,11 +117,10 @@ class Producer:
         self._stats_timer: asyncio.TimerHandle | None = None
 
         self._state = _NEW
+        self._running = False  # the hot path's one-attribute view of _state == _RUNNING
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Backend] = []
-        self._window = InFlightWindow(
-            self._limit, self._timeout, self._connection_count, on_error
-        )
+        self._window = InFlightWindow(self._limit, self._timeout, self._connection_count, on_error)
         # Backends report straight into the window: these are the DeliverySink's hot methods.
         self.acked = self._window.acked
         self.failed = self._window.failed
@@ -170,6 +172,7 @@ class Producer:
                 min(connection.max_message_size for connection in connections) - _RECORD_OVERHEAD
             )
             self._state = _RUNNING
+            self._running = True
             if self._on_stats is not None:
                 self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
 
@@ -208,7 +211,7 @@ class Producer:
         message, ProducerClosed after close(); a blocking produce raises the message's own error
         (ProduceTimeout, DeliveryError, ...) if it fails.
         """
-        if self._state != _RUNNING:
+        if not self._running:
             await self._ensure_running()
         if type(value) is not bytes:
             value = _to_bytes("value", value)
@@ -229,16 +232,14 @@ class Producer:
             else:
                 partition = self._keyless.partition(topic, num_partitions)
         header_pairs = None
-        if headers is not None:
-            header_pairs = _normalize_headers(headers)
-            self._backend_class.check_headers(header_pairs)
-        if msg_id is not None and (type(msg_id) is not str or not msg_id):
-            raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
-        size = len(value)
-        if key is not None:
-            size += len(key)
-        if header_pairs:
-            size += sum(len(name) + len(data) for name, data in header_pairs)
+        size = len(value) if key is None else len(value) + len(key)
+        if headers is not None or msg_id is not None:
+            if msg_id is not None and (type(msg_id) is not str or not msg_id):
+                raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
+            if headers is not None:
+                header_pairs = _normalize_headers(headers)
+                self._backend_class.check_headers(header_pairs)
+                size += sum(len(name) + len(data) for name, data in header_pairs)
         if size > self._max_payload:
             raise MessageTooLarge(
                 f"message of {size} bytes (value, key and headers) is larger than "
@@ -248,33 +249,37 @@ class Producer:
         window = self._window
         if len(window.pending) >= self._limit:
             await window.wait_for_room()
-            if self._state != _RUNNING:
+            if not self._running:
                 raise ProducerClosed("the producer was closed while this produce waited")
 
         # From here on the message is counted: it must end acked or failed.
-        if partition is not None:
-            index = partition % self._connection_count
-        elif key is not None and self._connection_count > 1:
-            index = hash(key) % self._connection_count
+        count = self._connection_count
+        if count == 1:
+            index = 0
+        elif partition is not None:
+            index = partition % count
+        elif key is not None:  # unpartitioned NATS: one key, one connection, order kept
+            index = self._partitioner(key, count)
         else:
-            index = self._round_robin = (self._round_robin + 1) % self._connection_count
-        loop = self._loop
-        assert loop is not None
-        future = None if nonblocking else loop.create_future()
+            index = self._round_robin = (self._round_robin + 1) % count
+        future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
         seq = self._seq = self._seq + 1
-        record = Record(
-            seq,
-            value,
-            key,
-            topic,
-            partition,
-            header_pairs,
-            msg_id,
-            time.monotonic() + self._timeout,
-            index,
-            future,
+        record = _new_record(
+            Record,
+            (
+                seq,
+                value,
+                key,
+                topic,
+                partition,
+                header_pairs,
+                msg_id,
+                _monotonic() + self._timeout,
+                index,
+                future,
+            ),
         )
-        window.admit(record)
+        window.admit(seq, record)
         try:
             handed_off = self._connections[index].send(record)
             if handed_off is not None:
@@ -377,6 +382,7 @@ class Producer:
             timeout = _positive_number("timeout", timeout)
         was_running = self._state == _RUNNING
         self._state = _CLOSING
+        self._running = False
         self._window.wake_room_waiters()  # they see the state and give up
         try:
             if was_running:

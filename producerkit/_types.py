@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 import attrs
@@ -74,54 +75,53 @@ class Stats:
     connections: tuple[ConnectionStats, ...] = ()
 
 
-class Record:
-    """A message in flight: what the producer hands to a backend, and what comes back.
+class Record(tuple):  # type: ignore[type-arg]
+    """A message in flight: what the producer hands to a backend.
 
-    Plain ``__slots__`` class rather than attrs: one is built per message on the hot path.
-    Backends read the message fields and set ``offset`` before acking.
+    A tuple with named fields rather than a slots class: one is built per message on the hot path
+    and ``tuple.__new__`` is about twice as fast as an ``__init__`` assigning ten slots. Build one
+    with :func:`new_record`. Backends read the fields and report ``acked(record, offset)``.
     """
 
-    __slots__ = (
-        "connection",
-        "deadline",
-        "future",
-        "headers",
-        "key",
-        "msg_id",
-        "offset",
-        "partition",
-        "seq",
-        "topic",
-        "value",
-    )
+    __slots__ = ()
 
-    def __init__(
-        self,
-        seq: int,
-        value: bytes,
-        key: bytes | None,
-        topic: str,
-        partition: int | None,
-        headers: Headers | None,
-        msg_id: str | None,
-        deadline: float,
-        connection: int,
-        future: asyncio.Future[Delivery] | None,
-    ) -> None:
-        self.seq = seq
-        self.value = value
-        self.key = key
-        self.topic = topic
-        self.partition = partition
-        self.headers = headers
-        self.msg_id = msg_id
-        self.deadline = deadline
-        self.connection = connection
-        self.future = future
-        self.offset: int | None = None
+    seq: int = property(itemgetter(0))  # type: ignore[assignment]
+    value: bytes = property(itemgetter(1))  # type: ignore[assignment]
+    key: bytes | None = property(itemgetter(2))  # type: ignore[assignment]
+    topic: str = property(itemgetter(3))  # type: ignore[assignment]
+    partition: int | None = property(itemgetter(4))  # type: ignore[assignment]
+    headers: Headers | None = property(itemgetter(5))  # type: ignore[assignment]
+    msg_id: str | None = property(itemgetter(6))  # type: ignore[assignment]
+    deadline: float = property(itemgetter(7))  # type: ignore[assignment]
+    connection: int = property(itemgetter(8))  # type: ignore[assignment]
+    future: asyncio.Future[Delivery] | None = property(itemgetter(9))  # type: ignore[assignment]
 
     def failure(self, exception: BaseException) -> Failure:
         headers = dict(self.headers) if self.headers is not None else None
         return Failure(
             self.value, self.key, self.topic, headers, self.partition, self.msg_id, exception
         )
+
+    def __repr__(self) -> str:
+        return f"<Record #{self.seq} topic={self.topic!r} partition={self.partition}>"
+
+
+def new_record(
+    seq: int,
+    value: bytes,
+    key: bytes | None,
+    topic: str,
+    partition: int | None,
+    headers: Headers | None,
+    msg_id: str | None,
+    deadline: float,
+    connection: int,
+    future: asyncio.Future[Delivery] | None,
+) -> Record:
+    """Build a Record (the producer's hot path inlines this as ``tuple.__new__``)."""
+    return _tuple_new(
+        Record, (seq, value, key, topic, partition, headers, msg_id, deadline, connection, future)
+    )
+
+
+_tuple_new = tuple.__new__

@@ -103,10 +103,10 @@ class InFlightWindow:
             if counted:
                 self.wait_seconds += time.perf_counter() - started
 
-    def admit(self, record: Record) -> None:
+    def admit(self, seq: int, record: Record) -> None:
         """Count a record in flight. The caller has checked for room (and waited) just before."""
         pending = self.pending
-        pending[record.seq] = record
+        pending[seq] = record
         if len(pending) > self.max_in_flight:
             self.max_in_flight = len(pending)
         if self._timer is None:
@@ -114,7 +114,7 @@ class InFlightWindow:
 
     # ------------------------------------------------------------------ settlement
 
-    def acked(self, record: Record) -> None:
+    def acked(self, record: Record, offset: int | None) -> None:
         pending = self.pending
         if pending.pop(record.seq, None) is None:
             return  # already failed (timed out) or reported twice
@@ -124,7 +124,7 @@ class InFlightWindow:
             self._wake(len(pending))
         future = record.future
         if future is not None and not future.done():
-            future.set_result(Delivery(record.topic, record.partition, record.offset))
+            future.set_result(Delivery(record.topic, record.partition, offset))
 
     def failed(self, record: Record, exc: BaseException) -> None:
         pending = self.pending

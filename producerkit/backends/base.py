@@ -3,7 +3,7 @@
 A backend is one connection to a broker. The producer above it owns everything else, written once:
 the in-flight window, deadlines, stats, partition choice, connection pooling and failure
 accounting. A backend only moves records and reports, for each record it was handed, exactly one
-outcome through its :class:`DeliverySink`: ``acked(record)`` (after setting ``record.offset``) or
+outcome through its :class:`DeliverySink`: ``acked(record, offset)`` (offset may be None) or
 ``failed(record, exc)`` with a producerkit error. Late or duplicate reports are ignored above, so
 a backend need not track deadlines.
 """
@@ -20,7 +20,7 @@ from producerkit.errors import ConfigurationError
 
 
 class DeliverySink(Protocol):
-    def acked(self, record: Record) -> None: ...
+    def acked(self, record: Record, offset: int | None) -> None: ...
 
     def failed(self, record: Record, exc: BaseException) -> None: ...
 

@@ -228,9 +228,8 @@ class KafkaBackend(Backend):
         offset = done.result().offset
         acked = self.sink.acked
         for record in records:
-            record.offset = offset
+            acked(record, offset)
             offset += 1
-            acked(record)
 
     def _fail_all(self, records: list[Record], exc: BaseException) -> None:
         error = _translate(exc)

@@ -91,8 +91,7 @@ class MemoryBackend(Backend):
         return self._partitions
 
     def send(self, record: Record) -> None:
-        record.offset = self.store.append(record)
-        self.sink.acked(record)
+        self.sink.acked(record, self.store.append(record))
 
     async def close(self) -> None:
         pass

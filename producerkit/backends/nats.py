@@ -198,7 +198,7 @@ class NatsBackend(_NatsConnection):
                         self.sink.failed(record, error)
                 else:
                     for record in burst:
-                        self.sink.acked(record)
+                        self.sink.acked(record, None)
         finally:
             self._flusher = None
 
@@ -266,11 +266,11 @@ class JetStreamBackend(_NatsConnection):
             self.sink.failed(record, error)
             return
         try:
-            record.offset = json.loads(msg.data)["seq"]
+            sequence = int(json.loads(msg.data)["seq"])
         except (ValueError, KeyError, TypeError):
             self.sink.failed(record, DeliveryError(f"unreadable PubAck {msg.data[:200]!r}"))
             return
-        self.sink.acked(record)
+        self.sink.acked(record, sequence)
         self._sweep()
 
     def _sweep(self) -> None:

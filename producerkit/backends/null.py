@@ -20,14 +20,15 @@ class NullBackend(Backend):
 
     async def connect(self) -> None:
         self._partitions: int | None = self.options.get("partitions")
+        self._acked = self.sink.acked
 
     async def prepare_topic(self, topic: str) -> int | None:
         return self._partitions
 
     def send(self, record: Record) -> None:
-        record.offset = self._next_offset
-        self._next_offset += 1
-        self.sink.acked(record)
+        offset = self._next_offset
+        self._next_offset = offset + 1
+        self._acked(record, offset)
 
     async def close(self) -> None:
         pass
