@@ -1,0 +1,727 @@
+"""``producerkit produce``: publish each record of a file or stdin, kcat-style.
+
+Every record read ends up in exactly one of two places: acknowledged by the broker, or written to
+``--failed-out FILE`` in the input's own format (and counted in the summary, and the exit code is
+1). A rerun with that file as input (and the same flags) therefore retries exactly what failed::
+
+    producerkit produce --url jetstream://127.0.0.1:4222 --topic orders --format jsonl \\
+        --key-field user --nonblocking --failed-out failed.jsonl orders.jsonl
+    producerkit produce ... --failed-out failed.jsonl failed.jsonl     # retry, same flags
+
+A record can fail in three ways, all written to the failures file: the broker did not ack it in
+``--timeout`` seconds or refused it (``on_error``, or the exception of a blocking produce), the
+producer refused it at the call (too large, bad header), or the input line could not be parsed
+(written verbatim, so it can be fixed and replayed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import producerkit as pk
+from producerkit import settings
+from producerkit.errors import ConfigurationError, ProduceError, ProducerClosed, ProducerError
+
+FORMATS = ("lines", "jsonl", "csv")
+
+#: A parsed record: (value, key, msg_id).
+Parsed = tuple[bytes, bytes | None, str | None]
+
+
+class InvalidRecord(Exception):
+    """An input record that cannot become a message; ``raw`` is its original text."""
+
+    def __init__(self, raw: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.raw = raw
+
+
+# ---------------------------------------------------------------------- formats
+
+
+class Format:
+    """Parses input records and writes failed ones back in the same format.
+
+    ``parse`` turns one input record into (value, key, msg_id) or raises InvalidRecord; ``dump``
+    is its inverse for what a rerun needs: parsing a dumped record gives the same value, key and
+    msg_id again.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.key_field: str | None = args.key_field
+        self.value_field: str | None = args.value_field
+        self.msg_id_field: str | None = args.msg_id_field
+        self.key_delimiter: bytes | None = (
+            args.key_delimiter.encode() if args.key_delimiter is not None else None
+        )
+
+    def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
+        raise NotImplementedError
+
+    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+        raise NotImplementedError
+
+
+class LinesFormat(Format):
+    """A line is the value; with ``--key-delimiter D``, ``KEY<D>VALUE`` (like kcat's ``-K``)."""
+
+    def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
+        delimiter = self.key_delimiter
+        for line in lines:
+            value = _strip_newline(line)
+            if not value:
+                continue
+            if delimiter is None:
+                yield value, None, None
+                continue
+            key, found, rest = value.partition(delimiter)
+            if not found:
+                yield InvalidRecord(line, f"no key delimiter {delimiter!r}")
+            else:
+                yield rest, key, None
+
+    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+        delimiter = self.key_delimiter
+
+        def write(value: bytes, key: bytes | None, msg_id: str | None) -> None:
+            if delimiter is not None:
+                file.write(key or b"")
+                file.write(delimiter)
+            file.write(value)
+            file.write(b"\n")
+
+        return write
+
+
+class JsonlFormat(Format):
+    """One JSON document per line. The whole line is the value unless ``--value-field``."""
+
+    def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
+        key_field, value_field, id_field = self.key_field, self.value_field, self.msg_id_field
+        needs_parse = key_field is not None or value_field is not None or id_field is not None
+        for line in lines:
+            raw = _strip_newline(line)
+            if not raw.strip():
+                continue
+            if not needs_parse:
+                # Sent as read: no parse, no re-serialisation, the bytes on the wire are the file's.
+                yield raw, None, None
+                continue
+            try:
+                document = json.loads(raw)
+            except ValueError as exc:
+                yield InvalidRecord(line, f"invalid JSON: {exc}")
+                continue
+            try:
+                yield _fields(document, raw, key_field, value_field, id_field)
+            except InvalidRecord as invalid:
+                invalid.raw = line
+                yield invalid
+
+    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+        key_field, value_field, id_field = self.key_field, self.value_field, self.msg_id_field
+
+        def write(value: bytes, key: bytes | None, msg_id: str | None) -> None:
+            if value_field is None:
+                file.write(value)  # the line itself, which holds the key and id fields too
+            else:
+                # Only the fields a rerun reads; strings re-encode to exactly these bytes.
+                document: dict[str, Any] = {}
+                if key_field is not None:
+                    document[key_field] = _text(key)
+                if id_field is not None:
+                    document[id_field] = msg_id
+                document[value_field] = _text(value)
+                file.write(json.dumps(document, ensure_ascii=False).encode())
+            file.write(b"\n")
+
+        return write
+
+
+class CsvFormat(Format):
+    """CSV with a header row. The value is the row as a JSON object unless ``--value-field``."""
+
+    def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
+        reader = csv.reader(line.decode("utf-8", "surrogateescape") for line in lines)
+        header = next(reader, None)
+        if header is None:
+            return
+        self.header = header
+        for name in (self.key_field, self.value_field, self.msg_id_field):
+            if name is not None and name not in header:
+                raise ConfigurationError(f"CSV header {header} has no column {name!r}")
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raw = _csv_line(row)
+                yield InvalidRecord(raw, f"{len(row)} columns, the header has {len(header)}")
+                continue
+            document = dict(zip(header, row, strict=True))
+            if self.value_field is None:
+                value = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+            else:
+                value = document[self.value_field].encode()
+            key = None
+            if self.key_field is not None and document[self.key_field] != "":
+                key = document[self.key_field].encode()
+            msg_id = None
+            if self.msg_id_field is not None:
+                msg_id = document[self.msg_id_field] or None
+            yield value, key, msg_id
+
+    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+        header: list[str] | None = None
+
+        def write(value: bytes, key: bytes | None, msg_id: str | None) -> None:
+            nonlocal header
+            if self.value_field is None:
+                row = json.loads(value)  # the whole row, exactly as read
+                columns = self.header
+            else:
+                row = {}
+                if self.key_field is not None:
+                    row[self.key_field] = _text(key)
+                if self.msg_id_field is not None:
+                    row[self.msg_id_field] = msg_id or ""
+                row[self.value_field] = _text(value)
+                columns = list(row)
+            if header is None:
+                header = columns
+                file.write(_csv_line(header))
+            file.write(_csv_line([row.get(name, "") for name in header]))
+
+        return write
+
+
+def _fields(
+    document: object,
+    raw: bytes,
+    key_field: str | None,
+    value_field: str | None,
+    id_field: str | None,
+) -> Parsed:
+    if not isinstance(document, dict):
+        raise InvalidRecord(raw, f"expected a JSON object, got {type(document).__name__}")
+    key = msg_id = None
+    if key_field is not None:
+        if key_field not in document:
+            raise InvalidRecord(raw, f"no key field {key_field!r}")
+        key = _field_bytes(document[key_field])
+    if id_field is not None:
+        if id_field not in document:
+            raise InvalidRecord(raw, f"no msg-id field {id_field!r}")
+        field = document[id_field]
+        msg_id = field if isinstance(field, str) else json.dumps(field)
+    if value_field is None:
+        return raw, key, msg_id
+    if value_field not in document:
+        raise InvalidRecord(raw, f"no value field {value_field!r}")
+    value = _field_bytes(document[value_field])
+    return (value if value is not None else b"null"), key, msg_id
+
+
+def _field_bytes(field: object) -> bytes | None:
+    """A JSON field as message bytes: strings as their UTF-8, null as None, others as JSON."""
+    if field is None:
+        return None
+    if isinstance(field, str):
+        return field.encode()
+    return json.dumps(field, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", "surrogateescape")
+
+
+def _strip_newline(line: bytes) -> bytes:
+    if line.endswith(b"\n"):
+        line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+    return line
+
+
+def _csv_line(row: Sequence[str | None]) -> bytes:
+    class _Line:
+        text = ""
+
+        def write(self, text: str) -> None:
+            self.text += text
+
+    out = _Line()
+    csv.writer(out, lineterminator="\n").writerow(row)
+    return out.text.encode("utf-8", "surrogateescape")
+
+
+_FORMAT_CLASSES: dict[str, type[Format]] = {
+    "lines": LinesFormat,
+    "jsonl": JsonlFormat,
+    "csv": CsvFormat,
+}
+
+
+# ---------------------------------------------------------------------- failures file
+
+
+class FailureSink:
+    """Counts failed records by reason and writes them to ``--failed-out`` as they happen.
+
+    Writes go to ``FILE.partial`` and replace FILE at the end, so FILE may also be this run's
+    input (the usual retry). When nothing failed, an existing FILE is emptied: it always holds
+    what is left to send, and replaying an empty file sends nothing.
+    """
+
+    def __init__(self, fmt: Format, path: Path | None) -> None:
+        self.path = path
+        self.count = 0
+        self.reasons: dict[str, int] = {}
+        self.examples: list[str] = []
+        self._finished = False
+        self._fmt = fmt
+        self._file: IO[bytes] | None = None
+        self._write: Callable[[bytes, bytes | None, str | None], None] | None = None
+        self._partial = path.with_name(path.name + ".partial") if path is not None else None
+
+    def _open(self) -> IO[bytes] | None:
+        if self._file is None and self._partial is not None:
+            self._file = open(self._partial, "wb")  # noqa: SIM115 - closed in finish()
+            self._write = self._fmt.open_writer(self._file)
+        return self._file
+
+    def add(self, value: bytes, key: bytes | None, msg_id: str | None, exc: BaseException) -> None:
+        self._count(exc)
+        if self._open() is not None:
+            assert self._write is not None
+            self._write(value, key, msg_id)
+
+    def add_failure(self, failure: pk.Failure) -> None:
+        self.add(failure.value, failure.key, failure.msg_id, failure.exception)
+
+    def add_raw(self, raw: bytes, exc: BaseException) -> None:
+        self._count(exc)
+        file = self._open()
+        if file is not None:
+            file.write(raw if raw.endswith(b"\n") else raw + b"\n")
+
+    def _count(self, exc: BaseException) -> None:
+        self.count += 1
+        name = type(exc).__name__
+        seen = self.reasons.get(name, 0)
+        self.reasons[name] = seen + 1
+        if not seen and len(self.examples) < 3:
+            # One example per kind of failure, so a user sees why without a log per record.
+            self.examples.append(f"{name}: {exc}")
+
+    def finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if self._file is not None:
+            self._file.close()
+        if self.path is None or self._partial is None:
+            return
+        if self.count:
+            os.replace(self._partial, self.path)
+        elif self.path.exists():
+            self.path.write_bytes(b"")
+
+    def copy_input(self, lines: Iterable[bytes]) -> int:
+        """Nothing could be sent (no broker): the whole input is left to send."""
+        file = self._open()
+        count = 0
+        for line in lines:
+            count += 1
+            if file is not None:
+                file.write(line)
+        return count
+
+
+# ---------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """A rich progress line, refreshed ~10 times a second by a task, never per record."""
+
+    def __init__(self, enabled: bool, total_bytes: int | None, label: str) -> None:
+        self.records = 0
+        self.bytes = 0
+        self._producer: pk.Producer | None = None
+        self._progress: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = time.perf_counter()
+        if not enabled:
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        except ImportError:
+            print(
+                'producerkit produce: no progress bar without rich: pip install "producerkit[cli]"',
+                file=sys.stderr,
+            )
+            return
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[records]:>10,} records  {task.fields[rate]:>9,.0f}/s"),
+            TextColumn("in flight {task.fields[in_flight]:>6,}  acked {task.fields[acked]:>10,}"),
+            TextColumn("failed {task.fields[failed]:>6,}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            auto_refresh=False,
+            transient=False,
+        )
+        self._id = self._progress.add_task(
+            label, total=total_bytes, records=0, rate=0.0, in_flight=0, acked=0, failed=0
+        )
+
+    def start(self, producer: pk.Producer, failures: FailureSink) -> None:
+        self._producer = producer
+        self._failures = failures
+        self._started = time.perf_counter()
+        if self._progress is not None:
+            self._progress.start()
+            self._task = asyncio.ensure_future(self._refresh_loop())
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            self.refresh()
+            await asyncio.sleep(0.1)
+
+    def refresh(self) -> None:
+        if self._progress is None or self._producer is None:
+            return
+        stats = self._producer.stats
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        self._progress.update(
+            self._id,
+            completed=self.bytes,
+            records=self.records,
+            rate=self.records / elapsed,
+            in_flight=stats.in_flight,
+            acked=stats.acked,
+            failed=self._failures.count,
+            refresh=True,
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._progress is not None:
+            self.refresh()
+            self._progress.stop()
+
+
+# ---------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="producerkit produce",
+        description="Publish each record of a file (or stdin) to Kafka, NATS or JetStream.",
+        epilog=(
+            "Settings not given as flags come from PRODUCERKIT_* environment variables, then a "
+            "TOML file (--config, $PRODUCERKIT_CONFIG or ./producerkit.toml). Exit code: 0 all "
+            "acked, 1 some failed (see --failed-out), 2 usage or configuration error, 130 "
+            "interrupted."
+        ),
+    )
+    parser.add_argument("file", nargs="?", default="-", help="input file; - or none for stdin")
+    parser.add_argument("--url", help="kafka://, jetstream://, nats://, memory:// or null:// URL")
+    parser.add_argument("--topic", "-t", help="topic (Kafka) or subject (NATS)")
+    parser.add_argument("--config", help="TOML settings file (default ./producerkit.toml)")
+    parser.add_argument("--format", "-f", choices=FORMATS, default="lines")
+    parser.add_argument("--key-field", help="jsonl/csv: the field whose value is the key")
+    parser.add_argument("--value-field", help="jsonl/csv: send only this field as the value")
+    parser.add_argument(
+        "--msg-id-field", help="jsonl/csv: field used as msg_id (JetStream de-duplicates reruns)"
+    )
+    parser.add_argument("--key-delimiter", help="lines: split each line into KEY<delim>VALUE")
+    parser.add_argument(
+        "--header", "-H", action="append", default=[], metavar="K=V",
+        help="add this header to every message (repeatable)",
+    )
+    parser.add_argument("--partitioner", help="xxhash (default), murmur2, memphis or crc32")
+    parser.add_argument(
+        "--nonblocking", action="store_true",
+        help="keep up to --concurrent-task-limit messages in flight instead of one",
+    )
+    parser.add_argument("--concurrent-task-limit", type=int, help="window size (default 1000)")
+    parser.add_argument("--timeout", type=float, help="seconds a message may stay unacked")
+    parser.add_argument("--connections", type=int, help="connections to the broker (default 1)")
+    parser.add_argument(
+        "--option", "-o", action="append", default=[], metavar="NAME=VALUE",
+        help="backend option, e.g. -o create_stream=true -o linger_ms=5 (repeatable)",
+    )
+    parser.add_argument(
+        "--failed-out", metavar="FILE",
+        help="write records that failed here, in the input format, to rerun them",
+    )
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
+    return parser
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, found, value = item.partition("=")
+        if not found or not name:
+            raise ConfigurationError(f"{what} {item!r} must look like NAME=VALUE")
+        pairs[name] = value
+    return pairs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        fmt = _FORMAT_CLASSES[args.format](args)
+        if args.format == "lines" and (args.key_field or args.value_field or args.msg_id_field):
+            raise ConfigurationError(
+                "--key-field/--value-field/--msg-id-field need --format jsonl or csv"
+            )
+        if args.format != "lines" and args.key_delimiter is not None:
+            raise ConfigurationError("--key-delimiter is for --format lines")
+        headers = _pairs(args.header, "--header") or None
+        overrides: dict[str, Any] = _pairs(args.option, "--option")
+        overrides.update(
+            url=args.url,
+            topic=args.topic,
+            partitioner=args.partitioner,
+            concurrent_task_limit=args.concurrent_task_limit,
+            timeout=args.timeout,
+            connections=args.connections,
+        )
+        kwargs = settings.load(args.config, **overrides)
+        if "topic" not in kwargs:
+            raise ConfigurationError("no topic: pass --topic, set PRODUCERKIT_TOPIC or topic =")
+        if args.file != "-" and not os.path.isfile(args.file):
+            raise ConfigurationError(f"no such file: {args.file}")
+    except ConfigurationError as exc:
+        parser.error(str(exc))  # exits with code 2
+    failed_out = Path(args.failed_out) if args.failed_out else None
+    show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    try:
+        return asyncio.run(_produce(args, fmt, kwargs, headers, failed_out, show_progress))
+    except ConfigurationError as exc:  # e.g. a backend option, checked when the Producer is built
+        print(f"producerkit produce: error: {exc}", file=sys.stderr)
+        return 2
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _Reader:
+    """Reads and parses the input in a thread and hands the loop one batch per chunk read.
+
+    Reading on the event loop would block it whenever a pipe has no data yet (``tail -f |``):
+    no acks, no writes, no progress while waiting for the next line. The thread reads whatever
+    is available (``read1``), parses it, and hands over every complete record *before* it
+    blocks on the next read, so a record never waits for the ones after it. A bounded queue
+    keeps the reader at most a few chunks ahead of the producer.
+    """
+
+    CHUNK = 64 * 1024
+    MAX_BATCH = 4096
+
+    def __init__(self, fmt: Format, source: IO[bytes], progress: _Progress) -> None:
+        self._fmt = fmt
+        self._source = source
+        self._progress = progress
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[list[Parsed | InvalidRecord] | BaseException | None] = (
+            asyncio.Queue(8)
+        )
+        self._batch: list[Parsed | InvalidRecord] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="producerkit-reader", daemon=True)
+        self._thread.start()
+
+    async def next_batch(self) -> list[Parsed | InvalidRecord] | None:
+        batch = await self._queue.get()
+        if isinstance(batch, BaseException):
+            raise batch
+        return batch
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _run(self) -> None:
+        end: BaseException | None = None
+        try:
+            for item in self._fmt.records(self._lines()):
+                # self._batch, not a local: _lines() hands it over (and replaces it) before reads
+                self._batch.append(item)
+                if len(self._batch) >= self.MAX_BATCH:
+                    self._hand_over()
+            self._hand_over()
+        except _Stopped:
+            return
+        except BaseException as exc:
+            end = exc
+        with contextlib.suppress(_Stopped):
+            self._put(end)
+
+    def _lines(self) -> Iterator[bytes]:
+        read = getattr(self._source, "read1", self._source.read)
+        pending = b""
+        while True:
+            self._hand_over()  # before a read that may block, what was parsed goes out
+            chunk = read(self.CHUNK)
+            if not chunk:
+                break
+            self._progress.bytes += len(chunk)
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                yield line + b"\n"
+        if pending:
+            yield pending
+
+    def _hand_over(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._put(batch)
+
+    def _put(self, item: list[Parsed | InvalidRecord] | BaseException | None) -> None:
+        future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
+        while True:
+            if self._stopping.is_set():
+                future.cancel()
+                raise _Stopped
+            try:
+                future.result(0.1)
+                return
+            except TimeoutError:
+                continue
+
+
+def _open_input(name: str) -> tuple[IO[bytes], int | None]:
+    if name == "-":
+        return sys.stdin.buffer, None
+    file = open(name, "rb")  # noqa: SIM115 - closed by the caller
+    return file, os.fstat(file.fileno()).st_size
+
+
+async def _produce(
+    args: argparse.Namespace,
+    fmt: Format,
+    kwargs: dict[str, Any],
+    headers: dict[str, str] | None,
+    failed_out: Path | None,
+    show_progress: bool,
+) -> int:
+    failures = FailureSink(fmt, failed_out)
+    # Delivery failures are written the moment they happen (so a killed run keeps what it
+    # learnt); flush()/close() raise the same failures again, which are therefore not re-added.
+    producer = pk.Producer(**kwargs, on_error=failures.add_failure)
+    source, size = _open_input(args.file)
+    progress = _Progress(show_progress, size, f"→ {kwargs['topic']}")
+    nonblocking: bool = args.nonblocking
+    interrupted = False
+    started = time.perf_counter()
+
+    try:
+        try:
+            await producer.start()
+        except ProducerError as exc:
+            read = failures.copy_input(source)
+            failures.reasons[type(exc).__name__] = read
+            failures.count = read
+            failures.examples.append(f"{type(exc).__name__}: {exc}")
+            failures.finish()
+            _summary(kwargs, None, read, failures, time.perf_counter() - started, failed_out)
+            return 1
+        progress.start(producer, failures)
+        reader = _Reader(fmt, source, progress)
+        produce = producer.produce
+        try:
+            while (batch := await reader.next_batch()) is not None:
+                for item in batch:
+                    progress.records += 1
+                    if progress.records & 1023 == 0:
+                        # A burst that never waits would starve the progress task and sockets.
+                        await asyncio.sleep(0)
+                    if isinstance(item, InvalidRecord):
+                        failures.add_raw(item.raw, item)
+                        continue
+                    value, key, msg_id = item
+                    try:
+                        await produce(
+                            value, key=key, headers=headers, msg_id=msg_id, nonblocking=nonblocking
+                        )
+                    except ProducerClosed:
+                        raise
+                    except ProducerError as exc:
+                        # Refused at the call (MessageError), or a blocking produce's own failure.
+                        failures.add(value, key, msg_id, exc)
+            await producer.flush()
+        except ProduceError:
+            pass  # already written by on_error
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            interrupted = True
+        finally:
+            reader.stop()
+    finally:
+        with contextlib.suppress(ProduceError):  # its failures were written by on_error
+            await producer.close()
+        await progress.stop()
+        if source is not sys.stdin.buffer:
+            source.close()
+        failures.finish()
+    elapsed = time.perf_counter() - started
+    _summary(kwargs, producer.stats, progress.records, failures, elapsed, failed_out, interrupted)
+    if interrupted:
+        return 130
+    return 1 if failures.count else 0
+
+
+def _summary(
+    kwargs: dict[str, Any],
+    stats: pk.Stats | None,
+    records: int,
+    failures: FailureSink,
+    elapsed: float,
+    failed_out: Path | None,
+    interrupted: bool = False,
+) -> None:
+    acked = stats.acked if stats is not None else 0
+    rate = records / elapsed if elapsed > 0 else 0.0
+    line = (
+        f"producerkit produce: {records:,} records in {elapsed:.2f} s ({rate:,.0f}/s) "
+        f"to {kwargs['topic']!r}: {acked:,} acked, {failures.count:,} failed"
+    )
+    if failures.count:
+        reasons = ", ".join(f"{count:,} {name}" for name, count in sorted(failures.reasons.items()))
+        line += f" ({reasons})"
+    if interrupted:
+        line += "; interrupted: records not yet read are not in any file"
+    print(line, file=sys.stderr)
+    for example in failures.examples:
+        print(f"  e.g. {example}", file=sys.stderr)
+    if failures.count:
+        if failed_out is not None:
+            print(
+                f"failed records written to {failed_out}: rerun with it as the input to retry them",
+                file=sys.stderr,
+            )
+        else:
+            print("pass --failed-out FILE to keep the failed records for a rerun", file=sys.stderr)
