@@ -46,13 +46,28 @@ def summary(stderr: str) -> dict[str, int]:
     return {"records": records, "acked": acked, "failed": failed}
 
 
-def test_lines_with_headers_and_key_delimiter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lines_with_headers_and_key_delimiter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url, store = memory()
     source = tmp_path / "in.txt"
     source.write_bytes(b"k1:hello\nk2:world\r\n\nno-delimiter\n")
     failed = tmp_path / "failed.txt"
-    code = main([str(source), "--url", url, "--topic", "t", "--key-delimiter", ":",
-                 "-H", "origin=cli", "--failed-out", str(failed)])
+    code = main(
+        [
+            str(source),
+            "--url",
+            url,
+            "--topic",
+            "t",
+            "--key-delimiter",
+            ":",
+            "-H",
+            "origin=cli",
+            "--failed-out",
+            str(failed),
+        ]
+    )
     assert code == 1  # the line without a delimiter
     assert [(r.key, r.value, r.headers) for r in store.records] == [
         (b"k1", b"hello", (("origin", b"cli"),)),
@@ -63,7 +78,9 @@ def test_lines_with_headers_and_key_delimiter(tmp_path: Path, capsys: pytest.Cap
 
 
 @pytest.mark.parametrize("value_field", [None, "body"])
-def test_jsonl_fields_and_replay_of_refused_records(tmp_path: Path, value_field: str | None) -> None:
+def test_jsonl_fields_and_replay_of_refused_records(
+    tmp_path: Path, value_field: str | None
+) -> None:
     """Records refused at the call (too large) are written so that a rerun sends them unchanged."""
     documents = [
         {"id": f"o-{i}", "user": f"u{i % 3}", "body": ("x" * 300 if i % 4 == 0 else f"b{i}")}
@@ -105,15 +122,21 @@ def test_jsonl_fields_and_replay_of_refused_records(tmp_path: Path, value_field:
 
 def test_csv_rows_as_json_and_replay(tmp_path: Path) -> None:
     source = tmp_path / "in.csv"
-    rows = [["id", "user", "note"], ["1", "alice", "short"], ["2", "bob", "y" * 200],
-            ["3", "", "multi\nline, quoted"]]
+    rows = [
+        ["id", "user", "note"],
+        ["1", "alice", "short"],
+        ["2", "bob", "y" * 200],
+        ["3", "", "multi\nline, quoted"],
+    ]
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows(rows)
     source.write_text(buffer.getvalue())
     failed = tmp_path / "failed.csv"
     url, store = memory()
     argv = ["--url", url, "--topic", "t", "--format", "csv", "--key-field", "user"]
-    assert main([str(source), *argv, "-o", "max_message_size=200", "--failed-out", str(failed)]) == 1
+    assert (
+        main([str(source), *argv, "-o", "max_message_size=200", "--failed-out", str(failed)]) == 1
+    )
     assert [(r.key, json.loads(r.value)) for r in store.records] == [
         (b"alice", {"id": "1", "user": "alice", "note": "short"}),
         (None, {"id": "3", "user": "", "note": "multi\nline, quoted"}),  # empty cell: no key
@@ -147,9 +170,21 @@ def test_no_broker_leaves_the_whole_input_to_send(tmp_path: Path) -> None:
     failed = tmp_path / "failed.txt"
     port = _closed_port()
     result = subprocess.run(
-        [*CLI, str(source), "--url", f"nats://127.0.0.1:{port}", "--topic", "t",
-         "--timeout", "2", "--failed-out", str(failed)],
-        capture_output=True, text=True, timeout=60,
+        [
+            *CLI,
+            str(source),
+            "--url",
+            f"nats://127.0.0.1:{port}",
+            "--topic",
+            "t",
+            "--timeout",
+            "2",
+            "--failed-out",
+            str(failed),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1, result.stderr
     assert "BrokerUnavailable" in result.stderr
@@ -162,7 +197,9 @@ def _closed_port() -> int:
     return free_port()
 
 
-def test_100k_jsonl_keyed_nonblocking_on_jetstream(tmp_path: Path, nats_broker: LocalBroker) -> None:
+def test_100k_jsonl_keyed_nonblocking_on_jetstream(
+    tmp_path: Path, nats_broker: LocalBroker
+) -> None:
     """The issue's scenario, all up: 100,000 JSONL lines, keys from a field, progress, summary."""
     count = 100_000
     source = tmp_path / "orders.jsonl"
@@ -172,10 +209,25 @@ def test_100k_jsonl_keyed_nonblocking_on_jetstream(tmp_path: Path, nats_broker: 
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     result = subprocess.run(
-        [*CLI, str(source), "--url", f"jetstream://{nats_broker.host_port}", "--topic", topic,
-         "-o", "create_stream=true", "--format", "jsonl", "--key-field", "user",
-         "--nonblocking", "--progress"],
-        capture_output=True, text=True, timeout=120,
+        [
+            *CLI,
+            str(source),
+            "--url",
+            f"jetstream://{nats_broker.host_port}",
+            "--topic",
+            topic,
+            "-o",
+            "create_stream=true",
+            "--format",
+            "jsonl",
+            "--key-field",
+            "user",
+            "--nonblocking",
+            "--progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     elapsed = time.perf_counter() - started
     assert result.returncode == 0, result.stderr
@@ -191,9 +243,26 @@ def test_kafka_keys_from_a_field(tmp_path: Path, kafka_broker: LocalBroker) -> N
     documents = [{"user": f"u{i % 5}", "n": i} for i in range(50)]
     source = jsonl(tmp_path / "in.jsonl", documents)
     result = subprocess.run(
-        [*CLI, str(source), "--url", kafka_broker.url, "--topic", topic, "--format", "jsonl",
-         "--key-field", "user", "--value-field", "n", "--partitioner", "murmur2", "--nonblocking"],
-        capture_output=True, text=True, timeout=120,
+        [
+            *CLI,
+            str(source),
+            "--url",
+            kafka_broker.url,
+            "--topic",
+            topic,
+            "--format",
+            "jsonl",
+            "--key-field",
+            "user",
+            "--value-field",
+            "n",
+            "--partitioner",
+            "murmur2",
+            "--nonblocking",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     records = asyncio.run(read_kafka(kafka_broker.url, topic, len(documents)))
@@ -233,14 +302,31 @@ def _wait_for_count(url: str, subject: str, expected: int, timeout: float = 30.0
 def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
     """Done when: broker down for part of the run -> exit 1 + failures file -> replay -> all in."""
     half = 2000
-    lines = [json.dumps({"id": f"o-{i}", "user": f"user-{i % 50}", "n": i}) for i in range(2 * half)]
+    lines = [
+        json.dumps({"id": f"o-{i}", "user": f"user-{i % 50}", "n": i}) for i in range(2 * half)
+    ]
     failed = tmp_path / "failed.jsonl"
     topic = "orders"
     with start_nats(jetstream=True, workdir=tmp_path / "nats") as broker:
         url = f"{broker.url}?create_stream=true&stream_storage=file"
-        argv = ["--url", url, "--topic", topic, "--format", "jsonl", "--key-field", "user",
-                "--msg-id-field", "id", "--nonblocking", "--timeout", "2",
-                "--failed-out", str(failed), "--no-progress"]
+        argv = [
+            "--url",
+            url,
+            "--topic",
+            topic,
+            "--format",
+            "jsonl",
+            "--key-field",
+            "user",
+            "--msg-id-field",
+            "id",
+            "--nonblocking",
+            "--timeout",
+            "2",
+            "--failed-out",
+            str(failed),
+            "--no-progress",
+        ]
         process = subprocess.Popen(
             [*CLI, "-", *argv], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
