@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 from producerkit._producer import Producer
 from producerkit._types import Record, Stats
-from producerkit.backends.base import DeliverySink
 
 __all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop"]
 
@@ -62,37 +61,35 @@ class Target(Protocol):
     async def close(self) -> None: ...
 
 
-class _TimingSink:
-    """Stands between a producer's backends and the producer (the DeliverySink seam): times each
-    outcome by message index, then passes it on. Cheap: one subtraction and two array stores."""
+class _Timing:
+    """Wraps a producer's outcome sinks (``producer.acked``/``failed``, which its backends bind
+    when they connect) to time each outcome by message index. Cheap on the hot path: one
+    subtraction and two array stores per message."""
 
-    __slots__ = ("base", "on_ack", "sink")
+    __slots__ = ("acked", "base", "failed", "on_ack")
 
-    def __init__(self, sink: DeliverySink) -> None:
-        self.sink = sink
+    def __init__(self, producer: Producer) -> None:
         self.base = 0
         self.on_ack: AckCallback = _ignore
+        acked, failed = producer.acked, producer.failed
 
-    def acked(self, record: Record) -> None:
-        self.on_ack(record.seq - self.base, True)
-        self.sink.acked(record)
+        def timed_acked(record: Record, offset: int | None) -> None:
+            self.on_ack(record.seq - self.base, True)
+            acked(record, offset)
 
-    def failed(self, record: Record, exc: BaseException) -> None:
-        self.on_ack(record.seq - self.base, False)
-        self.sink.failed(record, exc)
+        def timed_failed(record: Record, exc: BaseException) -> None:
+            self.on_ack(record.seq - self.base, False)
+            failed(record, exc)
 
-    def topic_changed(self, topic: str) -> None:
-        self.sink.topic_changed(topic)
-
-    def batch_sent(self, topic: str, partition: int) -> None:
-        self.sink.batch_sent(topic, partition)
+        producer.acked = timed_acked
+        producer.failed = timed_failed
 
 
 class ProducerTarget:
     """producerkit itself: nonblocking produce, acks timed where the backends report them.
 
-    Messages the producer fails on its own (deadline passed, closed) never reach a backend's
-    sink: they stay "unacknowledged" in the result, and the producer's stats count them.
+    Messages the producer fails on its own (deadline passed, closed) never reach the sinks: they
+    stay "unacknowledged" in the result, and the producer's stats count them.
     """
 
     name = "producerkit"
@@ -100,27 +97,20 @@ class ProducerTarget:
     def __init__(self, url: str, topic: str, **producer_kwargs: Any) -> None:
         self.producer = Producer(url, topic=topic, **producer_kwargs)
         self.on_ack: AckCallback = _ignore
-        self._sinks: list[_TimingSink] = []
+        self._timing = _Timing(self.producer)  # before start(): backends bind the sinks then
 
     async def start(self) -> None:
         await self.producer.start()
-        for backend in self.producer.backends:
-            sink = _TimingSink(backend.sink)
-            backend.sink = sink
-            self._sinks.append(sink)
 
     def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
         # One sender produces in index order: this message's record.seq will be _seq + 1.
-        base = self.producer._seq + 1 - index
-        on_ack = self.on_ack
-        for sink in self._sinks:
-            sink.base = base
-            sink.on_ack = on_ack
+        timing = self._timing
+        timing.base = self.producer._seq + 1 - index
+        timing.on_ack = self.on_ack
         return self.producer.produce(value, key=key, nonblocking=True)
 
     async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
-        for sink in self._sinks:
-            sink.on_ack = _ignore  # the driver times blocking produces itself
+        self._timing.on_ack = _ignore  # the driver times blocking produces itself
         try:
             await self.producer.produce(value, key=key)
         except Exception:

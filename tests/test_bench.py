@@ -1,0 +1,132 @@
+"""``producerkit bench``: the open-loop schedule, the three measures, outputs, peers, and the
+coordinated omission a sync producer behind a slow link exposes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producerkit.bench import command
+from producerkit.bench.openloop import OK, ProducerTarget, run_open_loop
+from producerkit.bench.peers import run_peer
+from producerkit.bench.report import analyze
+from producerkit.brokers import LocalBroker
+
+MESSAGES: list[tuple[bytes | None, bytes]] = [(b"k1", b"x" * 100), (None, b"y" * 100)]
+
+
+def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "result.json"
+    code = command.main([*args, "--json", str(out), "--quiet", "--warmup-records", "50"])
+    assert code == 0
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_schedule_rate_2000_for_5_seconds(tmp_path: Path) -> None:
+    """The acceptance check: --rate 2000 --duration 5 sends 10,000 +- 2 %, spread over 5 s."""
+    hgrm, png = tmp_path / "out.hgrm", tmp_path / "out.png"
+    result = _bench(
+        tmp_path, "--url", "null://", "--topic", "t", "--rate", "2000", "--duration", "5",
+        "--hgrm", str(hgrm), "--plot", str(png),
+    )
+    summary = result["summary"]
+    assert abs(summary["sent"] - 10_000) <= 200
+    assert summary["acked"] == summary["sent"]
+    assert 4.9 <= summary["send_span_s"] <= 5.1
+    full_seconds = [row["sent"] for row in result["timeseries"][:5]]
+    assert all(1900 <= sent <= 2100 for sent in full_seconds), full_seconds
+    for measure in ("response_time", "ack_latency", "send_delay"):
+        percentiles = result["percentiles"][measure]
+        assert percentiles["count"] == summary["sent"]
+        assert {"p50_ms", "p99.9_ms", "p99.9999_ms", "max_ms"} <= set(percentiles)
+        assert result["histograms"][measure]
+    # Little's law on null://: acks are immediate, so (almost) nothing is ever in flight.
+    assert result["window"]["mean_in_flight"] < 1
+    assert "Percentile" in hgrm.read_text()
+    assert (tmp_path / "out.ack_latency.hgrm").exists()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    # Several results overlay in one plot.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(result))
+    overlay = tmp_path / "cmp.png"
+    results = [str(tmp_path / "result.json"), str(other)]
+    assert command.main(["plot", *results, "-o", str(overlay)]) == 0
+    assert overlay.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_message_timed_by_index_on_memory() -> None:
+    async def run() -> Any:
+        target = ProducerTarget("memory://", "t", concurrent_task_limit=64)
+        await target.start()
+        try:
+            timings = await run_open_loop(target, MESSAGES, rate=0, count=3000, warmup=10)
+        finally:
+            await target.close()
+        return timings
+
+    timings = asyncio.run(run())
+    assert timings.sent == 3000
+    assert all(status == OK for status in timings.status[:3000])
+    assert all(timings.ack[i] >= timings.send[i] >= timings.due[i] for i in range(3000))
+    result, _ = analyze(timings, {"rate": 0}, 100, None)
+    assert result["summary"]["acked"] == 3000
+
+
+def test_sync_mode_with_several_senders() -> None:
+    async def run() -> Any:
+        target = ProducerTarget("memory://", "t")
+        await target.start()
+        try:
+            return await run_open_loop(
+                target, MESSAGES, rate=0, count=500, mode="sync", senders=4
+            )
+        finally:
+            await target.close()
+
+    timings = asyncio.run(run())
+    assert timings.sent == 500
+    assert bytes(timings.status[:500]) == bytes([OK]) * 500
+
+
+def test_sync_behind_rtt_shows_coordinated_omission(nats_broker: LocalBroker, topic: str,
+                                                    tmp_path: Path) -> None:
+    """Rate 200/s over a 20 ms RTT: a sync producer manages 50/s, so the response time (from the
+    schedule) grows far beyond the ack latency; nonblocking keeps both near the RTT."""
+    url = f"jetstream://{nats_broker.host_port}"
+    common = ["--url", url, "--topic", topic, "--rate", "200", "--duration", "1", "--rtt-ms", "20"]
+    sync = _bench(tmp_path, *common, "--mode", "sync")["percentiles"]
+    nonblocking = _bench(tmp_path, *common, "--mode", "nonblocking")["percentiles"]
+    assert 18 <= sync["ack_latency"]["p50_ms"] <= 40
+    assert sync["response_time"]["p99_ms"] > 10 * sync["ack_latency"]["p99_ms"]
+    assert nonblocking["response_time"]["p99_ms"] < 60
+    assert 18 <= nonblocking["response_time"]["p50_ms"] <= 40
+
+
+def test_compare_peers_on_kafka(kafka_broker: LocalBroker, topic: str, tmp_path: Path) -> None:
+    pytest.importorskip("confluent_kafka")
+    result = _bench(
+        tmp_path, "--url", kafka_broker.url, "--topic", topic, "--rate", "2000",
+        "--num-records", "600", "--compare", "peers",
+    )
+    assert result["summary"]["acked"] == 600
+    assert set(result["peers"]) == {"aiokafka", "confluent-kafka"}
+    for peer in result["peers"].values():
+        assert peer["summary"]["acked"] == 600
+        assert peer["percentiles"]["response_time"]["count"] == 600
+
+
+def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:
+    acks: list[int] = []
+    url = f"jetstream://{nats_broker.host_port}"
+    timings = asyncio.run(
+        run_peer("nats-py", url, topic, MESSAGES, rate=0, count=500,
+                 on_ack=lambda index, ok: acks.append(index), warmup=5)
+    )
+    assert timings.sent == 500
+    assert sorted(acks) == list(range(500))
