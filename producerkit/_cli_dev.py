@@ -185,14 +185,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="producerkit dev stop | producerkit dev status: manage --detach'ed brokers.",
     )
     parser.add_argument(
-        "what", nargs="*", metavar="kafka|nats|stop|status",
+        "what",
+        nargs="*",
+        metavar="kafka|nats|stop|status",
         help="brokers to start (default: both), or stop/status",
     )
     parser.add_argument("--detach", "-d", action="store_true", help="leave them running")
     parser.add_argument("--kafka-port", type=int, help="default 9092 if free")
     parser.add_argument("--nats-port", type=int, help="default 4222 if free")
     parser.add_argument(
-        "--workdir", type=Path,
+        "--workdir",
+        type=Path,
         help="broker data and logs (default: a temporary directory, removed on stop)",
     )
     parser.add_argument("--json", action="store_true", help="print the brokers as JSON")

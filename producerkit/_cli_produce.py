@@ -452,27 +452,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--key-delimiter", help="lines: split each line into KEY<delim>VALUE")
     parser.add_argument(
-        "--header", "-H", action="append", default=[], metavar="K=V",
+        "--header",
+        "-H",
+        action="append",
+        default=[],
+        metavar="K=V",
         help="add this header to every message (repeatable)",
     )
     parser.add_argument("--partitioner", help="xxhash (default), murmur2, memphis or crc32")
     parser.add_argument(
-        "--nonblocking", action="store_true",
+        "--nonblocking",
+        action="store_true",
         help="keep up to --concurrent-task-limit messages in flight instead of one",
     )
     parser.add_argument("--concurrent-task-limit", type=int, help="window size (default 1000)")
     parser.add_argument("--timeout", type=float, help="seconds a message may stay unacked")
     parser.add_argument("--connections", type=int, help="connections to the broker (default 1)")
     parser.add_argument(
-        "--option", "-o", action="append", default=[], metavar="NAME=VALUE",
+        "--option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="backend option, e.g. -o create_stream=true -o linger_ms=5 (repeatable)",
     )
     parser.add_argument(
-        "--failed-out", metavar="FILE",
+        "--failed-out",
+        metavar="FILE",
         help="write records that failed here, in the input format, to rerun them",
     )
     parser.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="show a progress bar (default: when stderr is a terminal)",
     )
     return parser

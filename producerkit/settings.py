@@ -92,7 +92,7 @@ def load(
         merged.update(layer)
     if require_url and "url" not in merged:
         raise ConfigurationError(
-            "no producer URL: pass --url (or url=), set PRODUCERKIT_URL, or put url = \"...\" in "
+            'no producer URL: pass --url (or url=), set PRODUCERKIT_URL, or put url = "..." in '
             f"{path or DEFAULT_CONFIG_FILE}"
         )
     return merged
@@ -153,9 +153,7 @@ def _from_toml(path: Path) -> dict[str, Any]:
             # TOML has its own types; accept an int where a float is expected, nothing looser.
             ok = isinstance(value, kind) or (kind is float and type(value) is int)
             if not ok or isinstance(value, bool):
-                raise ConfigurationError(
-                    f"{path}: {name} = {value!r} must be a {kind.__name__}"
-                )
+                raise ConfigurationError(f"{path}: {name} = {value!r} must be a {kind.__name__}")
             found[name] = value
         else:
             # A typo here would otherwise be silently ignored, and the default used instead.

@@ -46,7 +46,10 @@ def test_detach_status_stop(env: dict[str, str], tmp_path: Path) -> None:
     ports = ["--kafka-port", str(kafka_port), "--nats-port", str(nats_port)]
     started = subprocess.run(
         [*CLI, "kafka", "nats", "--detach", "--json", *ports],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     try:
         assert started.returncode == 0, started.stderr
@@ -86,7 +89,10 @@ def test_foreground_until_ctrl_c(env: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
     process = subprocess.Popen(
         [*CLI, "nats", "--json", "--nats-port", str(port), "--workdir", str(tmp_path / "w")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stdout is not None
