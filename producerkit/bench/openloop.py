@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from producerkit._producer import Producer
 from producerkit._types import Record, Stats
 
-__all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop"]
+__all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop", "warm_up"]
 
 #: When the sender is behind schedule it still yields to the loop this often, so acks and the
 #: progress reporter are not starved (rate 0 on null:// never awaits otherwise).
@@ -200,7 +200,7 @@ async def run_open_loop(
         count = round(rate * duration) if rate > 0 else None
     timings = RunTimings(count if count is not None else 1 << 16)
     if warmup:
-        await _warm_up(target, messages, warmup)
+        await warm_up(target, messages, warmup)
     target.on_ack = timings.on_ack
     interval = round(1e9 / rate) if rate > 0 else 0
     deadline_ns = None if count is not None or duration is None else round(duration * 1e9)
@@ -234,7 +234,8 @@ async def run_open_loop(
     return timings
 
 
-async def _warm_up(target: Target, messages: Sequence[tuple[bytes | None, bytes]], n: int) -> None:
+async def warm_up(target: Target, messages: Sequence[tuple[bytes | None, bytes]], n: int) -> None:
+    """Send ``n`` untimed messages as fast as the target takes them, and wait for their acks."""
     for i in range(n):
         key, value = messages[i % len(messages)]
         handed_off = target.send(-1 - i, key, value)

@@ -39,6 +39,18 @@ class Columns:
         self.ok = self.status == OK
         self.failed = self.status == FAILED
 
+    def max_in_flight(self) -> int:
+        """Most messages sent and not yet settled at once (unsettled ones count to the end)."""
+        import numpy as np
+
+        if not self.n:
+            return 0
+        done = self.ok | self.failed
+        times = np.concatenate((self.send, self.ack[done]))
+        steps = np.concatenate((np.ones(self.n, np.int64), -np.ones(int(done.sum()), np.int64)))
+        order = np.lexsort((steps, times))  # at equal times, settle before sending
+        return int(np.cumsum(steps[order]).max())
+
     def measure(self, name: str) -> npt.NDArray[np.int64]:
         if name == "send_delay":
             return self.send - self.due
@@ -75,7 +87,10 @@ def analyze(
     }
     # Little's law: the mean number in flight is the total time in flight over the run's length.
     in_flight_ns = float((columns.ack - columns.send)[columns.ok | columns.failed].sum())
-    occupancy = {"mean_in_flight": in_flight_ns / 1e9 / elapsed}
+    occupancy: dict[str, Any] = {
+        "mean_in_flight": in_flight_ns / 1e9 / elapsed,
+        "max_in_flight": columns.max_in_flight(),
+    }
     if window is not None:
         occupancy.update(window)
     result = {
@@ -124,6 +139,8 @@ def timeseries(columns: Columns, record_size: int) -> list[dict[str, Any]]:
             row["response_p99_ms"] = float(np.percentile(values, 99))
             row["response_max_ms"] = float(values.max())
         rows.append(row)
+    while rows and not (rows[-1]["sent"] or rows[-1]["acked"] or rows[-1]["failed"]):
+        rows.pop()  # the partial second after the last ack
     return rows
 
 
@@ -181,9 +198,11 @@ def final_lines(result: dict[str, Any], name: str = "producerkit") -> list[str]:
         )
     window = result.get("window") or {}
     if window:
-        parts = [f"mean in flight {window['mean_in_flight']:.1f}"]
-        if "max_in_flight" in window:
-            parts.append(f"max in flight {window['max_in_flight']}")
+        parts = [
+            f"mean in flight {window['mean_in_flight']:.1f}",
+            f"max in flight {window['max_in_flight']}",
+        ]
+        if "window_waits" in window:
             parts.append(f"window waits {window['window_waits']}")
             parts.append(f"blocked {window['window_wait_seconds']:.3f} s")
         lines.append("  window        " + ", ".join(parts) + ".")
