@@ -178,7 +178,7 @@ def status(as_json: bool) -> int:
     return 0 if brokers else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="producerkit dev",
         description="Start local Kafka (Tansu) and NATS/JetStream brokers for development.",
@@ -199,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="broker data and logs (default: a temporary directory, removed on stop)",
     )
     parser.add_argument("--json", action="store_true", help="print the brokers as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     what = list(dict.fromkeys(args.what))

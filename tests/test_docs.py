@@ -1,0 +1,161 @@
+"""Every code snippet in docs/*.md and README.md runs here, so the docs cannot rot.
+
+Convention for writers of docs (fences are what matter):
+
+- ```python            executed. The blocks of one file run in order in one namespace (a page
+                        can build on its earlier blocks), in a temporary working directory.
+                        Broker placeholders are replaced by the test session's brokers:
+                        ``kafka://127.0.0.1:9092``, ``jetstream://127.0.0.1:4222`` and
+                        ``nats://127.0.0.1:4222`` (PRODUCERKIT_URL is set to the Kafka one).
+                        Top-level ``await``/``async with`` is allowed (the block then runs in
+                        asyncio.run). A block that mentions ``pyspark`` is skipped when
+                        pyspark or Java is missing.
+- ```python notest     compiled (syntax checked), not run: other libraries' code, fragments.
+- ```bash / ```console / ```sh / ```shell
+                        each line starting with ``producerkit `` (after an optional ``$ ``) is
+                        parsed with that command's real argument parser (an unknown option
+                        fails); nothing is run. Other lines are not checked.
+- ```toml              parsed with tomllib.
+- anything else        (```text, ```json, ...) not checked.
+
+docs/api.md is generated: test_api_reference_is_current fails when a docstring changed and
+``python scripts/gen_api_docs.py`` was not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import contextlib
+import importlib
+import inspect
+import io
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+TOP_LEVEL_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+
+
+def blocks(page: Path) -> list[tuple[str, str, int]]:
+    """(info string, code, line number) of every fenced block of a page."""
+    text = page.read_text()
+    return [
+        (match[1].strip(), match[2], text.count("\n", 0, match.start()) + 1)
+        for match in FENCE.finditer(text)
+    ]
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def test_api_reference_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_api_docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=page_id)
+def test_python_blocks_run(
+    page: Path, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code_blocks = [(info, code, line) for info, code, line in blocks(page) if info == "python"]
+    if not code_blocks:
+        pytest.skip("no python blocks")
+    everything = "".join(code for _, code, _ in code_blocks)
+    urls = {}
+    if "kafka://127.0.0.1:9092" in everything:
+        urls["kafka://127.0.0.1:9092"] = request.getfixturevalue("kafka_broker").url
+    if "127.0.0.1:4222" in everything:
+        host_port = request.getfixturevalue("nats_broker").host_port
+        urls["jetstream://127.0.0.1:4222"] = f"jetstream://{host_port}"
+        urls["nats://127.0.0.1:4222"] = f"nats://{host_port}"
+    monkeypatch.chdir(tmp_path)
+    if "kafka://127.0.0.1:9092" in urls:
+        monkeypatch.setenv("PRODUCERKIT_URL", urls["kafka://127.0.0.1:9092"])
+    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
+    for _, code, line in code_blocks:
+        if "pyspark" in code and not _spark_available():
+            continue
+        for placeholder, url in urls.items():
+            code = code.replace(placeholder, url)
+        # Leading newlines: tracebacks show the line numbers of the page. Top-level await is
+        # allowed, as in an asyncio REPL; such a block runs in asyncio.run().
+        compiled = compile("\n" * line + code, str(page), "exec", flags=TOP_LEVEL_AWAIT)
+        result = eval(compiled, namespace)
+        if compiled.co_flags & inspect.CO_COROUTINE:
+            asyncio.run(result)
+
+
+def _spark_available() -> bool:
+    return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=page_id)
+def test_other_blocks_are_valid(page: Path) -> None:
+    for info, code, line in blocks(page):
+        where = f"{page_id(page)}:{line}"
+        words = info.split()
+        language = words[0] if words else ""
+        if language == "python" and words[1:] == ["notest"]:
+            compile(code, where, "exec")
+        elif language in ("bash", "console", "sh", "shell"):
+            for command in _commands(code):
+                _parse_command(command, where)
+        elif language == "toml":
+            tomllib.loads(code)
+
+
+def _commands(code: str) -> list[list[str]]:
+    """``producerkit ...`` command lines of a shell block, continuation lines joined."""
+    text = code.replace("\\\n", " ")
+    commands = []
+    for raw in text.splitlines():
+        line = raw.strip().removeprefix("$ ")
+        # `python -m producerkit` is the same command
+        line = re.sub(r"^python3? -m producerkit\b", "producerkit", line)
+        line = line.split(" #", 1)[0].strip()
+        if line.startswith("producerkit ") or line == "producerkit":
+            commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def _parse_command(argv: list[str], where: str) -> None:
+    from producerkit import _cli_dev, _cli_produce, cli
+
+    if not argv or argv[0].startswith("-"):
+        return
+    name, rest = argv[0], argv[1:]
+    assert name in cli._COMMANDS, f"{where}: unknown command producerkit {name}"
+    parsers: dict[str, argparse.ArgumentParser] = {
+        "produce": _cli_produce.build_parser(),
+        "dev": _cli_dev.build_parser(),
+    }
+    parser = parsers.get(name)
+    if parser is None:
+        # Commands that expose no parser: --help must work, and that is all we can check.
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = cli.main([name, "--help"])
+            except SystemExit as exc:
+                code = exc.code  # type: ignore[assignment]
+        assert code in (0, None), f"{where}: producerkit {name} --help failed"
+        return
+    try:
+        parser.parse_args(rest)
+    except SystemExit as exc:
+        raise AssertionError(f"{where}: producerkit {' '.join(argv)} does not parse") from exc
