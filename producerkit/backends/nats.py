@@ -51,6 +51,8 @@ logger = logging.getLogger("producerkit")
 
 _BAD_SUBJECT = re.compile(r"[\s*>]|^\.|\.$|\.\.")
 _BAD_HEADER_NAME = re.compile(r"[\s:]")
+#: Seconds between log lines about one connection's errors (the rest are counted).
+_ERROR_LOG_INTERVAL = 5.0
 
 
 class _NatsConnection(Backend):
@@ -97,6 +99,9 @@ class _NatsConnection(Backend):
         self._closing = False
         self._connected = False
         self._reconnects = 0
+        self._errors = 0  # connection errors not yet logged (one per failed reconnect attempt)
+        self._last_error_log = 0.0
+        self._down_since = 0.0
         servers = [f"nats://{host}:{port}" for host, port in self.url.servers]
         settings: dict[str, Any] = {
             "servers": servers,
@@ -151,18 +156,37 @@ class _NatsConnection(Backend):
             raise _translate(exc) from exc
 
     async def _on_error(self, exc: Exception) -> None:
-        if self._connected and not self._closing:
-            logger.warning("NATS connection %d: %s", self.index, exc)
+        # nats-py reports every failed reconnect attempt (4 a second): log counts, not lines.
+        if not self._connected or self._closing:
+            return
+        self._errors += 1
+        now = time.monotonic()
+        if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
+            logger.warning(
+                "NATS connection %d: %s (%d error(s) since the last report)",
+                self.index,
+                exc,
+                self._errors,
+            )
+            self._errors = 0
+            self._last_error_log = now
 
     async def _on_disconnected(self) -> None:
         if self._connected and not self._closing:
+            self._down_since = time.monotonic()
             logger.warning("NATS connection %d lost; reconnecting", self.index)
 
     async def _on_reconnected(self) -> None:
         self._reconnects += 1
         logger.warning(
-            "NATS connection %d reconnected (%d reconnects so far)", self.index, self._reconnects
+            "NATS connection %d reconnected after %.1fs and %d more error(s) "
+            "(%d reconnects so far)",
+            self.index,
+            time.monotonic() - self._down_since,
+            self._errors,
+            self._reconnects,
         )
+        self._errors = 0
 
     async def close(self) -> None:
         self._closing = True
