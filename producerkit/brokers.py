@@ -88,6 +88,31 @@ class LocalBroker:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def freeze(self, wait: float = 5.0) -> None:
+        """SIGSTOP the broker and wait until every thread is stopped: a broker that accepts bytes
+        and never answers (a hung or paused broker). ``thaw()`` resumes it."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+        # The signal is asynchronous: a thread busy on another core keeps running for a moment.
+        deadline = time.monotonic() + wait
+        task_dir = Path(f"/proc/{self.process.pid}/task")
+        while time.monotonic() < deadline:
+            try:
+                states = [
+                    (task / "stat").read_text().rpartition(")")[2].split()[0]
+                    for task in task_dir.iterdir()
+                ]
+            except (FileNotFoundError, ProcessLookupError):
+                states = []  # a thread came or went: look again
+            if states and all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.001)
+        raise BrokerUnavailable(f"{self.kind} broker did not stop within {wait}s")
+
+    def thaw(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             try:

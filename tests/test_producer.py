@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import signal
 import socket
 import time
 from typing import Any
@@ -190,7 +188,7 @@ def test_timeout_when_broker_stops_answering(name: str, tmp_path: Any, topic: st
             async with pk.Producer(url, topic=topic, timeout=1.5, **options) as producer:
                 await producer.produce(b"before", key=b"k")  # topic known, connection warm
                 assert broker.process is not None
-                os.kill(broker.process.pid, signal.SIGSTOP)
+                broker.freeze()
                 try:
                     started = time.monotonic()
                     with pytest.raises(pk.ProduceTimeout):
@@ -208,7 +206,7 @@ def test_timeout_when_broker_stops_answering(name: str, tmp_path: Any, topic: st
                     check_invariant(producer.stats)
                     assert producer.stats.in_flight == 0
                 finally:
-                    os.kill(broker.process.pid, signal.SIGCONT)
+                    broker.thaw()
 
         asyncio.run(main())
 
@@ -268,7 +266,7 @@ def test_close_deadline_fails_what_is_left(tmp_path: Any, topic: str) -> None:
             producer = pk.Producer(broker.url, topic=topic, timeout=30, create_stream=True)
             await producer.produce(b"warm", key=b"k")
             assert broker.process is not None
-            os.kill(broker.process.pid, signal.SIGSTOP)
+            broker.freeze()
             try:
                 for i in range(50):
                     await producer.produce(b"%d" % i, nonblocking=True)
@@ -280,7 +278,7 @@ def test_close_deadline_fails_what_is_left(tmp_path: Any, topic: str) -> None:
                 stats = producer.stats
                 assert stats.acked + stats.failed == stats.produced == 51
             finally:
-                os.kill(broker.process.pid, signal.SIGCONT)
+                broker.thaw()
 
         asyncio.run(main())
 
@@ -294,7 +292,7 @@ def test_flush_timeout_reports_in_flight(tmp_path: Any, topic: str) -> None:
             ) as producer:
                 await producer.produce(b"warm")
                 assert broker.process is not None
-                os.kill(broker.process.pid, signal.SIGSTOP)
+                broker.freeze()
                 try:
                     await producer.produce(b"stuck", nonblocking=True)
                     with pytest.raises(pk.ProduceTimeout, match="1 message"):
@@ -302,7 +300,7 @@ def test_flush_timeout_reports_in_flight(tmp_path: Any, topic: str) -> None:
                     with pytest.raises(pk.ProduceError):
                         await producer.flush()  # the message's own deadline fails it
                 finally:
-                    os.kill(broker.process.pid, signal.SIGCONT)
+                    broker.thaw()
 
         asyncio.run(main())
 

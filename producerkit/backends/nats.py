@@ -196,40 +196,60 @@ class _NatsConnection(Backend):
 
 
 class NatsBackend(_NatsConnection):
-    """Core NATS: fire-and-forget publishes, acknowledged in bursts by PING/PONG."""
+    """Core NATS: fire-and-forget publishes, acknowledged a burst at a time by PING/PONG.
+
+    nats-py's ``flush()`` is not used: it writes its PING straight to the socket, possibly ahead
+    of publishes still in its buffer, and a timed-out flush leaves a cancelled future in its PONG
+    queue that breaks the next PONG. Instead each burst writes the buffer out first, then sends
+    its own PING with a future that is never cancelled; PONGs arrive in order, each acking the
+    burst before it. Bursts are pipelined (no waiting for one PONG before the next PING); a burst
+    whose PONG never comes (connection lost) is failed by its deadline.
+    """
 
     async def connect(self) -> None:
         await super().connect()
         self._unflushed: list[Record] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._confirming: set[asyncio.Task[None]] = set()
+        self._confirm_scheduled = False
 
     def send(self, record: Record) -> Awaitable[None]:
         self._unflushed.append(record)
-        if self._flusher is None:
-            self._flusher = asyncio.ensure_future(self._flush_loop())
+        if not self._confirm_scheduled:
+            self._confirm_scheduled = True
+            asyncio.get_running_loop().call_soon(self._confirm_burst)
         return self._publish(record)
 
-    async def _flush_loop(self) -> None:
+    def _confirm_burst(self) -> None:
+        self._confirm_scheduled = False
+        if not self._unflushed:
+            return
+        burst, self._unflushed = self._unflushed, []
+        task = asyncio.ensure_future(self._ping_after(burst))
+        self._confirming.add(task)
+        task.add_done_callback(self._confirming.discard)
+
+    async def _ping_after(self, burst: list[Record]) -> None:
+        client = self._nc
+        pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            while self._unflushed:
-                await asyncio.sleep(0)  # let the rest of this burst be published first
-                burst, self._unflushed = self._unflushed, []
-                try:
-                    await self._nc.flush(timeout=max(1, int(self.timeout)))
-                except Exception as exc:
-                    error = _translate(exc)
-                    for record in burst:
-                        self.sink.failed(record, error)
-                else:
-                    for record in burst:
-                        self.sink.acked(record, None)
-        finally:
-            self._flusher = None
+            await client._flush_pending(force_flush=True)
+            await client._send_ping(pong)
+        except Exception as exc:
+            error = _translate(exc)
+            for record in burst:
+                self.sink.failed(record, error)
+            return
+        pong.add_done_callback(lambda done: self._burst_confirmed(done, burst))
+
+    def _burst_confirmed(self, pong: asyncio.Future[bool], burst: list[Record]) -> None:
+        if pong.cancelled() or pong.exception() is not None:
+            return  # left to the records' deadlines
+        acked = self.sink.acked
+        for record in burst:
+            acked(record, None)
 
     async def flush(self) -> None:
-        flusher = self._flusher
-        if flusher is not None:
-            await asyncio.shield(flusher)
+        self._confirm_burst()
 
 
 class JetStreamBackend(_NatsConnection):
