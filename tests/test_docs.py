@@ -112,7 +112,7 @@ def test_other_blocks_are_valid(page: Path) -> None:
         words = info.split()
         language = words[0] if words else ""
         if language == "python" and words[1:] == ["notest"]:
-            compile(code, where, "exec")
+            compile(code, where, "exec", flags=TOP_LEVEL_AWAIT)
         elif language in ("bash", "console", "sh", "shell"):
             for command in _commands(code):
                 _parse_command(command, where)
