@@ -56,6 +56,8 @@ logger = logging.getLogger("producerkit.spark")
 #: The Kafka sink's optional columns, used when the DataFrame has them.
 _KAFKA_COLUMNS = {"key": "key_col", "topic": "topic_col", "partition": "partition_col",
                   "headers": "headers_col"}
+#: Options Spark itself reads (streaming checkpoints, a save path); not producer options.
+_SPARK_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
 _SINK_OPTIONS = ("value_col", "key_col", "topic_col", "partition_col", "headers_col", "id_col")
 
 
@@ -91,7 +93,9 @@ class ProducerkitDataSource(DataSource):
                 'format("producerkit") appends messages; use mode("append") (the default), '
                 "a message bus cannot be overwritten"
             )
-        options: dict[str, Any] = dict(self.options)
+        options: dict[str, Any] = {
+            name: value for name, value in self.options.items() if name not in _SPARK_OPTIONS
+        }
         url = options.pop("url", None)
         if not url:
             raise ConfigurationError('format("producerkit") needs .option("url", ...)')

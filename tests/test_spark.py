@@ -1,0 +1,317 @@
+"""The PySpark sink on a real local[2] session against the suite's Tansu and NATS brokers.
+
+One SparkSession for the module (they take seconds to start). Its master is ``local[2,3]``: two
+cores and up to three attempts per task, so the retry test can fail a task once. Everything is
+read back with a plain aiokafka / nats-py client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import read_jetstream, read_kafka
+
+from producerkit.brokers import LocalBroker
+from producerkit.errors import ConfigurationError
+
+pyspark = pytest.importorskip("pyspark")
+pytestmark = pytest.mark.spark
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import producerkit.spark as pks  # noqa: E402
+
+N = 100_000
+
+
+def _spark_env() -> None:
+    # executors must run this interpreter (it has producerkit); see docs/spark.md
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    _spark_env()
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("producerkit-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _topic() -> str:
+    return f"spark-{uuid.uuid4().hex[:10]}"
+
+
+def _js(broker: LocalBroker) -> str:
+    return f"jetstream://{broker.host_port}"
+
+
+def _read_js(url: str, subject: str, expected: int) -> list[dict[str, Any]]:
+    # conftest.read_jetstream can lose a race in nats-py's fetch (a plain TimeoutError escapes
+    # its except); each call reads with a fresh consumer from the start, so a retry is exact
+    for _ in range(2):
+        try:
+            return asyncio.run(read_jetstream(url, subject, expected))
+        except TimeoutError:
+            continue
+    return asyncio.run(read_jetstream(url, subject, expected))
+
+
+def _rows(spark: SparkSession, n: int, partitions: int = 4) -> Any:
+    return spark.range(n, numPartitions=partitions).select(
+        F.col("id").cast("string").alias("key"),
+        F.concat(F.lit("v-"), F.col("id")).alias("value"),
+        F.col("id"),
+    )
+
+
+def test_publish_kafka_100k_read_back(spark: SparkSession, kafka_broker: LocalBroker) -> None:
+    topic = _topic()
+    report = pks.publish(_rows(spark, N), kafka_broker.url, topic=topic)
+    records = asyncio.run(read_kafka(kafka_broker.url, topic, N))
+    assert report.delivered == len(records) == N
+    assert report.failed == 0
+    assert len(report.partitions) == 4
+    assert sum(p.delivered for p in report.partitions) == N
+    assert {r["value"] for r in records} == {f"v-{i}".encode() for i in range(N)}
+    assert all(r["key"] == r["value"][2:] for r in records)
+
+
+def test_format_producerkit_100k_read_back(
+    spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
+) -> None:
+    """No register() call: Spark 4 finds pyspark_producerkit.DefaultSource by itself."""
+    topic = _topic()
+    report_path = tmp_path / "report.jsonl"
+    (
+        _rows(spark, N).drop("id").write.format("producerkit")
+        .option("url", kafka_broker.url).option("topic", topic)
+        .option("report_path", str(report_path)).mode("append").save()
+    )
+    records = asyncio.run(read_kafka(kafka_broker.url, topic, N))
+    report = json.loads(report_path.read_text().splitlines()[-1])
+    assert report["delivered"] == len(records) == N
+    assert report["failed"] == 0
+    assert len({(r["key"], r["value"]) for r in records}) == N
+
+
+def test_kafka_sink_columns_on_jetstream(spark: SparkSession, nats_broker: LocalBroker) -> None:
+    """Spark's Kafka sink contract: value, key, topic (per row), partition, headers."""
+    base = _topic()
+    df = spark.range(40, numPartitions=2).select(
+        F.concat(F.lit("v"), F.col("id")).cast("binary").alias("value"),
+        F.col("id").cast("string").alias("key"),
+        F.when(F.col("id") % 2 == 0, F.lit(f"{base}-even")).alias("topic"),  # null: default
+        (F.col("id") % 3).cast("int").alias("partition"),
+        F.array(F.struct(F.lit("n").alias("key"), F.col("id").cast("string").cast("binary")
+                         .alias("value"))).alias("headers"),
+    )
+    (
+        df.write.format("producerkit").option("url", _js(nats_broker)).option("topic", base)
+        .option("partitions", "3").option("create_stream", "true").mode("append").save()
+    )
+    even = _read_js(_js(nats_broker), f"{base}-even.>", 20)
+    odd = _read_js(_js(nats_broker), f"{base}.>", 20)
+    assert len(even) == len(odd) == 20
+    for record in even + odd:
+        number = int(record["headers"]["n"])
+        assert record["value"] == f"v{number}".encode()
+        assert record["subject"].endswith(f".{number % 3}")
+        assert record["subject"].startswith(f"{base}-even." if number % 2 == 0 else f"{base}.")
+
+
+def _fail_once_at(row: int) -> Any:
+    """A UDF that passes values through, but on a task's first attempt fails at ``row``, after
+    a pause that lets the publisher downstream send the rows it already has."""
+
+    def check(value: str, number: int) -> str:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if number == row and context is not None and context.attemptNumber() == 0:
+            time.sleep(1.5)
+            raise RuntimeError(f"injected failure at row {row}")
+        return value
+
+    return F.udf(check, "string")
+
+
+def test_retry_is_exactly_once_on_jetstream_with_id_col(
+    spark: SparkSession, nats_broker: LocalBroker
+) -> None:
+    n, half_of_first_partition = 2000, 500
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        def df() -> Any:
+            rows = spark.range(n, numPartitions=2)
+            # 1 kB values: the first half of a partition overflows Spark's 64 kB pipe buffers,
+            # so it reaches the publisher before the failure
+            padded = F.concat(F.lit("v-"), F.col("id"), F.lit("-"), F.repeat(F.lit("x"), 1000))
+            return rows.select(
+                _fail_once_at(half_of_first_partition)(padded, F.col("id")).alias("value"),
+                F.col("id"),
+            )
+
+        with_ids, without_ids = _topic(), _topic()
+        report = pks.publish(df(), _js(nats_broker), topic=with_ids, id_col="id",
+                             create_stream=True)
+        control = pks.publish(df(), _js(nats_broker), topic=without_ids, create_stream=True)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert report.delivered == control.delivered == n
+    assert report.retried_partitions == control.retried_partitions == 1
+
+    stored = _read_js(_js(nats_broker), with_ids, n)
+    assert len(stored) == n
+    assert sorted(int(r["headers"]["Nats-Msg-Id"]) for r in stored) == list(range(n))
+    # the same failure without ids stores the first attempt's rows twice: the retry did happen
+    duplicated = _read_js(_js(nats_broker), without_ids, n)
+    assert len(duplicated) > n
+    assert {r["value"].split(b"-")[1] for r in duplicated} == {b"%d" % i for i in range(n)}
+
+
+def test_on_error_count_and_fail(spark: SparkSession, nats_broker: LocalBroker) -> None:
+    """No stream for the subject: every message fails; counted, or the job fails."""
+    df = _rows(spark, 100, partitions=2)
+    report = pks.publish(df, _js(nats_broker), topic=_topic(), on_error="count", timeout=5.0)
+    assert (report.delivered, report.failed) == (0, 100)
+    assert set(report.errors) == {"DeliveryError"}
+    assert report.first_error
+    with pytest.raises(Exception, match="message\\(s\\) failed"):
+        pks.publish(df, _js(nats_broker), topic=_topic(), timeout=5.0)
+
+
+def test_bad_configuration_fails_on_the_driver(spark: SparkSession) -> None:
+    df = _rows(spark, 10)
+    with pytest.raises(ConfigurationError, match="is not a column"):
+        pks.publish(df, "null://", topic="t", value_col="missing")
+    with pytest.raises(ConfigurationError, match="cast it to string or binary"):
+        pks.publish(df, "null://", topic="t", value_col="id")
+    with pytest.raises(ConfigurationError, match="no topic"):
+        pks.publish(df, "null://")
+    with pytest.raises(ConfigurationError, match="unknown option"):
+        pks.publish(df, "null://", topic="t", no_such_option=1)
+    with pytest.raises(ConfigurationError, match="batch DataFrame"):
+        pks.publish(spark.readStream.format("rate").load(), "null://", topic="t")
+
+
+def test_publish_inside_a_running_event_loop(spark: SparkSession) -> None:
+    """Notebooks run a loop in the driver thread: publish() must not care."""
+
+    async def main() -> pks.PublishReport:
+        return pks.publish(_rows(spark, 1000, partitions=2), "null://", topic="t")
+
+    report = asyncio.run(main())
+    assert (report.delivered, report.failed) == (1000, 0)
+
+
+def test_streaming_format_and_batch_publisher(
+    spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    for part in range(3):
+        numbers = range(part * 10, part * 10 + 10)
+        lines = [json.dumps({"key": f"k{i}", "value": f"v{i}"}) for i in numbers]
+        (source / f"part-{part}.json").write_text("\n".join(lines))
+    stream = spark.readStream.schema("key string, value string").option("maxFilesPerTrigger", 1)
+
+    topic, report_path = _topic(), tmp_path / "stream.jsonl"
+    query = (
+        stream.json(str(source)).writeStream.format("producerkit")
+        .option("url", kafka_broker.url).option("topic", topic)
+        .option("report_path", str(report_path))
+        .option("checkpointLocation", str(tmp_path / "checkpoint-format"))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    records = asyncio.run(read_kafka(kafka_broker.url, topic, 30))
+    assert sorted(r["value"] for r in records) == sorted(f"v{i}".encode() for i in range(30))
+    batches = [json.loads(line) for line in report_path.read_text().splitlines()]
+    assert [b["batch_id"] for b in batches] == [0, 1, 2]
+    assert sum(b["delivered"] for b in batches) == 30
+
+    topic2, seen = _topic(), []
+    query = (
+        stream.json(str(source)).writeStream
+        .foreachBatch(pks.batch_publisher(kafka_broker.url, topic=topic2,
+                                          on_report=lambda i, r: seen.append((i, r.delivered))))
+        .option("checkpointLocation", str(tmp_path / "checkpoint-foreach"))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert seen == [(0, 10), (1, 10), (2, 10)]
+    assert len(asyncio.run(read_kafka(kafka_broker.url, topic2, 30))) == 30
+
+
+def test_bad_executor_python_is_explained(spark: SparkSession) -> None:
+    """A PYSPARK_PYTHON that does not exist is caught on the driver with the fix in the message."""
+    old = os.environ["PYSPARK_PYTHON"]
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.pyspark.python") is None
+    os.environ["PYSPARK_PYTHON"] = "/nonexistent/python3"
+    try:
+        with pytest.raises(ConfigurationError, match="PYSPARK_PYTHON="):
+            pks.publish(_rows(spark, 10), "null://", topic="t")
+    finally:
+        os.environ["PYSPARK_PYTHON"] = old
+
+
+def test_local_cluster_separate_executor_jvms(
+    kafka_broker: LocalBroker, tmp_path: Path
+) -> None:
+    """local-cluster[2,1,1024]: two executor JVMs, each with its own Python workers. Runs in a
+    subprocess, since one Python process holds one SparkContext."""
+    topic = _topic()
+    script = f"""
+import os, sys
+os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession, functions as F
+import producerkit.spark as pks
+spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
+         .config("spark.ui.enabled", "false").config("spark.driver.memory", "512m").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias("value"))
+report = pks.publish(df, {kafka_broker.url!r}, topic={topic!r})
+jvms = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # executors + driver
+print("RESULT", report.delivered, report.failed, jvms - 1)
+spark.stop()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+        cwd=tmp_path,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, done.stderr[-3000:]
+    delivered, failed, executors = map(int, lines[0].split()[1:])
+    assert (delivered, failed, executors) == (20000, 0, 2)
+    records = asyncio.run(read_kafka(kafka_broker.url, topic, 20000))
+    assert len(records) == 20000
+
+
+def test_import_producerkit_does_not_import_pyspark() -> None:
+    code = (
+        "import sys, producerkit; "
+        "print([m for m in ('aiokafka','nats','pyspark','matplotlib','hdrh','rich') "
+        "if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
