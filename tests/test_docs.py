@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import os
 import re
 import shlex
 import shutil
@@ -159,3 +160,17 @@ def _parse_command(argv: list[str], where: str) -> None:
         parser.parse_args(rest)
     except SystemExit as exc:
         raise AssertionError(f"{where}: producerkit {' '.join(argv)} does not parse") from exc
+
+
+def test_quickstart_example_runs() -> None:
+    """examples/quickstart.py needs no broker (memory://)."""
+    env = {k: v for k, v in os.environ.items() if k != "PRODUCERKIT_URL"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "acked=10001, failed=0" in result.stdout
