@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, unquote
 
 import attrs
 
+from producerkit._security import redact
 from producerkit.errors import ConfigurationError
 
 SCHEMES = ("jetstream", "kafka", "memory", "nats", "null")
@@ -29,7 +30,8 @@ class ParsedURL:
     scheme: str
     servers: tuple[tuple[str, int], ...]
     name: str
-    options: Mapping[str, str]
+    # Query options may hold a password or token: the repr shows them as ***.
+    options: Mapping[str, str] = attrs.field(repr=lambda options: repr(redact(options)))
     username: str | None = attrs.field(default=None, repr=False)
     password: str | None = attrs.field(default=None, repr=False)
 
@@ -114,8 +116,8 @@ def _parse_server(part: str, scheme: str, url: str) -> tuple[str, int]:
 
 
 def _redact(url: str) -> str:
-    """The URL with any password in its userinfo replaced by ***."""
-    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """The URL with any password or token (userinfo or query) replaced by ***."""
+    return redact(url)
 
 
 def coerce_option(name: str, value: Any, kind: type) -> Any:
@@ -128,10 +130,12 @@ def coerce_option(name: str, value: Any, kind: type) -> Any:
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
     elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        # Every int option is a size, a count or milliseconds: negative ones are mistakes.
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
-        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+        if isinstance(value, str) and re.fullmatch(r"\+?\d+", value.strip()):
             return int(value)
+        raise ConfigurationError(f"option {name}={value!r} must be a non-negative int")
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from producerkit import partitioners
+from producerkit import _security, partitioners
 from producerkit._config import parse_url
 from producerkit._types import ConnectionStats, Delivery, Failure, Headers, Record, Stats
 from producerkit._window import InFlightWindow
@@ -96,12 +96,24 @@ class Producer:
     ) -> None:
         self._url = parse_url(url)
         self._backend_class = load_backend(self._url.scheme)
-        self._options = self._backend_class.check_options({**self._url.options, **options})
+        # Keywords beat URL query options, then the URL's user:password@, then the environment.
+        self._options = self._backend_class.check_options(
+            _security.merge_credentials(
+                self._url.username,
+                self._url.password,
+                {**self._url.options, **options},
+                self._backend_class.OPTIONS,
+            )
+        )
         self._limit = _positive_int("concurrent_task_limit", concurrent_task_limit)
         self._connection_count = _positive_int("connections", connections)
         self._timeout = _positive_number("timeout", timeout)
         if topic is not None:
             _check_topic_type(topic, ConfigurationError)
+            try:
+                self._backend_class.check_topic(topic)
+            except MessageError as exc:  # a bad default topic is a bad setting: say so now
+                raise ConfigurationError(str(exc)) from None
         self._topic = topic
         self._partitioner: Partitioner = partitioners.resolve(partitioner)
         if keyless is None:
@@ -221,7 +233,10 @@ class Producer:
             topic = self._topic
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
-        num_partitions = self._topics.get(topic, -1)
+        try:
+            num_partitions = self._topics.get(topic, -1)
+        except TypeError:  # unhashable (a list...): _prepare_topic names the problem
+            num_partitions = -1
         if num_partitions == -1:
             num_partitions = await self._prepare_topic(topic)
         if partition is not None:
@@ -470,9 +485,11 @@ class Producer:
 
     def __repr__(self) -> str:
         state = ("new", "running", "closing", "closed")[self._state]
+        security = _security.describe(self._options)  # "tls user='alice'": never a secret
         return (
             f"<Producer {self._describe_servers()} topic={self._topic!r} "
-            f"connections={self._connection_count} limit={self._limit} {state}>"
+            f"connections={self._connection_count} limit={self._limit} "
+            f"{security + ' ' if security else ''}{state}>"
         )
 
 
@@ -481,7 +498,10 @@ class Producer:
 
 def _to_bytes(what: str, data: object) -> bytes:
     if isinstance(data, str):
-        return data.encode("utf-8")
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates
+            raise MessageError(f"{what} is not valid UTF-8 text: {exc}") from None
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise MessageError(
@@ -506,8 +526,10 @@ def _normalize_headers(headers: object) -> Headers:
         name, data = pair
         if not isinstance(name, str) or not name:
             raise MessageError(f"header names must be non-empty str, got {name!r}")
+        if not name.isascii():
+            _to_bytes(f"header name {name!r}", name)
         if isinstance(data, str):
-            data = data.encode("utf-8")
+            data = _to_bytes(f"header {name!r}", data)
         elif isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
         elif not isinstance(data, bytes):
@@ -521,6 +543,11 @@ def _normalize_headers(headers: object) -> Headers:
 def _check_topic_type(topic: object, error: type[ProducerError]) -> None:
     if not isinstance(topic, str) or not topic:
         raise error(f"topic must be a non-empty str, got {topic!r}")
+    if not topic.isascii():  # rare: only then pay for the UTF-8 check
+        try:
+            topic.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates
+            raise error(f"topic {topic!r} is not valid UTF-8 text") from None
 
 
 def _check_partition(partition: object, num_partitions: int | None, topic: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -22,6 +23,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 from aiokafka.producer.message_accumulator import BatchBuilder
 
+from producerkit import _security
 from producerkit._types import Record
 from producerkit.backends.base import Backend
 from producerkit.errors import (
@@ -34,6 +36,7 @@ from producerkit.errors import (
     MessageTooLarge,
     ProducerError,
     ProduceTimeout,
+    TLSError,
 )
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -72,11 +75,18 @@ class _PartitionQueue:
 
 class KafkaBackend(Backend):
     DEFAULT_KEYLESS: ClassVar[str] = "sticky"
-    OPTIONS: ClassVar[Mapping[str, type]] = {**_AIOKAFKA_OPTIONS, "preset": str}
+    OPTIONS: ClassVar[Mapping[str, type]] = {
+        **_AIOKAFKA_OPTIONS,
+        **_security.OPTIONS,
+        "preset": str,
+    }
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        checked = super().check_options(options)
+        # Security options are checked apart, so that no message can print a password.
+        others, security = _security.check_options("kafka", options)
+        checked = super().check_options(others)
+        checked.update(security)
         if checked.get("preset") not in (None, "latency", "throughput"):
             raise ConfigurationError(
                 f"unknown preset {checked['preset']!r}: use 'latency' or 'throughput'"
@@ -98,9 +108,18 @@ class KafkaBackend(Backend):
         self._partition_counts: dict[str, int] = {}
         self._shippers: set[asyncio.Task[None]] = set()
         try:
+            if "ssl_context" in settings:
+                await _probe_tls(self.url.servers[0], settings["ssl_context"], self.timeout)
             await self._producer.start()
         except BaseException as exc:
             await self._producer.stop()
+            if isinstance(exc, KeyError) and "sasl_mechanism" in settings:
+                # aiokafka's SCRAM reads the server's final message without checking for an
+                # error ("e=unknown-user"), so a refused login surfaces as KeyError('v').
+                raise AuthenticationError(
+                    f"{settings['sasl_mechanism']} authentication failed for user "
+                    f"{settings['sasl_plain_username']!r} (unknown user or wrong password)"
+                ) from exc
             if isinstance(exc, Exception):
                 raise _translate(exc) from exc
             raise
@@ -108,11 +127,12 @@ class KafkaBackend(Backend):
 
     def _client_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"linger_ms": 0, "acks": 1, "enable_idempotence": False}
-        options = dict(self.options)
+        options = {name: v for name, v in self.options.items() if name not in _security.OPTIONS}
         preset = options.pop("preset", None)
         if preset == "throughput":
             settings.update(THROUGHPUT_PRESET)
         settings.update(options)
+        settings.update(_security.kafka_settings(self.options))
         settings.setdefault("request_timeout_ms", int(self.timeout * 1000))
         return settings
 
@@ -254,6 +274,30 @@ class KafkaBackend(Backend):
                     record, BrokerUnavailable("the connection closed before this message was sent")
                 )
         await self._producer.stop()
+
+
+async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: float) -> None:
+    """Handshake once with the first bootstrap server before aiokafka connects: aiokafka logs a
+    TLS failure and reports only "Unable to bootstrap", and a plaintext listener may never
+    answer a ClientHello. Unreachable servers are left to aiokafka's own error."""
+    host, port = server
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, TimeoutError):
+        return
+    try:
+        await asyncio.wait_for(
+            writer.start_tls(context, server_hostname=host.strip("[]")), min(timeout, 10.0)
+        )
+    except TimeoutError as exc:
+        raise TLSError(
+            f"no TLS handshake from {host}:{port} within {min(timeout, 10.0)}s: "
+            "is TLS enabled on this listener?"
+        ) from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise TLSError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
+    finally:
+        writer.transport.abort()
 
 
 def _translate(exc: BaseException) -> ProducerError:

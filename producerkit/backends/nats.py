@@ -23,6 +23,7 @@ import logging
 import re
 import ssl
 import time
+from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar
 
@@ -32,8 +33,9 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from producerkit import _security
 from producerkit._types import Headers, Record
-from producerkit.backends.base import Backend
+from producerkit.backends.base import Backend, DeliverySink
 from producerkit.errors import (
     AuthenticationError,
     AuthorizationError,
@@ -51,6 +53,7 @@ logger = logging.getLogger("producerkit")
 
 _BAD_SUBJECT = re.compile(r"[\s*>]|^\.|\.$|\.\.")
 _BAD_HEADER_NAME = re.compile(r"[\s:]")
+_PERMISSION_DENIED = re.compile(r'(?i)permissions violation for publish to "([^"]+)"')
 #: Seconds between log lines about one connection's errors (the rest are counted).
 _ERROR_LOG_INTERVAL = 5.0
 
@@ -62,11 +65,15 @@ class _NatsConnection(Backend):
         "partitions": int,
         "pending_size": int,
         "name": str,
+        **_security.OPTIONS,
     }
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        checked = super().check_options(options)
+        # Security options are checked apart, so that no message can print a password.
+        others, security = _security.check_options("nats", options)
+        checked = super().check_options(others)
+        checked.update(security)
         if checked.get("partitions", 1) < 1:
             raise ConfigurationError(f"partitions must be at least 1, got {checked['partitions']}")
         if checked.get("stream_storage", "memory") not in ("memory", "file"):
@@ -118,8 +125,19 @@ class _NatsConnection(Backend):
         if "pending_size" in self.options:
             settings["pending_size"] = self.options["pending_size"]
         client = Client()
+        settings.update(
+            _security.nats_settings(
+                self.options,
+                # nats-py upgrades to TLS only when the server requires it: with TLS asked for,
+                # credentials go out only if it did (nats-py keeps no public flag for this).
+                secure=lambda: bool(getattr(client, "_server_info", {}).get("tls_required")),
+            )
+        )
+        self._connect_errors: list[Exception] = []
+        self._refused = asyncio.Event()
+        self._denials: dict[str, deque[AuthorizationError]] = {}
         try:
-            await client.connect(**settings)
+            await self._connect_client(client, settings)
         except BaseException as exc:
             await _close_client(client)
             if isinstance(exc, Exception):
@@ -155,7 +173,66 @@ class _NatsConnection(Backend):
         except Exception as exc:
             raise _translate(exc) from exc
 
+    async def _connect_client(self, client: Client, settings: dict[str, Any]) -> None:
+        """``client.connect()``, but a refusal (credentials, TLS) reported to ``_on_error`` ends
+        it at once: nats-py would otherwise retry it, and after a failed TLS handshake it can
+        wait forever for the socket to close."""
+        connecting = asyncio.ensure_future(client.connect(**settings))
+        refused = asyncio.ensure_future(self._refused.wait())
+        try:
+            await asyncio.wait((connecting, refused), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            refused.cancel()
+            if not connecting.done():
+                connecting.cancel()
+                await asyncio.wait((connecting,))
+        failure = None if connecting.cancelled() else connecting.exception()
+        if not connecting.cancelled() and failure is None:
+            return
+        errors = self._connect_errors
+        refusal = next((error for error in reversed(errors) if _is_refusal(error)), None)
+        # "No servers available" only says nats-py gave up; the last error says why.
+        raise (
+            refusal
+            or (errors[-1] if errors else None)
+            or failure
+            or BrokerUnavailable("the NATS connection attempt ended without a reason")
+        )
+
+    def _denied(self, subject: str, error: AuthorizationError) -> None:
+        """The server refused one publish to ``subject`` (``-ERR 'Permissions Violation'``):
+        fail the oldest record to that subject not yet reported.
+
+        The server answers in order, so the k-th refusal for a subject is its k-th oldest
+        unreported record. JetStream: that record waits in ``_awaiting`` for a PubAck that will
+        never come. Core NATS: it is in a burst whose PONG is still to come (the -ERR precedes
+        it); a sink wrapper turns that burst's ack into this failure. Nothing is added to the
+        hot path: the wrapper exists only while refusals wait for their records."""
+        awaiting: dict[int, Record] | None = getattr(self, "_awaiting", None)
+        if awaiting is not None:
+            for token, record in awaiting.items():
+                if self.subject(record) == subject:
+                    del awaiting[token]
+                    self.sink.failed(record, error)
+                    return
+            return
+        self._denials.setdefault(subject, deque()).append(error)
+        if not isinstance(self.sink, _DenyingSink):
+            self.sink = _DenyingSink(self, self.sink)
+
     async def _on_error(self, exc: Exception) -> None:
+        if not self._connected:
+            self._connect_errors.append(exc)
+            if _is_refusal(exc):
+                self._refused.set()
+            return
+        denied = _PERMISSION_DENIED.search(str(exc))
+        if denied is not None:
+            self._denied(
+                denied[1],
+                AuthorizationError(f"the server refused a publish: {_security.redact(str(exc))}"),
+            )
+            return
         # nats-py reports every failed reconnect attempt (4 a second): log counts, not lines.
         if not self._connected or self._closing:
             return
@@ -362,6 +439,42 @@ def _puback_error(msg: Msg) -> ProducerError | None:
     return None
 
 
+class _DenyingSink:
+    """Core NATS, after the server refused publishes: acks of the refused records become
+    failures; once every refusal has found its record the backend's own sink is restored."""
+
+    def __init__(self, backend: _NatsConnection, sink: DeliverySink) -> None:
+        self._backend = backend
+        self._sink = sink
+
+    def acked(self, record: Record, offset: int | None) -> None:
+        denials = self._backend._denials
+        waiting = denials.get(self._backend.subject(record))
+        if waiting:
+            error = waiting.popleft()
+            if not waiting:
+                del denials[self._backend.subject(record)]
+                if not denials:
+                    self._backend.sink = self._sink
+            self._sink.failed(record, error)
+            return
+        self._sink.acked(record, offset)
+
+    def failed(self, record: Record, exc: BaseException) -> None:
+        self._sink.failed(record, exc)
+
+    def topic_changed(self, topic: str) -> None:
+        self._sink.topic_changed(topic)
+
+    def batch_sent(self, topic: str, partition: int) -> None:
+        self._sink.batch_sent(topic, partition)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """Credentials or TLS refused: retrying the same server cannot help."""
+    return isinstance(_translate(exc), AuthenticationError | TLSError)
+
+
 async def _close_client(client: Client) -> None:
     try:
         await asyncio.wait_for(client.close(), 5)
@@ -373,9 +486,23 @@ def _translate(exc: BaseException) -> ProducerError:
     """nats-py's exceptions -> producerkit's, at this backend's edge."""
     if isinstance(exc, ProducerError):
         return exc
-    text = f"{type(exc).__name__}: {exc}"
+    text = _security.redact(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, nats.errors.AuthorizationError):
         return AuthenticationError(text)
+    if isinstance(exc, nats.errors.Error) and type(exc) is nats.errors.Error:
+        # nats-py reports the server's -ERR lines as plain Error("nats: '<text>'").
+        lowered = str(exc).lower()
+        if "authorization violation" in lowered or "authentication" in lowered:
+            return AuthenticationError(f"the server refused the credentials: {text}")
+        if "permissions violation" in lowered:
+            return AuthorizationError(text)
+        if "ssl context" in lowered or "secure connection" in lowered or "tls" in lowered:
+            return TLSError(text)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TLSError(
+            f"{text}: the broker's certificate is not trusted (tls_ca_file names the CA that "
+            "signed it; without TLS options the system CAs are used)"
+        )
     if isinstance(
         exc,
         ssl.SSLError
