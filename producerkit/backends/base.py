@@ -68,6 +68,8 @@ class Backend(abc.ABC):
                     f"unknown option {name!r} for {cls.__name__}; options it accepts: {known}"
                 )
             checked[name] = coerce_option(name, value, kind)
+        if checked.get("partitions", 1) < 1:
+            raise ConfigurationError(f"partitions must be at least 1, got {checked['partitions']}")
         return checked
 
     @classmethod

@@ -1,0 +1,434 @@
+"""Bad input: each is a producerkit error naming the problem, raised at the call, and the
+producer stays usable. Hypothesis fuzzes URLs, options and message fields: nothing may raise
+anything but a producerkit error (or succeed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import BackendCase
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import producerkit as pk
+from producerkit.brokers import LocalBroker, start_nats
+
+# ---------------------------------------------------------------------- construction
+
+BAD_CONSTRUCTION: list[tuple[str, dict[str, Any], str]] = [
+    # (url, keywords, a word the message must contain)
+    ("foo://127.0.0.1:9092", {}, "scheme"),
+    ("kafka:/127.0.0.1", {}, "malformed"),
+    ("127.0.0.1:9092", {}, "malformed"),
+    ("kafka://", {}, "host"),
+    ("kafka://127.0.0.1:abc", {}, "port"),
+    ("kafka://127.0.0.1:0", {}, "port"),
+    ("kafka://127.0.0.1:65536", {}, "port"),
+    ("kafka://127.0.0.1:", {}, "port"),
+    ("kafka://127.0.0.1:9092,", {}, "host"),
+    ("kafka://bad host:9092", {}, "host"),
+    ("kafka://127.0.0.1/orders", {}, "path"),
+    ("kafka://127.0.0.1?linger_ms", {}, "query"),
+    ("kafka://127.0.0.1?linger_ms=1&linger_ms=2", {}, "twice"),
+    ("null://", {"concurrent_task_limit": 0}, "concurrent_task_limit"),
+    ("null://", {"concurrent_task_limit": -5}, "concurrent_task_limit"),
+    ("null://", {"concurrent_task_limit": 2.5}, "concurrent_task_limit"),
+    ("null://", {"concurrent_task_limit": True}, "concurrent_task_limit"),
+    ("null://", {"timeout": 0}, "timeout"),
+    ("null://", {"timeout": -1.0}, "timeout"),
+    ("null://", {"timeout": math.nan}, "timeout"),
+    ("null://", {"timeout": math.inf}, "timeout"),
+    ("null://", {"timeout": "30"}, "timeout"),
+    ("null://", {"connections": 0}, "connections"),
+    ("null://", {"connections": -1}, "connections"),
+    ("null://", {"bogus": 1}, "bogus"),
+    ("null://?bogus=1", {}, "bogus"),
+    ("kafka://127.0.0.1", {"lingerms": 5}, "lingerms"),
+    ("kafka://127.0.0.1", {"linger_ms": "soon"}, "linger_ms"),
+    ("kafka://127.0.0.1", {"linger_ms": -5}, "linger_ms"),
+    ("kafka://127.0.0.1?max_request_size=-1", {}, "max_request_size"),
+    ("kafka://127.0.0.1", {"acks": "2"}, "acks"),
+    ("kafka://127.0.0.1", {"preset": "fastest"}, "preset"),
+    ("nats://127.0.0.1", {"partitions": 0}, "partitions"),
+    ("nats://127.0.0.1", {"pending_size": -1}, "pending_size"),
+    ("jetstream://127.0.0.1", {"stream_storage": "disk"}, "stream_storage"),
+    ("memory://", {"partitions": 0}, "partitions"),
+    ("memory://", {"partitions": -3}, "partitions"),
+    ("null://", {"partitions": 0}, "partitions"),
+    ("null://", {"topic": ""}, "topic"),
+    ("null://", {"topic": 7}, "topic"),
+    ("kafka://127.0.0.1", {"topic": "bad topic"}, "topic"),
+    ("nats://127.0.0.1", {"topic": "orders.*"}, "subject"),
+    ("null://", {"partitioner": "fastest"}, "partitioner"),
+    ("null://", {"keyless": "everywhere"}, "keyless"),
+    ("null://", {"on_error": "print"}, "on_error"),
+]
+
+
+@pytest.mark.parametrize(("url", "kwargs", "word"), BAD_CONSTRUCTION)
+def test_bad_construction_is_a_configuration_error(
+    url: str, kwargs: dict[str, Any], word: str
+) -> None:
+    with pytest.raises(pk.ConfigurationError, match=f"(?i){word}"):
+        pk.Producer(url, **kwargs)
+    with pytest.raises(pk.ConfigurationError):
+        pk.SyncProducer(url, **kwargs)  # raised before its loop thread starts
+
+
+@pytest.mark.parametrize("url", [None, b"null://", 9092, ["kafka://127.0.0.1"]])
+def test_url_of_the_wrong_type(url: Any) -> None:
+    with pytest.raises(pk.ConfigurationError, match="str"):
+        pk.Producer(url)
+
+
+# ---------------------------------------------------------------------- produce
+
+
+def _bad_messages(backend: str) -> list[tuple[dict[str, Any], type[pk.ProducerError], str]]:
+    """(produce keywords, error, a word of its message); the value defaults to b"v"."""
+    cases: list[tuple[dict[str, Any], type[pk.ProducerError], str]] = [
+        ({"value": 1}, pk.MessageError, "value"),
+        ({"value": None}, pk.MessageError, "value"),
+        ({"value": [b"v"]}, pk.MessageError, "value"),
+        ({"value": {"a": 1}}, pk.MessageError, "value"),
+        ({"value": "\ud800"}, pk.MessageError, "value"),  # a lone surrogate is not UTF-8
+        ({"key": 1}, pk.MessageError, "key"),
+        ({"key": ["k"]}, pk.MessageError, "key"),
+        ({"key": "\udfff"}, pk.MessageError, "key"),
+        ({"headers": "h=1"}, pk.MessageError, "headers"),
+        ({"headers": 5}, pk.MessageError, "headers"),
+        ({"headers": {"h": 1}}, pk.MessageError, "header"),
+        ({"headers": {"h": None}}, pk.MessageError, "header"),
+        ({"headers": {"h": ["x"]}}, pk.MessageError, "header"),
+        ({"headers": {"h": "\ud800"}}, pk.MessageError, "header"),
+        ({"headers": {1: b"x"}}, pk.MessageError, "header"),
+        ({"headers": {"": b"x"}}, pk.MessageError, "header"),
+        ({"headers": {"\ud800": b"x"}}, pk.MessageError, "header"),
+        ({"headers": [("h", b"x", b"y")]}, pk.MessageError, "header"),
+        ({"topic": ""}, pk.MessageError, "topic"),
+        ({"topic": 5}, pk.MessageError, "topic"),
+        ({"topic": b"orders"}, pk.MessageError, "topic"),
+        ({"topic": "\ud800"}, pk.MessageError, "topic"),
+        ({"partition": -1}, pk.MessageError, "partition"),
+        ({"partition": 3}, pk.MessageError, "partition"),  # every partitioned case has 3
+        ({"partition": True}, pk.MessageError, "partition"),
+        ({"partition": 1.0}, pk.MessageError, "partition"),
+        ({"partition": "0"}, pk.MessageError, "partition"),
+        ({"msg_id": ""}, pk.MessageError, "msg_id"),
+        ({"msg_id": 5}, pk.MessageError, "msg_id"),
+        ({"value": b"x" * (1024 * 1024 + 1)}, pk.MessageTooLarge, "larger"),
+        ({"value": b"x" * 1000, "key": b"k" * (1024 * 1024)}, pk.MessageTooLarge, "larger"),
+    ]
+    if backend == "kafka":
+        cases += [
+            ({"topic": "bad topic"}, pk.MessageError, "topic"),
+            ({"topic": "a/b"}, pk.MessageError, "topic"),
+            ({"topic": "x" * 250}, pk.MessageError, "topic"),
+            ({"topic": ".."}, pk.MessageError, "topic"),
+        ]
+    if backend in ("nats", "jetstream"):
+        cases += [
+            ({"topic": "orders.*"}, pk.MessageError, "subject"),
+            ({"topic": "orders.>"}, pk.MessageError, "subject"),
+            ({"topic": "or ders"}, pk.MessageError, "subject"),
+            ({"topic": "orders..eu"}, pk.MessageError, "subject"),
+            ({"topic": ".orders"}, pk.MessageError, "subject"),
+            ({"topic": "orders."}, pk.MessageError, "subject"),
+            ({"headers": {"bad name": "x"}}, pk.MessageError, "header"),
+            ({"headers": {"h": b"\xff\xfe"}}, pk.MessageError, "header"),
+            ({"headers": {"h": "line\r\nbreak"}}, pk.MessageError, "header"),
+        ]
+    return cases
+
+
+PARTITIONED = {"memory": {"partitions": 3}, "null": {"partitions": 3}, "nats": {"partitions": 3}}
+
+
+@pytest.fixture
+def partitioned(backend: BackendCase, kafka_broker: LocalBroker) -> Iterator[BackendCase]:
+    """The backend with 3 partitions (a fresh 3-partition Kafka topic on Tansu)."""
+    if backend.name == "kafka":
+        asyncio.run(_create_kafka_topic(kafka_broker.url, "bad-input-3", 3))
+    options = {**backend.options, **PARTITIONED.get(backend.name, {})}
+    yield BackendCase(backend.name, backend.url, options)
+
+
+async def _create_kafka_topic(url: str, topic: str, partitions: int) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
+
+
+def test_bad_messages_are_refused_at_the_call(partitioned: BackendCase) -> None:
+    """Every row raises its error at produce() (blocking and nonblocking), nothing is counted,
+    and the producer then publishes normally."""
+    backend = partitioned
+    topic = "bad-input-3" if backend.name == "kafka" else f"bad-{uuid.uuid4().hex[:8]}"
+    cases = _bad_messages(backend.name)
+    if backend.name == "jetstream":  # no partitions on a plain JetStream subject
+        cases = [c for c in cases if "partition" not in c[0]] + [
+            ({"partition": 0}, pk.MessageError, "partitions=N"),
+        ]
+
+    async def main() -> pk.Stats:
+        async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+            await producer.produce(b"first")
+            for kwargs, error, word in cases:
+                kwargs = {"value": b"v", **kwargs}
+                for nonblocking in (False, True):
+                    with pytest.raises(error, match=f"(?i){word}"):
+                        await producer.produce(**kwargs, nonblocking=nonblocking)
+                stats = producer.stats
+                assert stats.produced == 1 and stats.in_flight == 0, (kwargs, stats)
+            delivery = await producer.produce(b"still usable", key=b"k", headers={"h": "1"})
+            assert delivery is not None and delivery.topic == topic
+        return producer.stats
+
+    stats = asyncio.run(main())
+    assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
+
+
+def test_produce_after_close(backend: BackendCase, topic: str) -> None:
+    async def main() -> None:
+        producer = pk.Producer(backend.url, topic=topic, timeout=10, **backend.options)
+        await producer.produce(b"v")
+        await producer.close()
+        with pytest.raises(pk.ProducerClosed, match="close"):
+            await producer.produce(b"late")
+        with pytest.raises(pk.ProducerClosed):
+            await producer.produce(b"late", nonblocking=True)
+        with pytest.raises(pk.ProducerClosed):
+            await producer.start()
+
+    asyncio.run(main())
+    sync = pk.SyncProducer(backend.url, topic=topic, timeout=10, **backend.options)
+    sync.produce(b"v")
+    sync.close()
+    with pytest.raises(pk.ProducerClosed):
+        sync.produce(b"late")
+
+
+def test_partition_on_unpartitioned_nats_subject(nats_broker: LocalBroker, topic: str) -> None:
+    async def main() -> None:
+        async with pk.Producer(f"nats://{nats_broker.host_port}", topic=topic) as producer:
+            with pytest.raises(pk.MessageError, match="partitions=N"):
+                await producer.produce(b"v", partition=0)
+            await producer.produce(b"v")
+
+    asyncio.run(main())
+
+
+def test_kafka_max_request_size_is_the_limit(kafka_broker: LocalBroker, topic: str) -> None:
+    async def main() -> None:
+        async with pk.Producer(kafka_broker.url, topic=topic, max_request_size=10_000) as producer:
+            with pytest.raises(pk.MessageTooLarge, match="larger"):
+                await producer.produce(b"x" * 10_000)
+            with pytest.raises(pk.MessageTooLarge):
+                await producer.produce(b"x" * 6_000, headers={"h": b"y" * 6_000})
+            assert await producer.produce(b"x" * 5_000) is not None
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("scheme", ["nats", "jetstream"])
+def test_nats_max_payload_comes_from_the_server(scheme: str, tmp_path: Any, topic: str) -> None:
+    """A server configured with max_payload 4096: the producer reads it from INFO and refuses
+    larger messages at the call."""
+    config = tmp_path / "nats.conf"
+    config.write_text("max_payload: 4096\n")
+    with start_nats(
+        jetstream=scheme == "jetstream", workdir=tmp_path, extra_args=["-c", str(config)]
+    ) as broker:
+
+        async def main() -> None:
+            options = {"create_stream": True} if scheme == "jetstream" else {}
+            url = f"{scheme}://{broker.host_port}"
+            async with pk.Producer(url, topic=topic, **options) as producer:
+                assert producer.backend.max_message_size == 4096
+                with pytest.raises(pk.MessageTooLarge, match="larger"):
+                    await producer.produce(b"x" * 4096)
+                with pytest.raises(pk.MessageTooLarge):
+                    await producer.produce(b"x" * 2000, headers={"h": "y" * 2500})
+                assert await producer.produce(b"x" * 1000) is not None
+                assert producer.stats.failed == 0
+
+        asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- fuzzing
+
+SCHEMES = ["kafka", "nats", "jetstream", "memory", "null", "KAFKA", "http", "", "kafka+ssl"]
+HOSTS = st.one_of(
+    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "h", "", "a b", "[::1", "h:1:2", "é"]),
+    st.text(max_size=12),
+)
+PORTS = st.one_of(st.none(), st.integers(-5, 70_000).map(str), st.text(max_size=6))
+OPTION_NAMES = st.sampled_from(
+    [
+        "linger_ms",
+        "acks",
+        "max_request_size",
+        "max_batch_size",
+        "preset",
+        "partitions",
+        "pending_size",
+        "create_stream",
+        "stream_storage",
+        "max_message_size",
+        "request_timeout_ms",
+        "enable_idempotence",
+        "compression_type",
+        "name",
+        "client_id",
+        "bogus",
+        "",
+    ]
+)
+OPTION_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=10),
+    st.binary(max_size=5),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@st.composite
+def urls(draw: st.DrawFn) -> str:
+    if draw(st.booleans()):
+        return draw(st.text(max_size=40))
+    scheme = draw(st.sampled_from(SCHEMES))
+    servers = []
+    for _ in range(draw(st.integers(1, 3))):
+        host, port = draw(HOSTS), draw(PORTS)
+        servers.append(host if port is None else f"{host}:{port}")
+    query = "&".join(
+        f"{draw(OPTION_NAMES)}={draw(st.text(max_size=6))}" for _ in range(draw(st.integers(0, 3)))
+    )
+    tail = draw(st.sampled_from(["", "/", "/topic", "#frag", "?", "?&"]))
+    url = f"{scheme}://{','.join(servers)}{tail}"
+    return f"{url}?{query}" if query else url
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    url=urls(),
+    options=st.dictionaries(OPTION_NAMES, OPTION_VALUES, max_size=3),
+    limit=st.one_of(st.just(1000), OPTION_VALUES),
+    timeout=st.one_of(st.just(30.0), OPTION_VALUES),
+    connections=st.one_of(st.just(1), OPTION_VALUES),
+)
+def test_fuzz_urls_and_options(
+    url: str, options: dict[str, Any], limit: Any, timeout: Any, connections: Any
+) -> None:
+    """Constructing a producer either works or raises a producerkit ConfigurationError; for
+    memory:// and null:// the constructed producer also starts, publishes and closes."""
+    try:
+        producer = pk.Producer(
+            url,
+            topic="t",
+            concurrent_task_limit=limit,
+            timeout=timeout,
+            connections=connections,
+            **options,
+        )
+    except pk.ConfigurationError:
+        return
+    except pk.ProducerError as exc:  # pragma: no cover - reported as a failure below
+        pytest.fail(f"construction raised {type(exc).__name__}, not ConfigurationError: {exc}")
+    if url.lower().startswith(("memory://", "null://")):
+
+        async def main() -> None:
+            async with producer:
+                await producer.produce(b"v", key=b"k")
+
+        asyncio.run(main())
+
+
+TEXT_OR_BYTES = st.one_of(st.binary(max_size=20), st.text(max_size=20))
+ANYTHING = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(),
+    TEXT_OR_BYTES,
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+HEADERS = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.one_of(st.text(max_size=8), st.integers()),
+        st.one_of(TEXT_OR_BYTES, ANYTHING),
+        max_size=3,
+    ),
+    st.lists(st.tuples(st.text(max_size=5), TEXT_OR_BYTES), max_size=2),
+    ANYTHING,
+)
+
+
+def _fuzz_fields(valid_topics: list[str]) -> Any:
+    return st.fixed_dictionaries(
+        {
+            "value": st.one_of(TEXT_OR_BYTES, ANYTHING),
+            "key": st.one_of(st.none(), TEXT_OR_BYTES, ANYTHING),
+            "headers": HEADERS,
+            "topic": st.one_of(
+                st.none(),
+                st.sampled_from(valid_topics),
+                st.sampled_from(["", "a b", "a.*", "a.>", "..", "a/b", "x" * 300, "\ud800"]),
+                ANYTHING,
+            ),
+            "partition": st.one_of(st.none(), st.integers(-2, 4), ANYTHING),
+            "msg_id": st.one_of(st.none(), st.text(max_size=5), ANYTHING),
+        }
+    )
+
+
+@pytest.fixture
+def fuzz_producer(backend: BackendCase) -> Iterator[tuple[pk.SyncProducer, list[str]]]:
+    """One SyncProducer per backend for every example; its topics exist (or are created)."""
+    topic = f"fuzz-{uuid.uuid4().hex[:8]}"
+    options = {**backend.options, **PARTITIONED.get(backend.name, {})}
+    with pk.SyncProducer(backend.url, topic=topic, timeout=5, **options) as producer:
+        producer.produce(b"first")
+        yield producer, [topic]
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_fuzz_message_fields(
+    fuzz_producer: tuple[pk.SyncProducer, list[str]], data: st.DataObject
+) -> None:
+    """Random values, keys, headers, topics, partitions and msg_ids: produce() succeeds or raises
+    a producerkit error, and the accounting stays exact."""
+    producer, topics = fuzz_producer
+    fields = data.draw(_fuzz_fields(topics))
+    nonblocking = data.draw(st.booleans())
+    before = producer.stats
+    with contextlib.suppress(pk.ProducerError):
+        producer.produce(**fields, nonblocking=nonblocking)
+    stats = producer.stats
+    assert stats.produced == stats.acked + stats.failed + stats.in_flight
+    assert stats.produced - before.produced <= 1
