@@ -200,7 +200,8 @@ def _bool(value: object) -> bool:
         return True
     if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigurationError(f"option tls_verify={value!r} must be a bool")
+    # The value is not echoed: a secret pasted into the wrong option must not be printed.
+    raise ConfigurationError("option tls_verify must be a bool (true/false)")
 
 
 def tls_enabled(options: Mapping[str, Any]) -> bool:

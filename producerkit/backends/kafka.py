@@ -281,17 +281,20 @@ async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: 
     TLS failure and reports only "Unable to bootstrap", and a plaintext listener may never
     answer a ClientHello. Unreachable servers are left to aiokafka's own error."""
     host, port = server
+    # A handshake takes round trips, not seconds; a plaintext listener reads the ClientHello as
+    # the start of a huge request and waits for the rest.
+    patience = min(timeout / 2, 5.0)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), patience)
     except (OSError, TimeoutError):
         return
     try:
         await asyncio.wait_for(
-            writer.start_tls(context, server_hostname=host.strip("[]")), min(timeout, 10.0)
+            writer.start_tls(context, server_hostname=host.strip("[]")), patience
         )
     except TimeoutError as exc:
         raise TLSError(
-            f"no TLS handshake from {host}:{port} within {min(timeout, 10.0)}s: "
+            f"no TLS handshake from {host}:{port} within {patience}s: "
             "is TLS enabled on this listener?"
         ) from exc
     except (ssl.SSLError, OSError) as exc:
