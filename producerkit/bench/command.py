@@ -205,6 +205,38 @@ async def _run(args: argparse.Namespace, target: Any, messages: Any, name: str) 
     )
 
 
+async def measure(
+    url: str,
+    topic: str,
+    *,
+    rate: float,
+    count: int | None = None,
+    duration: float | None = None,
+    mode: str = "nonblocking",
+    record_size: int = 100,
+    keys: int = 0,
+    concurrent_task_limit: int = 1000,
+    connections: int = 1,
+    senders: int = 1,
+    warmup: int = 100,
+    **options: Any,
+) -> dict[str, Any]:
+    """One producerkit run as a result dict (what ``--json`` writes), for scripts and suites::
+
+        result = await measure("jetstream://127.0.0.1:4222", "t", rate=0, count=20_000,
+                               create_stream=True)
+        result["summary"]["throughput_msgs"], result["percentiles"]["response_time"]["p99_ms"]
+    """
+    argv = ["--url", url, "--topic", topic, "--rate", str(rate), "--mode", mode,
+            "--record-size", str(record_size), "--keys", str(keys),
+            "--concurrent-task-limit", str(concurrent_task_limit),
+            "--connections", str(connections), "--senders", str(senders),
+            "--warmup-records", str(warmup), "--quiet"]
+    argv += ["--num-records", str(count)] if count is not None else ["--duration", str(duration)]
+    args = build_parser().parse_args(argv)
+    return await _run_all(args, url, dict(options), _config(args, url, options))
+
+
 def make_messages(record_size: int, keys: int) -> list[tuple[bytes | None, bytes]]:
     """``(key, value)`` pairs to cycle through: one per key (or one keyless), random values."""
     value = os.urandom(record_size)

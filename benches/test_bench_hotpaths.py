@@ -1,0 +1,117 @@
+"""pytest-benchmark cases for producerkit's hot paths (not collected by a plain ``pytest``: the
+test paths are ``tests/``; name this file to run it).
+
+Each async case measures a batch of produces inside ONE coroutine on ONE event loop reused across
+rounds, so a round times producerkit, not ``asyncio.run()`` setting up a loop::
+
+    pytest benches/test_bench_hotpaths.py --benchmark-storage=benches/.benchmarks \\
+        --benchmark-save=baseline                  # record a baseline (JSON under that folder)
+    pytest benches/test_bench_hotpaths.py --benchmark-storage=benches/.benchmarks \\
+        --benchmark-compare --benchmark-compare-fail=median:15%   # the gate: fail on regressions
+
+``--benchmark-compare`` without a value compares with the newest saved run;
+``--benchmark-compare-fail=median:15%`` fails the session if any case's median got more than 15 %
+slower. Baselines are machine-specific: record one on the machine that runs the gate (a CI
+runner), not on a laptop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import producerkit as pk
+from producerkit.bench import proxy
+
+BATCH = 1000
+VALUE = b"x" * 100
+KEYS = [b"user-%d" % i for i in range(BATCH)]
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _producer(loop: asyncio.AbstractEventLoop, url: str, **options: Any) -> pk.Producer:
+    producer = pk.Producer(url, topic="bench", **options)
+    loop.run_until_complete(producer.start())
+    return producer
+
+
+@pytest.mark.parametrize("url", ["null://", "memory://"])
+def test_produce_nonblocking_keyed(
+    benchmark: Any, loop: asyncio.AbstractEventLoop, url: str
+) -> None:
+    producer = _producer(loop, url, partitions=12)
+
+    async def batch() -> None:
+        produce = producer.produce
+        for key in KEYS:
+            await produce(VALUE, key=key, nonblocking=True)
+        await producer.flush()
+
+    benchmark.extra_info["messages_per_round"] = BATCH
+    benchmark(lambda: loop.run_until_complete(batch()))
+    loop.run_until_complete(producer.close())
+
+
+def test_produce_nonblocking_keyless_null(benchmark: Any, loop: asyncio.AbstractEventLoop) -> None:
+    producer = _producer(loop, "null://")
+
+    async def batch() -> None:
+        produce = producer.produce
+        for _ in range(BATCH):
+            await produce(VALUE, nonblocking=True)
+        await producer.flush()
+
+    benchmark.extra_info["messages_per_round"] = BATCH
+    benchmark(lambda: loop.run_until_complete(batch()))
+    loop.run_until_complete(producer.close())
+
+
+def test_produce_blocking_null(benchmark: Any, loop: asyncio.AbstractEventLoop) -> None:
+    producer = _producer(loop, "null://")
+
+    async def batch() -> None:
+        produce = producer.produce
+        for _ in range(BATCH):
+            await produce(VALUE)
+
+    benchmark.extra_info["messages_per_round"] = BATCH
+    benchmark(lambda: loop.run_until_complete(batch()))
+    loop.run_until_complete(producer.close())
+
+
+def test_histogram_fill_100k(benchmark: Any) -> None:
+    """Filling HDR histograms after a run: must stay far below the run it summarizes."""
+    np = pytest.importorskip("numpy")
+    from producerkit.bench.histograms import histogram_of
+
+    values = np.random.default_rng(1).lognormal(13, 1, 100_000).astype(np.int64)
+    benchmark(histogram_of, values)
+
+
+def test_proxy_metadata_rewrite(benchmark: Any) -> None:
+    """The delay proxy rewriting one flexible Metadata response (3 brokers)."""
+    body = b"\x00" + struct.pack(">i", 0) + bytes([4])
+    for node in range(3):
+        host = b"10.0.0.%d" % node
+        body += struct.pack(">i", node) + bytes([len(host) + 1]) + host + struct.pack(">i", 9092)
+        body += b"\x00\x00"
+    payload = struct.pack(">i", 1) + body + b"\x00" * 40
+    frame = struct.pack(">i", len(payload)) + payload
+
+    def advertised(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", 40000
+
+    def rewrite() -> bytes:
+        return proxy._rewrite_response(frame, {1: (3, 12)}, advertised)
+
+    benchmark(rewrite)
