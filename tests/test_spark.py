@@ -315,3 +315,54 @@ def test_import_producerkit_does_not_import_pyspark() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------- the worker, without Spark
+
+
+def test_worker_caches_one_producer_per_config_and_rebuilds_after_fork() -> None:
+    from producerkit.backends.memory import get_store
+    from producerkit.spark import _worker
+
+    name = f"spark-worker-{uuid.uuid4().hex}"
+    store = get_store(name)
+    config = _worker.SinkConfig(url=f"memory://{name}", topic="t", key_col=None, id_col="id")
+    first = _worker.publish_task(config, [{"value": [b"a", b"b"], "id": [1, 2]}])
+    producers = {id(entry.producer) for entry in _worker._cache.values()}
+    second = _worker.publish_task(config, [{"value": [b"c"], "id": [3]}])
+    assert {id(entry.producer) for entry in _worker._cache.values()} == producers
+    assert (first.delivered, second.delivered) == (2, 1)
+    stored = [(r.value, r.msg_id) for r in store.topic("t")]
+    assert stored == [(b"a", "1"), (b"b", "2"), (b"c", "3")]
+
+    child = os.fork()
+    if child == 0:  # the child must build its own producer: the parent's loop thread is not here
+        try:
+            counts = _worker.publish_task(config, [{"value": [b"d"], "id": [4]}])
+            fresh = all(id(entry.producer) not in producers for entry in _worker._cache.values())
+            os._exit(0 if counts.delivered == 1 and fresh else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _worker.close_all()
+    assert not _worker._cache
+
+
+def test_worker_counts_or_raises_bad_rows() -> None:
+    from producerkit.errors import MessageError
+    from producerkit.spark import _worker
+
+    url = f"memory://{uuid.uuid4().hex}"
+    counting = _worker.SinkConfig(url=url, topic="t", on_error="count")
+    counts = _worker.publish_task(counting, [{"value": [b"a", None, "c"], "key": ["k", "k", None]}])
+    assert (counts.rows, counts.delivered, counts.failed) == (3, 2, 1)
+    assert counts.errors == {"MessageError": 1}
+    failing = _worker.SinkConfig(url=url, topic="t", on_error="fail")
+    with pytest.raises(MessageError, match="null"):  # the row's own error fails the task
+        _worker.publish_task(failing, [{"value": [b"a", None]}])
+    rows = [{"value": "x", "key": None}, {"value": "y", "key": "k"}]
+    assert list(_worker.chunks_from_rows(rows, {"value": "value", "key": "key"}, size=1)) == [
+        {"value": ["x"], "key": [None]}, {"value": ["y"], "key": ["k"]},
+    ]
+    _worker.close_all()

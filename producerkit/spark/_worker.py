@@ -29,7 +29,7 @@ import attrs
 
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
-from producerkit.errors import ConfigurationError, ProduceError, ProducerError
+from producerkit.errors import ConfigurationError, MessageError, ProduceError, ProducerError
 
 __all__ = ["Chunk", "SinkConfig", "TaskCounts", "publish_task"]
 
@@ -266,7 +266,7 @@ async def _send_chunk(
         try:
             value = values[i]
             if value is None:
-                raise _NullValue("the value column is null (producerkit sends no tombstones)")
+                raise MessageError("the value column is null (producerkit sends no tombstones)")
             await produce(
                 value,
                 key=keys[i] if keys is not None else None,
@@ -281,10 +281,6 @@ async def _send_chunk(
             tally.fail(exc)
             if fail_fast:
                 raise
-
-
-class _NullValue(ProducerError, ValueError):
-    pass
 
 
 def _headers(value: Any) -> list[tuple[str, Any]] | None:
