@@ -150,7 +150,7 @@ async def read_jetstream(
         while loop.time() < deadline and (len(records) < expected or quiet < 1):
             try:
                 batch = await psub.fetch(2000, timeout=0.5)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py may raise a plain asyncio.TimeoutError too
                 quiet += 1
                 continue
             for msg in batch:

@@ -599,11 +599,6 @@ def _exception_texts(exc: BaseException) -> list[str]:
     return texts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="producerkit/bench/command.py writes the URL and options unredacted: apply "
-    "`return _security.redact(config)` in bench.command._config (see docs/security.md)",
-)
 def test_bench_json_and_output_show_no_secret(secure_nats: LocalBroker, pki: Path, tmp_path: Path):
     out = tmp_path / "bench.json"
     argv = [

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from producerkit._config import parse_url
+from producerkit._security import redact
 
 USAGE_EPILOG = """\
 --url may be embedded-kafka or embedded-nats: a local Tansu / nats-server (JetStream) is started
@@ -305,7 +306,9 @@ def _config(args: argparse.Namespace, url: str, options: dict[str, Any]) -> dict
         platform=platform.platform(),
         cpus=os.cpu_count(),
     )
-    return config
+    # The JSON is shared (CI logs, reports): no password, token or key material in it.
+    redacted: dict[str, Any] = redact(config)
+    return redacted
 
 
 def _label(result: dict[str, Any]) -> str:
