@@ -1,0 +1,401 @@
+"""Throughput suite: producerkit and the raw clients, one process, the same broker, the same messages.
+
+    python benches/throughput.py [--messages 300000] [--repeat 3] [--json results/throughput.json]
+
+Brokers are started here from the installed wheels: Tansu with ``null://`` storage (the protocol
+path only, as in seed 004) and with memory storage, and nats-server with JetStream (memory
+storage). Every runner publishes the same 512-byte values with keys (and once keyless), as fast
+as it can, and counts only acknowledged messages. Each cell is the best of ``--repeat`` runs,
+runners interleaved, because this machine is shared and noisy: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import producerkit as pk
+from producerkit.brokers import start_kafka, start_nats
+
+VALUE = b"x" * 512
+Messages = list[tuple[bytes | None, bytes]]
+
+
+def make_messages(count: int, keyed: bool) -> Messages:
+    return [(b"user-%d" % (i % 10_000) if keyed else None, VALUE) for i in range(count)]
+
+
+# --------------------------------------------------------------------------- producerkit
+
+
+async def producerkit_run(url: str, topic: str, messages: Messages, **options: Any) -> int:
+    async with pk.Producer(url, topic=topic, **options) as producer:
+        await producer.produce(b"warm-up", key=b"warm-up")
+        started = time.perf_counter()
+        produce = producer.produce
+        for key, value in messages:
+            await produce(value, key=key, nonblocking=True)
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+        assert producer.stats.acked == len(messages) + 1, producer.stats
+    return _rate(len(messages), elapsed)
+
+
+# --------------------------------------------------------------------------- Kafka peers
+
+
+async def aiokafka_send_loop(url: str, topic: str, messages: Messages) -> int:
+    """The obvious aiokafka loop: ``await send()`` per message (one future each), then flush."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=_servers(url), linger_ms=0, acks=1)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"warm-up", key=b"warm-up")
+        started = time.perf_counter()
+        futures = [await producer.send(topic, value, key=key) for key, value in messages]
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+        assert all(future.done() and future.exception() is None for future in futures)
+    finally:
+        await producer.stop()
+    return _rate(len(messages), elapsed)
+
+
+async def aiokafka_batches_by_hand(url: str, topic: str, messages: Messages) -> int:
+    """aiokafka's create_batch/send_batch, batches built per partition by hand (murmur2 keys)."""
+    from aiokafka import AIOKafkaProducer
+
+    from producerkit.partitioners import murmur2
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=_servers(url), linger_ms=0, acks=1, max_batch_size=1 << 20
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"warm-up", key=b"warm-up")
+        partitions = len(await producer.partitions_for(topic))
+        started = time.perf_counter()
+        builders: dict[int, Any] = {}
+        results = []
+        for index, (key, value) in enumerate(messages):
+            partition = murmur2(key, partitions) if key is not None else index % partitions
+            builder = builders.get(partition)
+            if builder is None:
+                builder = builders[partition] = producer.create_batch()
+            if builder.append(key=key, value=value, timestamp=None) is None:
+                builder.close()
+                results.append(await producer.send_batch(builder, topic, partition=partition))
+                builder = builders[partition] = producer.create_batch()
+                builder.append(key=key, value=value, timestamp=None)
+        for partition, builder in builders.items():
+            builder.close()
+            results.append(await producer.send_batch(builder, topic, partition=partition))
+        await asyncio.gather(*results)
+        elapsed = time.perf_counter() - started
+    finally:
+        await producer.stop()
+    return _rate(len(messages), elapsed)
+
+
+async def confluent_kafka(url: str, topic: str, messages: Messages) -> int:
+    """librdkafka through confluent-kafka: produce() with a delivery callback, poll, flush."""
+    from confluent_kafka import Producer
+
+    delivered = failed = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal delivered, failed
+        if err is None:
+            delivered += 1
+        else:
+            failed += 1
+
+    producer = Producer({"bootstrap.servers": _servers(url), "acks": 1})
+    producer.produce(topic, b"warm-up", key=b"warm-up")
+    producer.flush(30)
+    delivered = 0
+    started = time.perf_counter()
+    produce, poll = producer.produce, producer.poll
+    for key, value in messages:
+        while True:
+            try:
+                produce(topic, value, key, on_delivery=on_delivery)
+                break
+            except BufferError:
+                poll(0.001)
+        poll(0)
+    producer.flush(60)
+    elapsed = time.perf_counter() - started
+    assert delivered == len(messages) and failed == 0, (delivered, failed)
+    return _rate(len(messages), elapsed)
+
+
+# --------------------------------------------------------------------------- NATS peers
+
+
+async def nats_publish_async(url: str, topic: str, messages: Messages) -> int:
+    """nats-py's own pipelined JetStream publish: ``js.publish_async`` futures, then gather."""
+    import nats
+
+    nc = await nats.connect(_nats(url))
+    try:
+        js = nc.jetstream()
+        started = time.perf_counter()
+        futures = [await js.publish_async(topic, value) for _, value in messages]
+        await asyncio.gather(*futures)
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return _rate(len(messages), elapsed)
+
+
+async def nats_task_per_message(url: str, topic: str, messages: Messages) -> int:
+    """The obvious nonblocking design: one task per ``js.publish``, at most 1000 at once."""
+    import nats
+
+    nc = await nats.connect(_nats(url))
+    try:
+        js = nc.jetstream()
+        slots = asyncio.Semaphore(1000)
+
+        async def publish(value: bytes) -> None:
+            try:
+                await js.publish(topic, value)
+            finally:
+                slots.release()
+
+        started = time.perf_counter()
+        tasks = []
+        for _, value in messages:
+            await slots.acquire()
+            tasks.append(asyncio.create_task(publish(value)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return _rate(len(messages), elapsed)
+
+
+async def nats_core_publish(url: str, topic: str, messages: Messages) -> int:
+    """Core NATS publish with no ack at all, then one flush: the wire's ceiling for reference."""
+    import nats
+
+    nc = await nats.connect(_nats(url))
+    try:
+        started = time.perf_counter()
+        for _, value in messages:
+            await nc.publish(topic, value)
+        await nc.flush(30)
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return _rate(len(messages), elapsed)
+
+
+# --------------------------------------------------------------------------- the suite
+
+
+def _servers(url: str) -> str:
+    return url.split("://", 1)[1]
+
+
+def _nats(url: str) -> str:
+    return "nats://" + _servers(url)
+
+
+def _rate(count: int, elapsed: float) -> int:
+    return round(count / elapsed)
+
+
+Runner = Callable[[], Awaitable[int]]
+
+
+def best_of(runners: dict[str, Runner], repeat: int) -> dict[str, int]:
+    """Run every runner ``repeat`` times, interleaved, and keep each one's best rate."""
+    best: dict[str, int] = {}
+    for round_number in range(repeat):
+        for name, runner in runners.items():
+            try:
+                rate = asyncio.run(runner())
+            except Exception as exc:  # a peer that cannot run here is reported, not fatal
+                print(f"  {name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            best[name] = max(best.get(name, 0), rate)
+            print(f"  round {round_number + 1} {name:<42} {rate:>10,} msg/s", flush=True)
+    return best
+
+
+async def create_topic(url: str, topic: str, partitions: int = 4) -> None:
+    """Tansu's null storage does not auto-create topics: create each one first (as memory does)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=_servers(url))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+def kafka_runners(url: str, count: int, tag: str) -> dict[str, Runner]:
+    keyed, keyless = make_messages(count, True), make_messages(count, False)
+
+    def topic(name: str) -> str:
+        name = f"{tag}-{name}-{time.monotonic_ns()}"
+        asyncio.run(create_topic(url, name))
+        return name
+
+    return {
+        "producerkit kafka keyed": lambda: producerkit_run(url, topic("pk"), keyed),
+        "producerkit kafka keyless": lambda: producerkit_run(url, topic("pkl"), keyless),
+        "producerkit kafka keyed connections=2": lambda: producerkit_run(
+            url, topic("pk2"), keyed, connections=2
+        ),
+        "aiokafka send() loop": lambda: aiokafka_send_loop(url, topic("ak"), keyed),
+        "aiokafka batches by hand": lambda: aiokafka_batches_by_hand(url, topic("akb"), keyed),
+        "confluent-kafka": lambda: confluent_kafka(url, topic("ck"), keyed),
+    }
+
+
+def nats_runners(url: str, count: int) -> dict[str, Runner]:
+    keyed, keyless = make_messages(count, True), make_messages(count, False)
+    return {
+        "producerkit jetstream keyed": lambda: producerkit_run(url, "bench", keyed),
+        "producerkit jetstream keyless": lambda: producerkit_run(url, "bench", keyless),
+        "producerkit jetstream connections=2": lambda: producerkit_run(
+            url, "bench", keyed, connections=2
+        ),
+        "nats-py publish_async": lambda: nats_publish_async(url, "bench", keyed),
+        "task per message (1000 slots)": lambda: nats_task_per_message(url, "bench", keyed),
+        "core NATS publish, no ack": lambda: nats_core_publish(url, "bench", keyed),
+    }
+
+
+def null_runners(count: int) -> dict[str, Runner]:
+    keyed, keyless = make_messages(count, True), make_messages(count, False)
+    return {
+        "producerkit null:// keyed": lambda: producerkit_run(
+            "null://?partitions=12", "bench", keyed, concurrent_task_limit=10_000
+        ),
+        "producerkit null:// keyless": lambda: producerkit_run(
+            "null://?partitions=12", "bench", keyless, concurrent_task_limit=10_000
+        ),
+    }
+
+
+def ratios(results: dict[str, dict[str, int]]) -> list[tuple[str, float, float]]:
+    """(claim, measured ratio, target) for the issue's three targets and their companions."""
+    out = []
+    for storage in ("tansu null", "tansu memory"):
+        table = results.get(storage, {})
+        pk_rate = table.get("producerkit kafka keyed", 0)
+        if table.get("confluent-kafka"):
+            out.append(
+                (
+                    f"{storage}: producerkit / confluent-kafka",
+                    pk_rate / table["confluent-kafka"],
+                    1.3,
+                )
+            )
+        if table.get("aiokafka send() loop"):
+            out.append(
+                (
+                    f"{storage}: producerkit / aiokafka send loop",
+                    pk_rate / table["aiokafka send() loop"],
+                    4.0,
+                )
+            )
+    table = results.get("jetstream memory", {})
+    pk_rate = table.get("producerkit jetstream keyed", 0)
+    if table.get("nats-py publish_async"):
+        out.append(
+            (
+                "jetstream: producerkit / nats-py publish_async",
+                pk_rate / table["nats-py publish_async"],
+                2.0,
+            )
+        )
+    if table.get("task per message (1000 slots)"):
+        out.append(
+            (
+                "jetstream: producerkit / task per message",
+                pk_rate / table["task per message (1000 slots)"],
+                6.0,
+            )
+        )
+    null_rate = results.get("null", {}).get("producerkit null:// keyed", 0)
+    out.append(("null://: msg/s (target 1,000,000)", null_rate / 1_000_000, 1.0))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=["null", "kafka", "jetstream"], action="append")
+    parser.add_argument("--json", type=Path, default=Path("results/throughput.json"))
+    args = parser.parse_args(argv)
+    only = set(args.only or ["null", "kafka", "jetstream"])
+    results: dict[str, dict[str, int]] = {}
+    if "null" in only:
+        print("null:// (no I/O: producerkit's own overhead)", flush=True)
+        results["null"] = best_of(null_runners(args.messages * 3), args.repeat)
+    if "kafka" in only:
+        for storage, engine in (("tansu null", "null://sink"), ("tansu memory", "memory://tansu/")):
+            with start_kafka(storage=engine) as kafka:
+                print(f"Kafka: {storage} storage at {kafka.url}", flush=True)
+                results[storage] = best_of(
+                    kafka_runners(kafka.url, args.messages, storage.split()[1]), args.repeat
+                )
+    if "jetstream" in only:
+        with start_nats(jetstream=True) as nats:
+
+            async def create_stream() -> None:
+                async with pk.Producer(nats.url, topic="bench", create_stream=True) as producer:
+                    await producer.produce(b"create")
+
+            asyncio.run(create_stream())
+            print(f"JetStream (memory storage) at {nats.url}", flush=True)
+            results["jetstream memory"] = best_of(
+                nats_runners(nats.url, args.messages // 2), args.repeat
+            )
+
+    print(f"\n{'broker':<18} {'runner':<42} {'msg/s':>12}")
+    for broker, table in results.items():
+        for name, rate in sorted(table.items(), key=lambda item: -item[1]):
+            print(f"{broker:<18} {name:<42} {rate:>12,}")
+    print(f"\n{'ratio':<52} {'measured':>9} {'target':>7}")
+    claims = ratios(results)
+    for claim, measured, target in claims:
+        verdict = "met" if measured >= target else "NOT met"
+        print(f"{claim:<52} {measured:>8.2f}x {target:>6.1f}x  {verdict}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "messages": args.messages,
+                "repeat": args.repeat,
+                "value_bytes": len(VALUE),
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "results": results,
+                "ratios": [{"claim": c, "measured": m, "target": t} for c, m, t in claims],
+            },
+            indent=2,
+        )
+    )
+    print(f"\nsaved {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
