@@ -21,11 +21,11 @@ import uuid
 from typing import Any
 
 import pytest
+from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
 from producerkit import partitioners
 from producerkit.brokers import LocalBroker
-from conftest import read_jetstream, read_kafka
 
 # ---------------------------------------------------------------------- helpers
 
