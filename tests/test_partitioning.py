@@ -406,3 +406,44 @@ def test_kafka_partition_count_follows_metadata(kafka_broker: LocalBroker) -> No
     after = [r for r in records if r["value"] == b"after"]
     assert all(r["partition"] == java_partition(r["key"], 6) for r in after)
     assert any(r["partition"] >= 2 for r in after)
+
+
+def test_kafka_topic_recreated_larger_is_seen_by_a_running_producer(
+    kafka_broker: LocalBroker,
+) -> None:
+    """The same refresh path as above, on a change Tansu can make: the topic deleted and created
+    again with 6 partitions instead of 2 while the producer (2 connections) stays open."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = new_topic()
+    keys = [b"k%d" % i for i in range(300)]
+
+    async def main() -> list[dict[str, Any]]:
+        await create_kafka_topic(kafka_broker.url, topic, 2)
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.url.removeprefix("kafka://"))
+        await admin.start()
+        try:
+            async with pk.Producer(
+                kafka_broker.url,
+                topic=topic,
+                partitioner="murmur2",
+                connections=2,
+                metadata_max_age_ms=500,
+            ) as producer:
+                before = [await producer.produce(b"before", key=key) for key in keys[:50]]
+                assert {d.partition for d in before if d is not None} == {0, 1}
+                await admin.delete_topics([topic])
+                await admin.create_topics([NewTopic(topic, 6, 1)])
+                await asyncio.sleep(1.5)  # three metadata refresh periods
+                for key in keys:
+                    await producer.produce(b"after", key=key, nonblocking=True)
+                await producer.flush()
+        finally:
+            await admin.close()
+        return await read_kafka(kafka_broker.url, topic, len(keys))
+
+    records = asyncio.run(main())
+    assert len(records) == len(keys)  # the deleted topic's records are gone with it
+    wrong = [r for r in records if r["partition"] != java_partition(r["key"], 6)]
+    assert not wrong, wrong[:3]
+    assert {r["partition"] for r in records} == set(range(6))
