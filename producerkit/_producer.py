@@ -23,7 +23,6 @@ from producerkit.backends import Backend, load_backend
 from producerkit.errors import (
     BrokerUnavailable,
     ConfigurationError,
-    DeliveryError,
     MessageError,
     MessageTooLarge,
     ProduceError,
@@ -303,10 +302,8 @@ class Producer:
             # The caller went away mid hand-off; the record may or may not be out. Its outcome
             # still arrives (or its deadline fails it), so the accounting stays exact.
             raise
-        except ProducerError as exc:
-            self.failed(record, exc)
-        except Exception as exc:  # a backend bug must not lose the message
-            self.failed(record, DeliveryError(f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # translated at the backend's edge; the message is not lost
+            self.failed(record, self._backend_class.translate_error(exc))
         if future is None:
             return None
         delivery: Delivery = await future

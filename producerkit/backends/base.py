@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 from producerkit._config import ParsedURL, coerce_option
 from producerkit._types import Headers, Record
-from producerkit.errors import ConfigurationError
+from producerkit.errors import ConfigurationError, DeliveryError, ProducerError
 
 
 class DeliverySink(Protocol):
@@ -79,6 +79,13 @@ class Backend(abc.ABC):
     @classmethod
     def check_headers(cls, headers: Headers) -> None:
         """Raise MessageError if this backend cannot carry these headers."""
+
+    @classmethod
+    def translate_error(cls, exc: BaseException) -> ProducerError:
+        """The producerkit error for an exception raised by ``send()`` or its awaitable."""
+        if isinstance(exc, ProducerError):
+            return exc
+        return DeliveryError(f"{type(exc).__name__}: {exc}")
 
     @abc.abstractmethod
     async def connect(self) -> None:

@@ -193,6 +193,10 @@ class KafkaBackend(Backend):
                 self._partition_counts[topic] = len(partitions)
                 self.sink.topic_changed(topic)
 
+    @classmethod
+    def translate_error(cls, exc: BaseException) -> ProducerError:
+        return _translate(exc)
+
     def send(self, record: Record) -> None:
         partitions = self._queues.get(record.topic)
         if partitions is None:

@@ -121,6 +121,8 @@ class _NatsConnection(Backend):
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnected,
             "reconnected_cb": self._on_reconnected,
+            # Topics are validated once each (check_topic); nats-py would run a regex per publish.
+            "skip_subject_validation": True,
         }
         if "pending_size" in self.options:
             settings["pending_size"] = self.options["pending_size"]
@@ -165,13 +167,18 @@ class _NatsConnection(Backend):
             headers["Nats-Msg-Id"] = record.msg_id
         return headers
 
-    async def _publish(self, record: Record, reply: str = "") -> None:
-        try:
-            await self._nc.publish(
-                self.subject(record), record.value, reply=reply, headers=self.nats_headers(record)
-            )
-        except Exception as exc:
-            raise _translate(exc) from exc
+    def _publish(self, record: Record, reply: str = "") -> Awaitable[None]:
+        """nats-py's publish coroutine for the record; the producer awaits it, and translates
+        what it raises through :meth:`translate_error`."""
+        if record.headers is None and record.msg_id is None:
+            return self._nc.publish(self.subject(record), record.value, reply)
+        return self._nc.publish(
+            self.subject(record), record.value, reply, self.nats_headers(record)
+        )
+
+    @classmethod
+    def translate_error(cls, exc: BaseException) -> ProducerError:
+        return _translate(exc)
 
     async def _connect_client(self, client: Client, settings: dict[str, Any]) -> None:
         """``client.connect()``, but a refusal (credentials, TLS) reported to ``_on_error`` ends
@@ -386,9 +393,8 @@ class JetStreamBackend(_NatsConnection):
         if error is not None:
             self.sink.failed(record, error)
             return
-        try:
-            sequence = int(json.loads(msg.data)["seq"])
-        except (ValueError, KeyError, TypeError):
+        sequence = _puback_sequence(msg.data)
+        if sequence is None:
             self.sink.failed(record, DeliveryError(f"unreadable PubAck {msg.data[:200]!r}"))
             return
         self.sink.acked(record, sequence)
@@ -413,6 +419,24 @@ class JetStreamBackend(_NatsConnection):
             self.sink.failed(record, BrokerUnavailable("the connection closed before the PubAck"))
         if hasattr(self, "_awaiting"):
             self._awaiting.clear()
+
+
+def _puback_sequence(data: bytes) -> int | None:
+    """The stream sequence of a PubAck (``{"stream":"s","seq":12}``), without a JSON parse per
+    message: a third of the ack path's cost. Falls back to JSON for any other layout."""
+    start = data.find(b'"seq":')
+    if start != -1:
+        start += 6
+        end = start
+        while end < len(data) and data[end] in b" 0123456789":
+            end += 1
+        digits = data[start:end].strip()
+        if digits.isdigit():
+            return int(digits)
+    try:
+        return int(json.loads(data)["seq"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _puback_error(msg: Msg) -> ProducerError | None:
