@@ -1,4 +1,4 @@
-"""Throughput suite: producerkit and the raw clients, one process, the same broker, the same messages.
+"""Throughput suite: producerkit and raw clients, one process, the same broker and messages.
 
     python benches/throughput.py [--messages 300000] [--repeat 3] [--json results/throughput.json]
 

@@ -1,0 +1,104 @@
+"""The fast paths keep every contract of the foundation (issue 4): a whole Kafka batch failing,
+JetStream acks and refusals interleaved, and per-key order through batches and connections."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+from conftest import read_kafka
+
+import producerkit as pk
+from producerkit.brokers import LocalBroker, start_kafka
+
+
+def test_a_failing_kafka_batch_fails_each_of_its_messages(topic: str) -> None:
+    """aiokafka fails the batch (request timeout) before the messages' own deadline: every
+    message of it is reported once, with its value, and the counts stay exact."""
+    with start_kafka() as broker:
+
+        async def main() -> None:
+            async with pk.Producer(
+                broker.url, topic=topic, timeout=20, request_timeout_ms=800, retry_backoff_ms=50
+            ) as producer:
+                await producer.produce(b"warm", key=b"k")
+                broker.freeze()
+                try:
+                    for i in range(2000):
+                        await producer.produce(b"%d" % i, key=b"k%d" % (i % 7), nonblocking=True)
+                    try:
+                        await producer.flush(timeout=15)
+                    except pk.ProduceError as caught:
+                        failures = caught.failures
+                    else:
+                        raise AssertionError("the frozen broker acked a batch")
+                finally:
+                    broker.thaw()
+                values = sorted(int(failure.value) for failure in failures)
+                assert values == list(range(2000)), "each failed message reported exactly once"
+                assert all(
+                    isinstance(f.exception, pk.ProduceTimeout | pk.BrokerUnavailable)
+                    for f in failures
+                )
+                stats = producer.stats
+                assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (
+                    2001,
+                    1,
+                    2000,
+                    0,
+                )
+                await producer.produce(b"after", key=b"k")  # still usable once the broker is back
+
+        asyncio.run(main())
+
+
+def test_jetstream_acks_and_refusals_interleaved(nats_broker: LocalBroker, topic: str) -> None:
+    """Pipelined publishes to a stored subject and to one no stream stores, interleaved: the
+    PubAcks and the 503s are matched to the right messages."""
+
+    async def main() -> None:
+        url = f"jetstream://{nats_broker.host_port}"
+        async with pk.Producer(url, topic=topic, create_stream=True) as creator:
+            await creator.produce(b"create the stream")
+        async with pk.Producer(url, topic=topic, timeout=10) as producer:  # creates no stream
+            for i in range(3000):
+                target = topic if i % 3 else f"nostream-{topic}"
+                await producer.produce(b"%d" % i, topic=target, nonblocking=True)
+            try:
+                await producer.flush()
+            except pk.ProduceError as caught:
+                failed = sorted(int(failure.value) for failure in caught.failures)
+            else:
+                raise AssertionError("publishes to a subject no stream stores were acked")
+            assert failed == [i for i in range(3000) if i % 3 == 0]
+            stats = producer.stats
+            assert (stats.acked, stats.failed, stats.in_flight) == (2000, 1000, 0)
+
+    asyncio.run(main())
+
+
+def test_kafka_per_key_order_through_batches_and_connections(
+    kafka_broker: LocalBroker, topic: str
+) -> None:
+    count, keys = 30_000, 101
+
+    async def main() -> list[dict[str, Any]]:
+        async with pk.Producer(
+            kafka_broker.url, topic=topic, connections=2, concurrent_task_limit=5000
+        ) as producer:
+            for i in range(count):
+                await producer.produce(b"%d" % i, key=b"k%d" % (i % keys), nonblocking=True)
+            await producer.flush()
+            assert producer.stats.acked == count
+            assert all(c.acked > 0 for c in producer.stats.connections)
+        return await read_kafka(kafka_broker.url, topic, count)
+
+    records = asyncio.run(main())
+    assert len(records) == count
+    by_key: dict[bytes, list[int]] = collections.defaultdict(list)
+    for record in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+        by_key[record["key"]].append(int(record["value"]))
+    assert len(by_key) == keys
+    for sequence in by_key.values():
+        assert sequence == sorted(sequence)
