@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote
 
 import attrs
 
-from producerkit._security import redact
+from producerkit._security import parse_bool, redact
 from producerkit.errors import ConfigurationError
 
 SCHEMES = ("jetstream", "kafka", "memory", "nats", "null")
@@ -123,12 +123,9 @@ def _redact(url: str) -> str:
 def coerce_option(name: str, value: Any, kind: type) -> Any:
     """Convert an option (possibly a string from the URL query) to the type a backend declares."""
     if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
-            return False
+        flag = parse_bool(value)
+        if flag is not None:
+            return flag
     elif kind is int:
         # Every int option is a size, a count or milliseconds: negative ones are mistakes.
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

@@ -193,13 +193,21 @@ def check_options(
     return rest, checked
 
 
-def _bool(value: object) -> bool:
+def parse_bool(value: object) -> bool | None:
+    """A bool, or its spelling in a URL query or environment variable; None if it is neither."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
         return True
     if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
         return False
+    return None
+
+
+def _bool(value: object) -> bool:
+    flag = parse_bool(value)
+    if flag is not None:
+        return flag
     # The value is not echoed: a secret pasted into the wrong option must not be printed.
     raise ConfigurationError("option tls_verify must be a bool (true/false)")
 
