@@ -161,19 +161,27 @@ async def run_cell(
             )
             for _ in range(producers)
         ]
-        calls = [(group[i % producers].produce, key) for i, key in enumerate(keys)]
         # Warm-up: every connection connected, metadata known, code paths hot.
-        for produce, key in calls * 2:
-            await produce(value, key=key, nonblocking=True)
+        for i, key in enumerate(keys * 2):
+            await group[i % producers].produce(value, key=key, nonblocking=True)
         await asyncio.gather(*(producer.flush() for producer in group))
         before = [producer.stats for producer in group]
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         started = time.perf_counter()
         deadline = started + args.seconds
-        while time.perf_counter() < deadline:  # the clock is read once per key cycle
-            for produce, key in calls:
-                await produce(value, key=key, nonblocking=True)
-        await asyncio.gather(*(producer.flush() for producer in group))
+
+        async def send(producer: pk.Producer, own_keys: list[bytes]) -> None:
+            # One task per producer: a producer waiting for room in its window must not hold
+            # up the others (they are independent, as separate processes would be).
+            produce = producer.produce
+            while time.perf_counter() < deadline:  # the clock is read once per key cycle
+                for key in own_keys:
+                    await produce(value, key=key, nonblocking=True)
+            await producer.flush()
+
+        await asyncio.gather(
+            *(send(producer, keys[index::producers]) for index, producer in enumerate(group))
+        )
         elapsed = time.perf_counter() - started
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         after = [producer.stats for producer in group]
