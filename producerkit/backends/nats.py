@@ -24,7 +24,7 @@ import re
 import ssl
 import time
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 import nats
@@ -353,7 +353,11 @@ class JetStreamBackend(_NatsConnection):
         self._awaiting: dict[int, Record] = {}
         self._next_token = 0
         self._last_sweep = time.monotonic()
-        await self._nc.subscribe(self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1)
+        subscription = await self._nc.subscribe(
+            self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1, pending_bytes_limit=0
+        )
+        if isinstance(getattr(subscription, "_pending_queue", None), asyncio.Queue):
+            subscription._pending_queue = _DirectDelivery(self._handle_ack)  # type: ignore[assignment]
 
     async def prepare_topic(self, topic: str) -> int | None:
         if self.options.get("create_stream"):
@@ -382,6 +386,9 @@ class JetStreamBackend(_NatsConnection):
         return self._publish(record, reply=f"{self._inbox}.{token}")
 
     async def _on_ack(self, msg: Msg) -> None:
+        self._handle_ack(msg)  # only if nats-py's internals change and _DirectDelivery is not used
+
+    def _handle_ack(self, msg: Msg) -> None:
         try:
             token = int(msg.subject[self._inbox_prefix_length :])
         except ValueError:
@@ -421,18 +428,49 @@ class JetStreamBackend(_NatsConnection):
             self._awaiting.clear()
 
 
+class _DirectDelivery:
+    """Stands in for the PubAck subscription's ``asyncio.Queue``: nats-py's reader hands each
+    PubAck straight to the backend, sparing a queue hop, a task switch and a coroutine per ack
+    (a third of the JetStream ack path). The subscription's own task waits on :meth:`get`
+    forever and is cancelled with it. The subscription has ``pending_bytes_limit=0``: nothing
+    waits here, so nats-py's slow-consumer accounting must not count what passed through.
+    """
+
+    def __init__(self, handle: Callable[[Msg], None]) -> None:
+        self._handle = handle
+
+    def put_nowait(self, msg: Msg) -> None:
+        try:
+            self._handle(msg)
+        except Exception:  # never into nats-py's read loop: that would drop the connection
+            logger.exception("error handling a PubAck")
+
+    async def get(self) -> Msg:
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        pass
+
+
+_PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
+
+
 def _puback_sequence(data: bytes) -> int | None:
-    """The stream sequence of a PubAck (``{"stream":"s","seq":12}``), without a JSON parse per
-    message: a third of the ack path's cost. Falls back to JSON for any other layout."""
-    start = data.find(b'"seq":')
-    if start != -1:
-        start += 6
-        end = start
-        while end < len(data) and data[end] in b" 0123456789":
-            end += 1
-        digits = data[start:end].strip()
-        if digits.isdigit():
-            return int(digits)
+    """The stream sequence of a PubAck (``{"stream":"s","seq":12}``) by one regex search rather
+    than a JSON parse per message (a third of the ack path's cost before)."""
+    match = _PUBACK_SEQUENCE.search(data)
+    if match is not None:
+        return int(match[1])
     try:
         return int(json.loads(data)["seq"])
     except (ValueError, KeyError, TypeError):
