@@ -13,9 +13,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from producerkit import _security, partitioners
+from producerkit import _security
 from producerkit._config import parse_url
 from producerkit._types import ConnectionStats, Delivery, Failure, Headers, Record, Stats
 from producerkit._window import InFlightWindow
@@ -30,6 +30,9 @@ from producerkit.errors import (
     ProducerError,
     ProduceTimeout,
 )
+
+if TYPE_CHECKING:
+    from producerkit import partitioners
 
 __all__ = ["Producer"]
 
@@ -114,6 +117,9 @@ class Producer:
             except MessageError as exc:  # a bad default topic is a bad setting: say so now
                 raise ConfigurationError(str(exc)) from None
         self._topic = topic
+        # Imported here, not at module level: ``import producerkit`` needs no hashing library.
+        from producerkit import partitioners
+
         self._partitioner: Partitioner = partitioners.resolve(partitioner)
         if keyless is None:
             keyless = self._backend_class.DEFAULT_KEYLESS
