@@ -90,36 +90,28 @@ async def read_kafka(
     )
     await consumer.start()
     records: list[dict[str, Any]] = []
+
+    async def read(timeout_ms: int) -> None:
+        batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=10000)
+        for tp, messages in batches.items():
+            records.extend(
+                {
+                    "partition": tp.partition,
+                    "offset": message.offset,
+                    "key": message.key,
+                    "value": message.value,
+                    "headers": dict(message.headers or ()),
+                }
+                for message in messages
+            )
+
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while len(records) < expected and loop.time() < deadline:
-            batches = await consumer.getmany(timeout_ms=500, max_records=10000)
-            for tp, messages in batches.items():
-                for message in messages:
-                    records.append(
-                        {
-                            "partition": tp.partition,
-                            "offset": message.offset,
-                            "key": message.key,
-                            "value": message.value,
-                            "headers": dict(message.headers or ()),
-                        }
-                    )
-        # a little longer, to catch duplicates beyond the expected count
-        for _ in range(2):
-            batches = await consumer.getmany(timeout_ms=200)
-            for tp, messages in batches.items():
-                for message in messages:
-                    records.append(
-                        {
-                            "partition": tp.partition,
-                            "offset": message.offset,
-                            "key": message.key,
-                            "value": message.value,
-                            "headers": dict(message.headers or ()),
-                        }
-                    )
+            await read(500)
+        for _ in range(2):  # a little longer, to catch duplicates beyond the expected count
+            await read(200)
     finally:
         await consumer.stop()
     return records
