@@ -80,7 +80,8 @@ class Record(tuple):  # type: ignore[type-arg]
 
     A tuple with named fields rather than a slots class: one is built per message on the hot path
     and ``tuple.__new__`` is about twice as fast as an ``__init__`` assigning ten slots. Build one
-    with :func:`new_record`. Backends read the fields and report ``acked(record, offset)``.
+    with ``tuple.__new__(Record, fields)``. Backends read the fields and report
+    ``acked(record, offset)``.
     """
 
     __slots__ = ()
@@ -104,24 +105,3 @@ class Record(tuple):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"<Record #{self.seq} topic={self.topic!r} partition={self.partition}>"
-
-
-def new_record(
-    seq: int,
-    value: bytes,
-    key: bytes | None,
-    topic: str,
-    partition: int | None,
-    headers: Headers | None,
-    msg_id: str | None,
-    deadline: float,
-    connection: int,
-    future: asyncio.Future[Delivery] | None,
-) -> Record:
-    """Build a Record (the producer's hot path inlines this as ``tuple.__new__``)."""
-    return _tuple_new(
-        Record, (seq, value, key, topic, partition, headers, msg_id, deadline, connection, future)
-    )
-
-
-_tuple_new = tuple.__new__
