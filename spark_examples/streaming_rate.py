@@ -12,31 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import nats
-
-from producerkit.brokers import start_nats
-
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-
+from _jetstream import stream_messages  # sets PYSPARK_PYTHON before pyspark loads
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-
-async def stream_messages(url: str, subject: str) -> int:
-    nc = await nats.connect(url.replace("jetstream://", "nats://"))
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info(await js.find_stream_name_by_subject(subject))
-        return int(info.state.messages)
-    finally:
-        await nc.close()
+from producerkit.brokers import start_nats
 
 
 def main(seconds: float) -> None:
