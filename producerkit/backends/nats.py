@@ -147,6 +147,12 @@ class _NatsConnection(Backend):
             raise
         client.options["max_reconnect_attempts"] = -1
         self._nc = client
+        self._wake_scheduled = False
+        # The direct write path needs these nats-py internals; without them, publish() is used.
+        self._direct = all(
+            hasattr(client, name)
+            for name in ("_pending", "_pending_data_size", "_max_pending_size", "_flush_queue")
+        )
         self._connected = True
         self.max_message_size = client.max_payload
 
@@ -167,14 +173,47 @@ class _NatsConnection(Backend):
             headers["Nats-Msg-Id"] = record.msg_id
         return headers
 
-    def _publish(self, record: Record, reply: str = "") -> Awaitable[None]:
-        """nats-py's publish coroutine for the record; the producer awaits it, and translates
-        what it raises through :meth:`translate_error`."""
+    def _publish(self, record: Record, reply: str = "") -> Awaitable[None] | None:
+        """Hand the record to the connection's outgoing buffer.
+
+        While connected, the PUB/HPUB command is appended to nats-py's write buffer directly and
+        its flusher is woken once per event-loop iteration: no coroutine and no flusher wake-up per
+        message (nats-py's ``publish()`` does both). Reconnecting, or on a nats-py without those
+        internals, it is ``publish()`` itself, with nats-py's reconnect buffering rules. Either
+        way what it raises is translated through :meth:`translate_error`.
+        """
+        client = self._nc
+        if not self._direct or not client.is_connected:
+            return client.publish(
+                self.subject(record), record.value, reply, self.nats_headers(record)
+            )
+        value = record.value
         if record.headers is None and record.msg_id is None:
-            return self._nc.publish(self.subject(record), record.value, reply)
-        return self._nc.publish(
-            self.subject(record), record.value, reply, self.nats_headers(record)
-        )
+            head = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
+        else:
+            block = _header_block(record)
+            head = (
+                f"HPUB {self.subject(record)} {reply} {len(block)} "
+                f"{len(block) + len(value)}\r\n".encode()
+                + block
+            )
+        pending = client._pending
+        pending.append(head)
+        pending.append(value)
+        pending.append(b"\r\n")
+        client._pending_data_size += len(head) + len(value) + 2
+        if 0 < client._max_pending_size < client._pending_data_size:
+            return client._flush_pending(force_flush=True)
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            asyncio.get_running_loop().call_soon(self._wake_flusher)
+        return None
+
+    def _wake_flusher(self) -> None:
+        self._wake_scheduled = False
+        queue = self._nc._flush_queue
+        if self._nc._pending_data_size and queue is not None and queue.empty():
+            queue.put_nowait(asyncio.get_running_loop().create_future())
 
     @classmethod
     def translate_error(cls, exc: BaseException) -> ProducerError:
@@ -296,7 +335,7 @@ class NatsBackend(_NatsConnection):
         self._confirming: set[asyncio.Task[None]] = set()
         self._confirm_scheduled = False
 
-    def send(self, record: Record) -> Awaitable[None]:
+    def send(self, record: Record) -> Awaitable[None] | None:
         self._unflushed.append(record)
         if not self._confirm_scheduled:
             self._confirm_scheduled = True
@@ -380,7 +419,7 @@ class JetStreamBackend(_NatsConnection):
         except Exception as exc:
             raise _translate(exc) from exc
 
-    def send(self, record: Record) -> Awaitable[None]:
+    def send(self, record: Record) -> Awaitable[None] | None:
         token = self._next_token = self._next_token + 1
         self._awaiting[token] = record
         return self._publish(record, reply=f"{self._inbox}.{token}")
@@ -426,6 +465,17 @@ class JetStreamBackend(_NatsConnection):
             self.sink.failed(record, BrokerUnavailable("the connection closed before the PubAck"))
         if hasattr(self, "_awaiting"):
             self._awaiting.clear()
+
+
+def _header_block(record: Record) -> bytes:
+    """The NATS/1.0 header block of a record (names and values checked by check_headers)."""
+    lines = [b"NATS/1.0\r\n"]
+    for name, data in record.headers or ():
+        lines.append(b"%s: %s\r\n" % (name.encode(), data))
+    if record.msg_id is not None:
+        lines.append(b"Nats-Msg-Id: %s\r\n" % record.msg_id.encode())
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 class _DirectDelivery:
