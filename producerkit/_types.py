@@ -5,6 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from operator import itemgetter
+
+try:  # the C descriptor namedtuple fields use: as fast as a slot, unlike property(itemgetter)
+    from collections import _tuplegetter  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - other Pythons
+    _tuplegetter = None
 from typing import Any
 
 import attrs
@@ -75,6 +80,12 @@ class Stats:
     connections: tuple[ConnectionStats, ...] = ()
 
 
+def _field(index: int) -> Any:
+    if _tuplegetter is not None:
+        return _tuplegetter(index, None)
+    return property(itemgetter(index))
+
+
 class Record(tuple):  # type: ignore[type-arg]
     """A message in flight: what the producer hands to a backend.
 
@@ -86,16 +97,16 @@ class Record(tuple):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    seq: int = property(itemgetter(0))  # type: ignore[assignment]
-    value: bytes = property(itemgetter(1))  # type: ignore[assignment]
-    key: bytes | None = property(itemgetter(2))  # type: ignore[assignment]
-    topic: str = property(itemgetter(3))  # type: ignore[assignment]
-    partition: int | None = property(itemgetter(4))  # type: ignore[assignment]
-    headers: Headers | None = property(itemgetter(5))  # type: ignore[assignment]
-    msg_id: str | None = property(itemgetter(6))  # type: ignore[assignment]
-    deadline: float = property(itemgetter(7))  # type: ignore[assignment]
-    connection: int = property(itemgetter(8))  # type: ignore[assignment]
-    future: asyncio.Future[Delivery] | None = property(itemgetter(9))  # type: ignore[assignment]
+    seq: int = _field(0)
+    value: bytes = _field(1)
+    key: bytes | None = _field(2)
+    topic: str = _field(3)
+    partition: int | None = _field(4)
+    headers: Headers | None = _field(5)
+    msg_id: str | None = _field(6)
+    deadline: float = _field(7)
+    connection: int = _field(8)
+    future: asyncio.Future[Delivery] | None = _field(9)
 
     def failure(self, exception: BaseException) -> Failure:
         headers = dict(self.headers) if self.headers is not None else None
