@@ -140,6 +140,7 @@ class Producer:
         self._window = InFlightWindow(self._limit, self._timeout, self._connection_count, on_error)
         # Backends report straight into the window: these are the DeliverySink's hot methods.
         self.acked = self._window.acked
+        self.acked_run = self._window.acked_run
         self.failed = self._window.failed
         self._seq = 0
         self._round_robin = 0

@@ -126,6 +126,26 @@ class InFlightWindow:
         if future is not None and not future.done():
             future.set_result(Delivery(record.topic, record.partition, offset))
 
+    def acked_run(self, records: list[Record], first_offset: int | None) -> None:
+        """Ack records stored at consecutive offsets from ``first_offset`` (one Kafka batch, all
+        on one connection): :meth:`acked` for each, with the counting and waking done once."""
+        pop = self.pending.pop
+        count = 0
+        offset = first_offset
+        for record in records:
+            if pop(record.seq, None) is not None:
+                count += 1
+                future = record.future
+                if future is not None and not future.done():
+                    future.set_result(Delivery(record.topic, record.partition, offset))
+            if offset is not None:
+                offset += 1
+        if count:
+            self.acked_count += count
+            self.connection_acked[records[0].connection] += count
+            if self._room_waiters or self._empty_waiters:
+                self._wake(len(self.pending))
+
     def failed(self, record: Record, exc: BaseException) -> None:
         pending = self.pending
         if pending.pop(record.seq, None) is None:

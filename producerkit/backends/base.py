@@ -22,6 +22,9 @@ from producerkit.errors import ConfigurationError, DeliveryError, ProducerError
 class DeliverySink(Protocol):
     def acked(self, record: Record, offset: int | None) -> None: ...
 
+    def acked_run(self, records: list[Record], first_offset: int | None) -> None:
+        """``acked`` for records stored at consecutive offsets (one batch), counted at once."""
+
     def failed(self, record: Record, exc: BaseException) -> None: ...
 
     def topic_changed(self, topic: str) -> None:

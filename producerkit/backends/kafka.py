@@ -1,27 +1,36 @@
 """``kafka://host:port[,host:port]`` on aiokafka, batching with the protocol's own record batches.
 
 Instead of one ``send()`` (and one future) per message, records are appended to an open record
-batch per partition (aiokafka's ``create_batch``) and each batch is handed to ``send_batch``. One
-done-callback per batch then acks every record in it, with offset ``base_offset + index``.
+batch per partition (aiokafka's compiled batch builder). The backend writes its own Produce
+requests, one per leader carrying one batch per partition, on aiokafka's connections, and acks
+every record of a batch from the partition's result: offset ``base_offset + index``.
 
-Batching needs no linger: a partition's batch stays open while the previous batch of that
-partition is still in aiokafka's accumulator (aiokafka keeps one per partition), so batches grow
-exactly as large as the broker's pace requires. With ``linger_ms=0`` (the default, for latency)
-an idle partition ships its batch at the end of the current event-loop iteration.
+Batching needs no linger: a partition's batch stays open while its previous batch is with the
+broker (one in flight per partition, which also keeps per-key order), so batches grow exactly as
+large as the broker's pace requires. With ``linger_ms=0`` (the default, for latency) an idle
+partition ships its batch at the end of the current event-loop iteration. Retriable errors
+(connection lost, leader moved, request timed out) retry the batch after ``retry_backoff_ms``
+until ``request_timeout_ms`` after it was sealed, as aiokafka does; then its records fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import ssl
+import struct
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from typing import Any, ClassVar
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka_errors
+from aiokafka.client import ConnectionGroup
+from aiokafka.conn import CloseReason
 from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.protocol.produce import ProduceRequest
 
 from producerkit import _security
 from producerkit._types import Record
@@ -39,6 +48,8 @@ from producerkit.errors import (
     TLSError,
 )
 
+_monotonic = time.monotonic
+
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 #: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
@@ -50,6 +61,7 @@ _AIOKAFKA_OPTIONS: dict[str, type] = {
     "enable_idempotence": bool,
     "linger_ms": int,
     "max_batch_size": int,
+    "max_in_flight": int,
     "max_request_size": int,
     "metadata_max_age_ms": int,
     "request_timeout_ms": int,
@@ -62,42 +74,111 @@ THROUGHPUT_PRESET: dict[str, Any] = {"linger_ms": 5}
 DEFAULT_MAX_BATCH_SIZE = 512 * 1024
 
 
+class _Batch:
+    """A sealed record batch of one partition, with the records it carries in offset order.
+
+    ``expires`` is aiokafka's delivery timeout: a retriable error retries the batch only until
+    ``request_timeout_ms`` after it was sealed; the records' own deadlines are the window's.
+    """
+
+    __slots__ = ("builder", "data", "expires", "number", "queue", "records", "sent")
+
+    def __init__(
+        self,
+        queue: _PartitionQueue,
+        number: int,
+        builder: BatchBuilder,
+        records: list[Record],
+        expires: float,
+    ) -> None:
+        self.queue = queue
+        self.number = number  # order within the partition: a retry goes back in its place
+        self.builder = builder
+        self.records = records
+        self.expires = expires
+        self.data: bytes | bytearray | None = None  # encoded once, on the first write
+        self.sent = False
+
+
 class _PartitionQueue:
-    """Batches of one partition waiting for aiokafka, oldest first, and the open one.
+    """One partition: the open batch being filled, and sealed batches waiting their turn.
 
     Records go straight into the open batch's encoder (aiokafka's compiled
     ``DefaultRecordBatchBuilder.append``), skipping ``BatchBuilder.append``'s per-call
     serializer dispatch; :meth:`seal` then sets the count that wrapper would have kept. That is
     a third of the per-record cost on the Kafka hot path. ``tests/test_producer.py`` round trips
     keys, values, headers and offsets through it, so an aiokafka change here fails loudly.
+
+    ``in_flight`` counts this partition's batches in requests; ``backoff`` is set while a retry
+    waits. Capping batches in flight lets the open batch grow as large as the broker's pace
+    requires, and with ``max_in_flight=1`` keeps per-key order even across retries.
     """
 
-    __slots__ = ("append", "builder", "full", "records", "shipping")
+    __slots__ = (
+        "append",
+        "backoff",
+        "builder",
+        "full",
+        "in_flight",
+        "key",
+        "partition",
+        "records",
+        "sealed",
+        "topic",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.key = TopicPartition(topic, partition)
         self.builder: BatchBuilder | None = None
         self.append: Any = None
         self.records: list[Record] = []
-        self.full: deque[tuple[BatchBuilder, list[Record]]] = deque()
-        self.shipping = False
+        self.full: deque[_Batch] = deque()
+        self.in_flight = 0
+        self.backoff = False
+        self.sealed = 0
 
     def open(self, producer: AIOKafkaProducer) -> None:
         builder = self.builder = producer.create_batch()
         self.append = builder._builder.append
         self.records = []
 
-    def seal(self) -> tuple[BatchBuilder, list[Record]]:
+    def seal(self, expires: float) -> _Batch:
         builder, records = self.builder, self.records
         assert builder is not None
         builder._relative_offset = len(records)  # what BatchBuilder.append would have counted
         builder.close()
         self.builder = self.append = None
         self.records = []
-        return builder, records
+        self.sealed += 1
+        return _Batch(self, self.sealed, builder, records, expires)
+
+    def requeue(self, batch: _Batch) -> None:
+        """Put a batch back for a retry, ahead of every batch sealed after it."""
+        index = 0
+        for index, waiting in enumerate(self.full):  # noqa: B007 - the index is the result
+            if waiting.number > batch.number:
+                break
+        else:
+            index = len(self.full)
+        self.full.insert(index, batch)
+
+    def next_batch(self, expires: float) -> _Batch | None:
+        if self.full:
+            return self.full.popleft()
+        if self.records:
+            return self.seal(expires)
+        return None
 
 
 #: Shared by every record without headers: the encoder only reads it (and wants a list).
 _NO_HEADERS: list[tuple[str, bytes]] = []
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+_PARTITION_DATA = struct.Struct(">ii")  # partition, record batch size
 
 
 class KafkaBackend(Backend):
@@ -129,11 +210,23 @@ class KafkaBackend(Backend):
         settings = self._client_settings()
         self.max_message_size = settings.get("max_request_size", 1024 * 1024)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.url.server_strings(), **settings)
+        self._client = self._producer.client
         self._linger = settings["linger_ms"] / 1000
+        self._acks = -1 if settings["acks"] == "all" else settings["acks"]
+        self._request_timeout_ms = settings["request_timeout_ms"]
+        self._retry_backoff = settings.get("retry_backoff_ms", 100) / 1000
+        # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
+        self._through_aiokafka = bool(settings["enable_idempotence"])
+        self._max_in_flight = 1 if self._through_aiokafka else self.options.get("max_in_flight", 1)
+        client_id = (settings.get("client_id") or "producerkit").encode()
+        self._client_id_field = _INT16.pack(len(client_id)) + client_id
+        self._produce_request = ProduceRequest(None, self._acks, self._request_timeout_ms, [])
         self._queues: dict[str, dict[int, _PartitionQueue]] = {}
         self._ship_scheduled = False
+        self._closing = False
         self._partition_counts: dict[str, int] = {}
-        self._shippers: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._loop = asyncio.get_running_loop()
         try:
             if "ssl_context" in settings:
                 await _probe_tls(self.url.servers[0], settings["ssl_context"], self.timeout)
@@ -150,7 +243,7 @@ class KafkaBackend(Backend):
             if isinstance(exc, Exception):
                 raise _translate(exc) from exc
             raise
-        self._producer.client.cluster.add_listener(self._metadata_updated)
+        self._client.cluster.add_listener(self._metadata_updated)
 
     def _client_settings(self) -> dict[str, Any]:
         # max_batch_size: batches here grow only while the partition's previous batch is still
@@ -164,6 +257,7 @@ class KafkaBackend(Backend):
         }
         options = {name: v for name, v in self.options.items() if name not in _security.OPTIONS}
         preset = options.pop("preset", None)
+        options.pop("max_in_flight", None)  # producerkit's own sender setting, not aiokafka's
         if preset == "throughput":
             settings.update(THROUGHPUT_PRESET)
         settings.update(options)
@@ -197,13 +291,18 @@ class KafkaBackend(Backend):
     def translate_error(cls, exc: BaseException) -> ProducerError:
         return _translate(exc)
 
-    def send(self, record: Record) -> None:
+    # ------------------------------------------------------------------ the hot path
+
+    def send(self, record: Record) -> Awaitable[None] | None:
         partitions = self._queues.get(record.topic)
         if partitions is None:
             partitions = self._queues[record.topic] = {}
         queue = partitions.get(record.partition)  # type: ignore[arg-type]
         if queue is None:
-            queue = partitions[record.partition] = _PartitionQueue()  # type: ignore[index]
+            queue = partitions[record.partition] = _PartitionQueue(  # type: ignore[index]
+                record.topic,
+                record.partition,  # type: ignore[arg-type]
+            )
         if queue.builder is None:
             queue.open(self._producer)
         headers = list(record.headers) if record.headers else _NO_HEADERS
@@ -211,77 +310,223 @@ class KafkaBackend(Backend):
         if queue.append(len(records), None, record.key, record.value, headers) is None:
             if not records:
                 self.sink.failed(record, MessageTooLarge("record larger than max_batch_size"))
-                return
+                return None
             # The open batch is full: queue it and start the next one with this record.
-            queue.full.append(queue.seal())
+            queue.full.append(queue.seal(_monotonic() + self._request_timeout_ms / 1000))
             queue.open(self._producer)
             records = queue.records
             queue.append(0, None, record.key, record.value, headers)
+            records.append(record)
+            self._schedule_ship()
+            # Let the loop write the full batch (and read acks) now, not only once the window
+            # is full: the broker then works while the caller keeps producing.
+            return asyncio.sleep(0)
         records.append(record)
-        if not queue.shipping and not self._ship_scheduled:
+        if not self._ship_scheduled and queue.in_flight < self._max_in_flight:
             self._ship_scheduled = True
-            loop = asyncio.get_running_loop()
             if self._linger:
-                loop.call_later(self._linger, self._ship_all)
+                self._loop.call_later(self._linger, self._ship_all)
             else:
-                loop.call_soon(self._ship_all)
+                self._loop.call_soon(self._ship_all)
+        return None
+
+    # ------------------------------------------------------------------ the sender
+    #
+    # producerkit writes its own Produce requests on aiokafka's connection to each leader:
+    # aiokafka's encoder joins every batch into the request, the header onto that, and the size
+    # onto that, three fresh half-megabyte copies per request, which cost more than the whole
+    # rest of the Kafka path (docs/performance.md). Here the small framing is written, then each
+    # batch buffer as it is. aiokafka still owns connecting, SASL/TLS, version negotiation,
+    # metadata and reading responses (the request is queued on its connection like its own).
+
+    def _schedule_ship(self) -> None:
+        if not self._ship_scheduled and not self._closing:
+            self._ship_scheduled = True
+            self._loop.call_soon(self._ship_all)
 
     def _ship_all(self) -> None:
+        """Send the next batch of every partition that has one and none in flight, one
+        request per leader."""
         self._ship_scheduled = False
-        for topic, partitions in self._queues.items():
-            for partition, queue in partitions.items():
-                if not queue.shipping and (queue.records or queue.full):
-                    queue.shipping = True
-                    task = asyncio.ensure_future(self._ship(topic, partition, queue))
-                    self._shippers.add(task)
-                    task.add_done_callback(self._shippers.discard)
+        if self._closing:
+            return
+        expires = _monotonic() + self._request_timeout_ms / 1000
+        by_leader: dict[int, list[_Batch]] = {}
+        for partitions in self._queues.values():
+            for queue in partitions.values():
+                # One batch per partition per request: a request may name a partition once.
+                if (
+                    queue.in_flight < self._max_in_flight
+                    and not queue.backoff
+                    and (queue.records or queue.full)
+                ):
+                    self._ship_next(queue, expires, by_leader)
+        for leader, batches in by_leader.items():
+            conn = self._client._conns.get((leader, ConnectionGroup.DEFAULT))
+            if conn is not None and conn.connected():
+                self._write_request(conn, batches)
+            else:
+                self._spawn(self._connect_then_write(leader, batches))
 
-    def _all_queues(self) -> list[_PartitionQueue]:
-        return [queue for partitions in self._queues.values() for queue in partitions.values()]
+    def _ship_next(
+        self, queue: _PartitionQueue, expires: float, by_leader: dict[int, list[_Batch]]
+    ) -> None:
+        batch = queue.next_batch(expires)
+        assert batch is not None
+        queue.in_flight += 1
+        if not batch.sent:
+            batch.sent = True
+            self.sink.batch_sent(queue.topic, queue.partition)
+        if self._through_aiokafka:
+            self._spawn(self._send_through_aiokafka(batch))
+            return
+        leader = self._client.cluster.leader_for_partition(queue.key)
+        if leader is None or leader < 0:
+            self._client.force_metadata_update()
+            self._retry_or_fail(batch, kafka_errors.LeaderNotAvailableError())
+            return
+        by_leader.setdefault(leader, []).append(batch)
 
-    async def _ship(self, topic: str, partition: int, queue: _PartitionQueue) -> None:
-        """Hand this partition's batches to aiokafka in order, one at a time (it queues one per
-        partition); meanwhile the open batch keeps filling."""
-        try:
-            while True:
-                if queue.full:
-                    builder, records = queue.full.popleft()
-                elif queue.records:
-                    builder, records = queue.seal()
-                else:
-                    return
-                self.sink.batch_sent(topic, partition)
-                try:
-                    future = await self._producer.send_batch(builder, topic, partition=partition)
-                except Exception as exc:
-                    self._fail_all(records, exc)
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect_then_write(self, leader: int, batches: list[_Batch]) -> None:
+        conn = await self._client._get_conn(leader)  # None if it cannot connect (it logs why)
+        if conn is None or self._closing:
+            error = kafka_errors.NodeNotReadyError(f"cannot connect to broker node {leader}")
+            for batch in batches:
+                self._retry_or_fail(batch, error)
+            return
+        self._write_request(conn, batches)
+
+    def _write_request(self, conn: Any, batches: list[_Batch]) -> None:
+        """Frame one Produce request (v3+) around ``batches`` and write it without joining them."""
+        request = self._produce_request.prepare(conn._versions)
+        correlation_id = conn._next_correlation_id()
+        by_topic: dict[str, list[_Batch]] = {}
+        for batch in batches:
+            by_topic.setdefault(batch.queue.topic, []).append(batch)
+        framing = [
+            _REQUEST_HEADER.pack(0, request.API_VERSION, correlation_id),
+            self._client_id_field,
+            b"\xff\xff",  # transactional_id: null
+            _INT16.pack(self._acks),
+            _INT32.pack(self._request_timeout_ms),
+            _INT32.pack(len(by_topic)),
+        ]
+        parts: list[bytes | bytearray] = []
+        for topic, topic_batches in by_topic.items():
+            name = topic.encode()
+            framing += (_INT16.pack(len(name)), name, _INT32.pack(len(topic_batches)))
+            for batch in topic_batches:
+                if batch.data is None:
+                    batch.data = batch.builder._build()
+                framing.append(_PARTITION_DATA.pack(batch.queue.partition, len(batch.data)))
+                parts.append(b"".join(framing))
+                parts.append(batch.data)
+                framing = []
+        writer = conn._writer
+        if writer is None:
+            error = kafka_errors.KafkaConnectionError("the connection closed")
+            for batch in batches:
+                self._retry_or_fail(batch, error)
+            return
+        writer.write(_INT32.pack(sum(map(len, parts))))
+        for part in parts:
+            # A memoryview: if the socket takes part of it, asyncio keeps the rest without a copy.
+            writer.write(memoryview(part))
+        if self._acks == 0:  # no response will come: written is all there is
+            for batch in batches:
+                self._acked(batch, None)
+            return
+        response: asyncio.Future[Any] = self._loop.create_future()
+        conn._requests.append((correlation_id, request, response))
+        timer = self._loop.call_later(
+            self._request_timeout_ms / 1000, _time_out_request, conn, response
+        )
+        response.add_done_callback(functools.partial(self._request_done, batches, timer))
+
+    def _request_done(
+        self, batches: list[_Batch], timer: asyncio.TimerHandle, response: asyncio.Future[Any]
+    ) -> None:
+        timer.cancel()
+        if response.cancelled():
+            error: BaseException | None = kafka_errors.KafkaConnectionError("request cancelled")
+        else:
+            error = response.exception()
+        if error is not None:
+            if getattr(error, "invalid_metadata", False):
+                self._client.force_metadata_update()
+            for batch in batches:
+                self._retry_or_fail(batch, error)
+        else:
+            results = {
+                (topic, info[0]): (info[1], info[2])  # partition: (error_code, base_offset)
+                for topic, partitions in response.result().topics
+                for info in partitions
+            }
+            for batch in batches:
+                queue = batch.queue
+                code, offset = results.get((queue.topic, queue.partition), (None, None))
+                if code == 0:
+                    self._acked(batch, offset)
                     continue
-                future.add_done_callback(
-                    lambda done, records=records: self._batch_done(done, records)
-                )
-        finally:
-            queue.shipping = False
+                if code is None:
+                    self._retry_or_fail(
+                        batch, DeliveryError(f"the broker did not answer for {queue.key}")
+                    )
+                    continue
+                broker_error = kafka_errors.for_code(code)()
+                if broker_error.invalid_metadata:
+                    self._client.force_metadata_update()
+                self._retry_or_fail(batch, broker_error)
+        self._schedule_ship()
 
-    def _batch_done(self, done: asyncio.Future[Any], records: list[Record]) -> None:
-        if done.cancelled():
-            self._fail_all(
-                records, BrokerUnavailable("the batch was cancelled (connection closed)")
+    def _acked(self, batch: _Batch, offset: int | None) -> None:
+        batch.queue.in_flight -= 1
+        self.sink.acked_run(batch.records, offset)
+
+    def _retry_or_fail(self, batch: _Batch, error: BaseException) -> None:
+        """Retry a retriable error after the backoff while the batch has time; else fail it."""
+        queue = batch.queue
+        retriable = getattr(error, "retriable", False)
+        if retriable and not self._closing and _monotonic() < batch.expires:
+            queue.requeue(batch)
+            queue.in_flight -= 1
+            if not queue.backoff:
+                queue.backoff = True
+                self._loop.call_later(self._retry_backoff, self._retry_ready, queue)
+            return
+        queue.in_flight -= 1
+        self._fail_all(batch.records, error)
+
+    def _retry_ready(self, queue: _PartitionQueue) -> None:
+        queue.backoff = False
+        self._schedule_ship()
+
+    async def _send_through_aiokafka(self, batch: _Batch) -> None:
+        queue = batch.queue
+        try:
+            future = await self._producer.send_batch(
+                batch.builder, queue.topic, partition=queue.partition
             )
-            return
-        exc = done.exception()
-        if exc is not None:
-            self._fail_all(records, exc)
-            return
-        offset = done.result().offset
-        acked = self.sink.acked
-        for record in records:
-            acked(record, offset)
-            offset += 1
+            result = await future
+        except Exception as exc:
+            queue.in_flight -= 1
+            self._fail_all(batch.records, exc)
+        else:
+            self._acked(batch, result.offset)
+        self._schedule_ship()
 
     def _fail_all(self, records: list[Record], exc: BaseException) -> None:
         error = _translate(exc)
         for record in records:
             self.sink.failed(record, error)
+
+    def _all_queues(self) -> list[_PartitionQueue]:
+        return [queue for partitions in self._queues.values() for queue in partitions.values()]
 
     async def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
@@ -289,10 +534,12 @@ class KafkaBackend(Backend):
             self._ship_all()
 
     async def close(self) -> None:
-        for task in list(getattr(self, "_shippers", ())):
+        self._closing = True
+        for task in list(getattr(self, "_tasks", ())):
             task.cancel()
         for queue in self._all_queues() if hasattr(self, "_queues") else []:
-            stranded = [record for _, records in queue.full for record in records] + queue.records
+            stranded = [record for batch in queue.full for record in batch.records]
+            stranded += queue.records
             queue.full.clear()
             queue.records = []
             queue.builder = queue.append = None
@@ -301,6 +548,14 @@ class KafkaBackend(Backend):
                     record, BrokerUnavailable("the connection closed before this message was sent")
                 )
         await self._producer.stop()
+
+
+def _time_out_request(conn: Any, response: asyncio.Future[Any]) -> None:
+    """No response within request_timeout_ms: fail it, and drop the connection as aiokafka does
+    (a late answer would arrive on a connection nobody trusts to be in sync)."""
+    if not response.done():
+        response.set_exception(kafka_errors.RequestTimedOutError())
+        conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
 
 
 async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: float) -> None:

@@ -572,6 +572,10 @@ class _DenyingSink:
             return
         self._sink.acked(record, offset)
 
+    def acked_run(self, records: list[Record], first_offset: int | None) -> None:
+        for index, record in enumerate(records):
+            self.acked(record, None if first_offset is None else first_offset + index)
+
     def failed(self, record: Record, exc: BaseException) -> None:
         self._sink.failed(record, exc)
 

@@ -62,26 +62,33 @@ class Target(Protocol):
 
 
 class _Timing:
-    """Wraps a producer's outcome sinks (``producer.acked``/``failed``, which its backends bind
-    when they connect) to time each outcome by message index. Cheap on the hot path: one
-    subtraction and two array stores per message."""
+    """Wraps a producer's outcome sinks (``producer.acked``/``acked_run``/``failed``, which its
+    backends bind when they connect) to time each outcome by message index. Cheap on the hot
+    path: one subtraction and two array stores per message."""
 
-    __slots__ = ("acked", "base", "failed", "on_ack")
+    __slots__ = ("base", "on_ack")
 
     def __init__(self, producer: Producer) -> None:
         self.base = 0
         self.on_ack: AckCallback = _ignore
-        acked, failed = producer.acked, producer.failed
+        acked, acked_run, failed = producer.acked, producer.acked_run, producer.failed
 
         def timed_acked(record: Record, offset: int | None) -> None:
             self.on_ack(record.seq - self.base, True)
             acked(record, offset)
+
+        def timed_acked_run(records: list[Record], first_offset: int | None) -> None:
+            base, on_ack = self.base, self.on_ack
+            for record in records:
+                on_ack(record.seq - base, True)
+            acked_run(records, first_offset)
 
         def timed_failed(record: Record, exc: BaseException) -> None:
             self.on_ack(record.seq - self.base, False)
             failed(record, exc)
 
         producer.acked = timed_acked
+        producer.acked_run = timed_acked_run
         producer.failed = timed_failed
 
 
