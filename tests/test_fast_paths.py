@@ -7,6 +7,7 @@ import asyncio
 import collections
 from typing import Any
 
+import pytest
 from conftest import read_kafka
 
 import producerkit as pk
@@ -102,3 +103,67 @@ def test_kafka_per_key_order_through_batches_and_connections(
     assert len(by_key) == keys
     for sequence in by_key.values():
         assert sequence == sorted(sequence)
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 3])
+def test_kafka_own_produce_requests_round_trip(
+    kafka_broker: LocalBroker, topic: str, max_in_flight: int
+) -> None:
+    """producerkit frames its own Produce requests: with one and with several batches per
+    partition in flight, every record is stored once, in per-key order, and each blocking
+    produce's Delivery names the offset the record really has."""
+    count, keys = 20_000, 53
+
+    async def main() -> tuple[list[pk.Delivery], list[dict[str, Any]]]:
+        async with pk.Producer(
+            kafka_broker.url,
+            topic=topic,
+            concurrent_task_limit=10_000,
+            max_in_flight=max_in_flight,
+            max_batch_size=16 * 1024,  # many batches, so several are in flight at once
+        ) as producer:
+            deliveries = []
+            for i in range(count):
+                if i % 1000 == 0:
+                    delivery = await producer.produce(b"%d" % i, key=b"k%d" % (i % keys))
+                    assert delivery is not None
+                    deliveries.append(delivery)
+                else:
+                    await producer.produce(b"%d" % i, key=b"k%d" % (i % keys), nonblocking=True)
+            await producer.flush()
+            assert (producer.stats.acked, producer.stats.failed) == (count, 0)
+        return deliveries, await read_kafka(kafka_broker.url, topic, count)
+
+    deliveries, records = asyncio.run(main())
+    assert sorted(int(r["value"]) for r in records) == list(range(count))
+    at = {(r["partition"], r["offset"]): int(r["value"]) for r in records}
+    assert [at[(d.partition, d.offset)] for d in deliveries] == list(range(0, count, 1000))
+    by_key: dict[bytes, list[int]] = collections.defaultdict(list)
+    for record in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+        by_key[record["key"]].append(int(record["value"]))
+    assert all(sequence == sorted(sequence) for sequence in by_key.values())
+
+
+def test_kafka_acks_zero_counts_every_message_written(
+    kafka_broker: LocalBroker, topic: str
+) -> None:
+    """acks=0: the broker sends no response, so a message is acked (offset None) once its
+    request is written; all of them arrive."""
+    count = 5000
+
+    async def main() -> list[dict[str, Any]]:
+        async with pk.Producer(kafka_broker.url, topic=topic, acks=0) as producer:
+            delivery = await producer.produce(b"first", key=b"k")
+            assert delivery is not None and delivery.offset is None
+            for i in range(count - 1):
+                await producer.produce(b"%d" % i, key=b"k%d" % (i % 7), nonblocking=True)
+            await producer.flush()
+            assert (producer.stats.acked, producer.stats.failed) == (count, 0)
+        return await read_kafka(kafka_broker.url, topic, count)
+
+    assert len(asyncio.run(main())) == count
+
+
+def test_kafka_max_in_flight_must_be_positive() -> None:
+    with pytest.raises(pk.ConfigurationError, match="max_in_flight"):
+        pk.Producer("kafka://127.0.0.1:9092", topic="t", max_in_flight=0)

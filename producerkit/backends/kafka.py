@@ -193,11 +193,18 @@ class KafkaBackend(Backend):
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         # Security options are checked apart, so that no message can print a password.
         others, security = _security.check_options("kafka", options)
+        acks_given = others.get("acks")
+        if type(acks_given) is int:  # acks=1 as a keyword, "1" from a URL: both mean the same
+            others = {**others, "acks": str(acks_given)}
         checked = super().check_options(others)
         checked.update(security)
         if checked.get("preset") not in (None, "latency", "throughput"):
             raise ConfigurationError(
                 f"unknown preset {checked['preset']!r}: use 'latency' or 'throughput'"
+            )
+        if checked.get("max_in_flight", 1) < 1:
+            raise ConfigurationError(
+                f"max_in_flight must be at least 1, got {checked['max_in_flight']}"
             )
         acks = checked.get("acks")
         if acks is not None:

@@ -44,44 +44,78 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--url", required=True,
-                        help="kafka://, jetstream://, nats://, memory://, null://, "
-                        "embedded-kafka or embedded-nats")
+    parser.add_argument(
+        "--url",
+        required=True,
+        help="kafka://, jetstream://, nats://, memory://, null://, embedded-kafka or embedded-nats",
+    )
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--rate", type=float, default=1000.0,
-                        help="messages per second on the open-loop schedule; 0 = as fast as "
-                        "possible (default 1000)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=1000.0,
+        help="messages per second on the open-loop schedule; 0 = as fast as "
+        "possible (default 1000)",
+    )
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--duration", type=float, help="seconds of schedule (default 10)")
     stop.add_argument("--num-records", type=int, help="messages to send")
     parser.add_argument("--record-size", type=int, default=100, help="value bytes (default 100)")
-    parser.add_argument("--keys", type=int, default=0,
-                        help="distinct keys, cycled (default 0: no key)")
-    parser.add_argument("--mode", choices=("sync", "nonblocking"), default="nonblocking",
-                        help="sync: wait for each ack before the next send (per sender); "
-                        "nonblocking: hand off when due (default)")
-    parser.add_argument("--senders", type=int, default=1,
-                        help="concurrent senders in sync mode (default 1)")
+    parser.add_argument(
+        "--keys", type=int, default=0, help="distinct keys, cycled (default 0: no key)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("sync", "nonblocking"),
+        default="nonblocking",
+        help="sync: wait for each ack before the next send (per sender); "
+        "nonblocking: hand off when due (default)",
+    )
+    parser.add_argument(
+        "--senders", type=int, default=1, help="concurrent senders in sync mode (default 1)"
+    )
     parser.add_argument("--concurrent-task-limit", type=int, default=1000)
     parser.add_argument("--connections", type=int, default=1)
-    parser.add_argument("--partitions", type=int,
-                        help="NATS: subjects {topic}.{p}; Kafka: create the topic with P "
-                        "partitions")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        help="NATS: subjects {topic}.{p}; Kafka: create the topic with P partitions",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="per-message timeout, s")
-    parser.add_argument("--rtt-ms", type=float, default=0.0,
-                        help="insert a delay proxy adding this round trip (half each way)")
-    parser.add_argument("--warmup-records", type=int, default=1000,
-                        help="untimed messages sent (nonblocking) and acked first (default 1000)")
-    parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="backend option, e.g. linger_ms=5, acks=all, preset=throughput")
-    parser.add_argument("--compare", choices=("peers",),
-                        help="also run the raw clients (aiokafka, confluent-kafka, nats-py) "
-                        "on the same schedule and broker")
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="insert a delay proxy adding this round trip (half each way)",
+    )
+    parser.add_argument(
+        "--warmup-records",
+        type=int,
+        default=1000,
+        help="untimed messages sent (nonblocking) and acked first (default 1000)",
+    )
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="backend option, e.g. linger_ms=5, acks=all, preset=throughput",
+    )
+    parser.add_argument(
+        "--compare",
+        choices=("peers",),
+        help="also run the raw clients (aiokafka, confluent-kafka, nats-py) "
+        "on the same schedule and broker",
+    )
     parser.add_argument("--peers", help="comma-separated subset of peers for --compare peers")
     parser.add_argument("--json", type=Path, help="write the whole result here")
-    parser.add_argument("--hgrm", type=Path,
-                        help="write the response-time percentile distribution here "
-                        "(and NAME.ack_latency.hgrm, NAME.send_delay.hgrm beside it)")
+    parser.add_argument(
+        "--hgrm",
+        type=Path,
+        help="write the response-time percentile distribution here "
+        "(and NAME.ack_latency.hgrm, NAME.send_delay.hgrm beside it)",
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG: percentile spectrum, throughput")
     parser.add_argument("--progress-interval", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -189,8 +223,10 @@ async def _run(args: argparse.Namespace, target: Any, messages: Any, name: str) 
     if not args.quiet:
         rate = f"{args.rate:g} msg/s" if args.rate else "as fast as possible"
         print(f"[{name}] {args.mode}, {rate}, {args.record_size}-byte records", flush=True)
-    progress = None if args.quiet else Progress(
-        args.record_size, lambda line: print(f"[{name}] {line}", flush=True)
+    progress = (
+        None
+        if args.quiet
+        else Progress(args.record_size, lambda line: print(f"[{name}] {line}", flush=True))
     )
     return await run_open_loop(
         target,
@@ -224,15 +260,33 @@ async def measure(
 ) -> dict[str, Any]:
     """One producerkit run as a result dict (what ``--json`` writes), for scripts and suites::
 
-        result = await measure("jetstream://127.0.0.1:4222", "t", rate=0, count=20_000,
-                               create_stream=True)
-        result["summary"]["throughput_msgs"], result["percentiles"]["response_time"]["p99_ms"]
+    result = await measure("jetstream://127.0.0.1:4222", "t", rate=0, count=20_000,
+                           create_stream=True)
+    result["summary"]["throughput_msgs"], result["percentiles"]["response_time"]["p99_ms"]
     """
-    argv = ["--url", url, "--topic", topic, "--rate", str(rate), "--mode", mode,
-            "--record-size", str(record_size), "--keys", str(keys),
-            "--concurrent-task-limit", str(concurrent_task_limit),
-            "--connections", str(connections), "--senders", str(senders),
-            "--warmup-records", str(warmup), "--quiet"]
+    argv = [
+        "--url",
+        url,
+        "--topic",
+        topic,
+        "--rate",
+        str(rate),
+        "--mode",
+        mode,
+        "--record-size",
+        str(record_size),
+        "--keys",
+        str(keys),
+        "--concurrent-task-limit",
+        str(concurrent_task_limit),
+        "--connections",
+        str(connections),
+        "--senders",
+        str(senders),
+        "--warmup-records",
+        str(warmup),
+        "--quiet",
+    ]
     argv += ["--num-records", str(count)] if count is not None else ["--duration", str(duration)]
     args = build_parser().parse_args(argv)
     return await _run_all(args, url, dict(options), _config(args, url, options))

@@ -89,9 +89,7 @@ def write_hgrm(histogram: HdrHistogram, out: IO[bytes], title: str) -> None:
         # hdrh writes the table and the Max / Buckets footer; the Mean line is ours.
         histogram.output_percentile_distribution(out, 1000.0)
         mean, stddev = histogram.get_mean_value() / 1000, histogram.get_stddev() / 1000
-        out.write(
-            f"#[Mean    = {mean:12.3f}, StdDeviation   = {stddev:12.3f}]\n".encode()
-        )
+        out.write(f"#[Mean    = {mean:12.3f}, StdDeviation   = {stddev:12.3f}]\n".encode())
 
 
 def fmt_ms(value: float | None) -> str:

@@ -247,7 +247,12 @@ async def run_peer(
                 peer, messages, rate=rate, count=count, duration=duration, mode=mode, warmup=warmup
             )
         return await run_open_loop(
-            _Tee(peer, on_ack), messages, rate=rate, count=count, duration=duration, mode=mode,
+            _Tee(peer, on_ack),
+            messages,
+            rate=rate,
+            count=count,
+            duration=duration,
+            mode=mode,
             warmup=warmup,
         )
     finally:

@@ -13,8 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-_TICKS = [(0, "0%"), (1, "90%"), (2, "99%"), (3, "99.9%"), (4, "99.99%"), (5, "99.999%"),
-          (6, "99.9999%")]
+_TICKS = [
+    (0, "0%"),
+    (1, "90%"),
+    (2, "99%"),
+    (3, "99.9%"),
+    (4, "99.99%"),
+    (5, "99.999%"),
+    (6, "99.9999%"),
+]
 
 
 def _series(results: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
@@ -49,14 +56,19 @@ def plot_results(
             points = result.get("spectrum", {}).get(measure) or []
             if not points:
                 continue
-            xs = [10.0 ** nines for nines, _ in points]
+            xs = [10.0**nines for nines, _ in points]
             ys = [max(value, 0.001) for _, value in points]
-            spectrum_ax.plot(xs, ys, style, color=color, linewidth=1.6,
-                             label=f"{label}: {suffix}")
+            spectrum_ax.plot(xs, ys, style, color=color, linewidth=1.6, label=f"{label}: {suffix}")
         rows = result.get("timeseries") or []
         if rows:
-            rate_ax.plot([row["t"] for row in rows], [row["acked"] for row in rows],
-                         color=color, linewidth=1.4, label=label, marker=".")
+            rate_ax.plot(
+                [row["t"] for row in rows],
+                [row["acked"] for row in rows],
+                color=color,
+                linewidth=1.4,
+                label=label,
+                marker=".",
+            )
     spectrum_ax.set_xscale("log")
     spectrum_ax.set_yscale("log")
     spectrum_ax.set_xticks([10.0**k for k, _ in _TICKS], [text for _, text in _TICKS])

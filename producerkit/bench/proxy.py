@@ -193,9 +193,7 @@ class DelayProxy:
 
     async def _serve(self, target: tuple[str, int], sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _ClientSide(self, target), sock=sock
-        )
+        server = await loop.create_server(lambda: _ClientSide(self, target), sock=sock)
         self._servers.append(server)
 
     async def _shutdown(self) -> None:
@@ -224,7 +222,15 @@ class _Pipe:
     """One direction of one connection: chunks waiting for their delivery time, in order."""
 
     __slots__ = (
-        "closing", "dest", "framer", "handle", "loop", "proxy", "queue", "queued", "source",
+        "closing",
+        "dest",
+        "framer",
+        "handle",
+        "loop",
+        "proxy",
+        "queue",
+        "queued",
+        "source",
         "throttled",
     )
 

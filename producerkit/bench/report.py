@@ -65,9 +65,7 @@ def analyze(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The result dict (JSON-ready) and the histograms by measure."""
     columns = Columns(timings)
-    histograms = {
-        name: hdr.histogram_of(columns.measure(name)) for name in (*MEASURES, "errors")
-    }
+    histograms = {name: hdr.histogram_of(columns.measure(name)) for name in (*MEASURES, "errors")}
     acked = int(columns.ok.sum())
     failed = int(columns.failed.sum())
     last_ack = int(columns.ack[columns.ok | columns.failed].max()) if acked + failed else columns.t0

@@ -54,8 +54,12 @@ __all__ = ["ProducerkitDataSource", "register"]
 logger = logging.getLogger("producerkit.spark")
 
 #: The Kafka sink's optional columns, used when the DataFrame has them.
-_KAFKA_COLUMNS = {"key": "key_col", "topic": "topic_col", "partition": "partition_col",
-                  "headers": "headers_col"}
+_KAFKA_COLUMNS = {
+    "key": "key_col",
+    "topic": "topic_col",
+    "partition": "partition_col",
+    "headers": "headers_col",
+}
 #: Options Spark itself reads (streaming checkpoints, a save path); not producer options.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
 _SINK_OPTIONS = ("value_col", "key_col", "topic_col", "partition_col", "headers_col", "id_col")
@@ -112,8 +116,12 @@ class ProducerkitDataSource(DataSource):
         idle_timeout = float(options.pop("idle_timeout", DEFAULT_IDLE_TIMEOUT))
         topic = options.pop("topic", None)
         config = make_config(
-            url, topic=topic, on_error=on_error, idle_timeout=idle_timeout,
-            producer_kwargs=options, **columns,
+            url,
+            topic=topic,
+            on_error=on_error,
+            idle_timeout=idle_timeout,
+            producer_kwargs=options,
+            **columns,
         )
         config = check_columns(types, config, key_given=True)
         return _WriteConfig(config, report_path)
@@ -135,8 +143,11 @@ def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> Producerki
     return ProducerkitCommit(
         partition=context.partitionId() if context is not None else -1,
         attempt=context.attemptNumber() if context is not None else 0,
-        rows=counts.rows, delivered=counts.delivered, failed=counts.failed,
-        errors=dict(counts.errors), first_error=counts.first_error,
+        rows=counts.rows,
+        delivered=counts.delivered,
+        failed=counts.failed,
+        errors=dict(counts.errors),
+        first_error=counts.first_error,
     )
 
 
@@ -192,4 +203,3 @@ def register(spark: Any) -> None:
     """Register ``format("producerkit")`` with this session (Spark 4 also finds it by itself
     through the ``pyspark_producerkit`` module when producerkit is installed)."""
     spark.dataSource.register(ProducerkitDataSource)
-

@@ -44,16 +44,28 @@ def make_partition_function(config: dict[str, Any], driver: str) -> Any:
         partition = context.partitionId() if context is not None else -1
         attempt = context.attemptNumber() if context is not None else 0
         yield pa.RecordBatch.from_pylist(
-            [{
-                "partition": partition, "attempt": attempt, "rows": counts.rows,
-                "delivered": counts.delivered, "failed": counts.failed,
-                "errors": json.dumps(dict(counts.errors)), "first_error": counts.first_error,
-            }],
-            schema=pa.schema([
-                ("partition", pa.int32()), ("attempt", pa.int32()), ("rows", pa.int64()),
-                ("delivered", pa.int64()), ("failed", pa.int64()), ("errors", pa.string()),
-                ("first_error", pa.string()),
-            ]),
+            [
+                {
+                    "partition": partition,
+                    "attempt": attempt,
+                    "rows": counts.rows,
+                    "delivered": counts.delivered,
+                    "failed": counts.failed,
+                    "errors": json.dumps(dict(counts.errors)),
+                    "first_error": counts.first_error,
+                }
+            ],
+            schema=pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("attempt", pa.int32()),
+                    ("rows", pa.int64()),
+                    ("delivered", pa.int64()),
+                    ("failed", pa.int64()),
+                    ("errors", pa.string()),
+                    ("first_error", pa.string()),
+                ]
+            ),
         )
 
     return publish_partition

@@ -81,8 +81,11 @@ class PublishReport:
         for row in rows:
             partitions.append(
                 PartitionReport(
-                    int(row["partition"]), int(row["rows"]), int(row["delivered"]),
-                    int(row["failed"]), int(row["attempt"]),
+                    int(row["partition"]),
+                    int(row["rows"]),
+                    int(row["delivered"]),
+                    int(row["failed"]),
+                    int(row["attempt"]),
                 )
             )
             row_errors = row["errors"]
@@ -138,10 +141,17 @@ def make_config(
     if callable(kwargs.get("partitioner")):
         raise ConfigurationError("the Spark sink takes a partitioner by name (it is shipped)")
     config = SinkConfig(
-        url=url, topic=topic, value_col=value_col, key_col=key_col, topic_col=topic_col,
-        partition_col=partition_col, headers_col=headers_col, id_col=id_col,
+        url=url,
+        topic=topic,
+        value_col=value_col,
+        key_col=key_col,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        headers_col=headers_col,
+        id_col=id_col,
         on_error=on_error,  # type: ignore[arg-type]
-        idle_timeout=float(idle_timeout), producer_kwargs=tuple(sorted(kwargs.items())),
+        idle_timeout=float(idle_timeout),
+        producer_kwargs=tuple(sorted(kwargs.items())),
     )
     config.check()
     return config
@@ -168,13 +178,24 @@ def _publish_config(
 ) -> SinkConfig:
     """:func:`publish`'s keyword arguments -> a checked SinkConfig (also for batch_publisher)."""
     settings = {
-        "concurrent_task_limit": concurrent_task_limit, "connections": connections,
-        "timeout": timeout, "partitioner": partitioner, "keyless": keyless,
+        "concurrent_task_limit": concurrent_task_limit,
+        "connections": connections,
+        "timeout": timeout,
+        "partitioner": partitioner,
+        "keyless": keyless,
     }
     return make_config(
-        url, topic=topic, value_col=value_col, key_col=key_col, topic_col=topic_col,
-        partition_col=partition_col, headers_col=headers_col, id_col=id_col, on_error=on_error,
-        idle_timeout=idle_timeout, producer_kwargs={**settings, **backend_options},
+        url,
+        topic=topic,
+        value_col=value_col,
+        key_col=key_col,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        headers_col=headers_col,
+        id_col=id_col,
+        on_error=on_error,
+        idle_timeout=idle_timeout,
+        producer_kwargs={**settings, **backend_options},
     )
 
 
@@ -223,7 +244,9 @@ def check_python(spark: SparkSession) -> None:
         logger.warning(
             "Spark executors run %s but this driver runs %s: if producerkit is not installed "
             "there, tasks fail. Set PYSPARK_PYTHON=%s before creating the SparkSession.",
-            resolved, sys.executable, sys.executable,
+            resolved,
+            sys.executable,
+            sys.executable,
         )
 
 
@@ -286,10 +309,21 @@ def publish(
             ".foreachBatch(producerkit.spark.batch_publisher(url, ...))"
         )
     config = _publish_config(
-        url, topic=topic, value_col=value_col, key_col=key_col, topic_col=topic_col,
-        partition_col=partition_col, headers_col=headers_col, id_col=id_col,
-        concurrent_task_limit=concurrent_task_limit, connections=connections, timeout=timeout,
-        partitioner=partitioner, keyless=keyless, on_error=on_error, idle_timeout=idle_timeout,
+        url,
+        topic=topic,
+        value_col=value_col,
+        key_col=key_col,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        headers_col=headers_col,
+        id_col=id_col,
+        concurrent_task_limit=concurrent_task_limit,
+        connections=connections,
+        timeout=timeout,
+        partitioner=partitioner,
+        keyless=keyless,
+        on_error=on_error,
+        idle_timeout=idle_timeout,
         **backend_options,
     )
     config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")

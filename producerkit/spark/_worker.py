@@ -67,8 +67,12 @@ class SinkConfig:
     def columns(self) -> dict[str, str]:
         """Role (value, key, topic, partition, headers, id) -> DataFrame column, for used roles."""
         roles = {
-            "value": self.value_col, "key": self.key_col, "topic": self.topic_col,
-            "partition": self.partition_col, "headers": self.headers_col, "id": self.id_col,
+            "value": self.value_col,
+            "key": self.key_col,
+            "topic": self.topic_col,
+            "partition": self.partition_col,
+            "headers": self.headers_col,
+            "id": self.id_col,
         }
         return {role: column for role, column in roles.items() if column is not None}
 
@@ -249,9 +253,7 @@ class _Tally:
         )
 
 
-async def _send_chunk(
-    producer: Producer, chunk: Chunk, tally: _Tally, fail_fast: bool
-) -> None:
+async def _send_chunk(producer: Producer, chunk: Chunk, tally: _Tally, fail_fast: bool) -> None:
     """Produce every row of ``chunk`` nonblocking: one loop hop per chunk, never per row."""
     values = chunk["value"]
     count = len(values)
