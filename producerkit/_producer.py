@@ -121,6 +121,7 @@ class Producer:
         from producerkit import partitioners
 
         self._partitioner: Partitioner = partitioners.resolve(partitioner)
+        self._key_hash = partitioners.MODULO_HASHES.get(self._partitioner)
         if keyless is None:
             keyless = self._backend_class.DEFAULT_KEYLESS
         self._keyless = partitioners.resolve_keyless(keyless)
@@ -249,7 +250,11 @@ class Producer:
             _check_partition(partition, num_partitions, topic)
         elif num_partitions is not None:
             if key is not None:
-                partition = self._partitioner(key, num_partitions)
+                key_hash = self._key_hash
+                if key_hash is not None:
+                    partition = key_hash(key) % num_partitions
+                else:
+                    partition = self._partitioner(key, num_partitions)
             else:
                 partition = self._keyless.partition(topic, num_partitions)
         header_pairs = None

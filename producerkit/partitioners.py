@@ -57,6 +57,7 @@ __all__ = [
     "crc32",
     "memphis",
     "murmur2",
+    "MODULO_HASHES",
     "murmur2_hash",
     "resolve",
     "resolve_keyless",
@@ -160,6 +161,13 @@ PARTITIONERS: Mapping[str, KeyPartitioner] = MappingProxyType(
     {"xxhash": xxhash, "murmur2": murmur2, "memphis": memphis, "crc32": crc32}
 )
 """The key partitioners by name: what ``resolve()`` accepts as a string."""
+
+
+#: Partitioners that are exactly ``hash(key) % num_partitions`` for a C hash function: the
+#: producer calls that hash itself and saves a Python call per message.
+MODULO_HASHES: Mapping[KeyPartitioner, Callable[[bytes], int]] = MappingProxyType(
+    {xxhash: _xxh3_64, crc32: zlib.crc32}
+)
 
 
 def resolve(partitioner: str | KeyPartitioner) -> KeyPartitioner:
