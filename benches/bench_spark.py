@@ -82,9 +82,21 @@ async def _single_process(url: str, rows: int, size: int, limit: int) -> float:
 
 def _spark(master: str, url: str, args: argparse.Namespace) -> float:
     done = subprocess.run(
-        [sys.executable, "-c", _SPARK_RUN, master, url, str(args.rows), str(args.size),
-         str(args.partitions), str(args.repeat), str(args.limit)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-c",
+            _SPARK_RUN,
+            master,
+            url,
+            str(args.rows),
+            str(args.size),
+            str(args.partitions),
+            str(args.repeat),
+            str(args.limit),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -110,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         one = _spark("local[1]", broker.url, args)
         two = _spark("local[2]", broker.url, args)
 
-    rate = {name: args.rows / seconds for name, seconds in
-            (("single process", single), ("local[1]", one), ("local[2]", two))}
+    rate = {
+        name: args.rows / seconds
+        for name, seconds in (("single process", single), ("local[1]", one), ("local[2]", two))
+    }
     figures = {
-        "rows": args.rows, "value_bytes": args.size, "cpus": os.cpu_count(),
+        "rows": args.rows,
+        "value_bytes": args.size,
+        "cpus": os.cpu_count(),
         "rows_per_second": rate,
         "local2_over_local1": rate["local[2]"] / rate["local[1]"],
         "local1_per_core_over_single": rate["local[1]"] / rate["single process"],
@@ -122,10 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.rows:,} rows of {args.size} B to Tansu (null storage), {os.cpu_count()} CPUs")
     for name, value in rate.items():
         print(f"  {name:<15} {value:>12,.0f} rows/s")
-    print(f"  local[2] / local[1]                 {figures['local2_over_local1']:.2f}x "
-          "(target >= 1.6)")
-    print(f"  local[1] per core / single process  {figures['local1_per_core_over_single']:.2f}x "
-          "(target >= 0.8)")
+    print(
+        f"  local[2] / local[1]                 {figures['local2_over_local1']:.2f}x "
+        "(target >= 1.6)"
+    )
+    print(
+        f"  local[1] per core / single process  {figures['local1_per_core_over_single']:.2f}x "
+        "(target >= 0.8)"
+    )
     print(f"  local[2] per core / single process  {figures['local2_per_core_over_single']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:

@@ -28,15 +28,29 @@ FRACTIONS = (0.25, 0.50, 0.75)
 
 async def run(url: str, args: argparse.Namespace, options: dict[str, Any]) -> list[tuple[str, Any]]:
     topic = f"rates-{args.backend}"
-    peak = await measure(url, topic, rate=0, duration=min(args.seconds, 5), warmup=1000,
-                         record_size=args.record_size, **options)
+    peak = await measure(
+        url,
+        topic,
+        rate=0,
+        duration=min(args.seconds, 5),
+        warmup=1000,
+        record_size=args.record_size,
+        **options,
+    )
     max_rate = peak["summary"]["throughput_msgs"]
     print(f"maximum rate: {max_rate:,.0f} msg/s", flush=True)
     results = [("max rate", peak)]
     for fraction in FRACTIONS:
         rate = round(max_rate * fraction)
-        result = await measure(url, topic, rate=rate, duration=args.seconds, warmup=1000,
-                               record_size=args.record_size, **options)
+        result = await measure(
+            url,
+            topic,
+            rate=rate,
+            duration=args.seconds,
+            warmup=1000,
+            record_size=args.record_size,
+            **options,
+        )
         results.append((f"{fraction:.0%} of max ({rate:,} msg/s)", result))
     return results
 
@@ -59,8 +73,10 @@ def main() -> int:
         if args.rtt_ms:
             url = stack.enter_context(DelayProxy.for_url(url, args.rtt_ms)).url
         results = asyncio.run(run(url, args, options))
-    print("\n| run | msg/s | response p50 | p99 | p99.9 | p99.99 | max | ack p99 | "
-          "send delay p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| run | msg/s | response p50 | p99 | p99.9 | p99.99 | max | ack p99 | "
+        "send delay p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for n, (label, result) in enumerate(results):
         (args.out_dir / f"latency_at_rates_{n}.json").write_text(json.dumps(result))
         response = result["percentiles"]["response_time"]

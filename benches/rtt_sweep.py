@@ -53,8 +53,13 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                         expected = expected_rate(mode, limit, rtt, ceilings.get((mode, limit)))
                         count = int(min(max(expected * args.seconds, 50), 200_000))
                         result = await measure(
-                            proxy.url, f"sweep-{backend}", rate=0, count=count, mode=mode,
-                            concurrent_task_limit=max(limit, 1), warmup=min(limit, 200),
+                            proxy.url,
+                            f"sweep-{backend}",
+                            rate=0,
+                            count=count,
+                            mode=mode,
+                            concurrent_task_limit=max(limit, 1),
+                            warmup=min(limit, 200),
                             **options,
                         )
                         rate = result["summary"]["throughput_msgs"]
@@ -62,9 +67,12 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                             ceilings[(mode, limit)] = rate
                         latency = result["percentiles"]["ack_latency"]
                         row = {
-                            "backend": backend, "rtt_ms": rtt, "mode": mode,
+                            "backend": backend,
+                            "rtt_ms": rtt,
+                            "mode": mode,
                             "limit": limit if mode == "nonblocking" else None,
-                            "messages": count, "msgs_per_s": rate,
+                            "messages": count,
+                            "msgs_per_s": rate,
                             "expected_msgs_per_s": expected if rtt else None,
                             "ack_p50_ms": latency.get("p50_ms"),
                             "ack_p99_ms": latency.get("p99_ms"),
@@ -96,10 +104,12 @@ def format_row(row: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rtts", default="0,1,5,10,50",
-                        type=lambda text: [float(x) for x in text.split(",")])
-    parser.add_argument("--limits", default="100,1000",
-                        type=lambda text: [int(x) for x in text.split(",")])
+    parser.add_argument(
+        "--rtts", default="0,1,5,10,50", type=lambda text: [float(x) for x in text.split(",")]
+    )
+    parser.add_argument(
+        "--limits", default="100,1000", type=lambda text: [int(x) for x in text.split(",")]
+    )
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)

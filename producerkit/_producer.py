@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _security
 from producerkit._config import parse_url
-from producerkit._types import ConnectionStats, Delivery, Failure, Headers, Record, Stats
+from producerkit._types import (
+    CONNECTION,
+    ConnectionStats,
+    Delivery,
+    Failure,
+    Headers,
+    Record,
+    Stats,
+)
 from producerkit._window import InFlightWindow
 from producerkit.backends import Backend, load_backend
 from producerkit.errors import (
@@ -43,7 +51,6 @@ _RUNNING: Final = 1
 _CLOSING: Final = 2
 _CLOSED: Final = 3
 
-_new_record = tuple.__new__
 _monotonic = time.monotonic
 
 #: Bytes a backend adds around a record (lengths, timestamps, attributes); used in the size check.
@@ -121,7 +128,7 @@ class Producer:
         from producerkit import partitioners
 
         self._partitioner: Partitioner = partitioners.resolve(partitioner)
-        self._key_hash = partitioners.MODULO_HASHES.get(self._partitioner)
+        self._key_hash = partitioners.modulo_hash(self._partitioner)
         if keyless is None:
             keyless = self._backend_class.DEFAULT_KEYLESS
         self._keyless = partitioners.resolve_keyless(keyless)
@@ -290,20 +297,17 @@ class Producer:
             index = self._round_robin = (self._round_robin + 1) % count
         future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
         seq = self._seq = self._seq + 1
-        record = _new_record(
-            Record,
-            (
-                seq,
-                value,
-                key,
-                topic,
-                partition,
-                header_pairs,
-                msg_id,
-                _monotonic() + self._timeout,
-                index,
-                future,
-            ),
+        record: Record = (
+            seq,
+            value,
+            key,
+            topic,
+            partition,
+            header_pairs,
+            msg_id,
+            _monotonic() + self._timeout,
+            index,
+            future,
         )
         window.admit(seq, record)
         try:
@@ -445,7 +449,7 @@ class Producer:
         window = self._window
         in_flight_by_connection = [0] * self._connection_count
         for record in list(window.pending.values()):
-            in_flight_by_connection[record.connection] += 1
+            in_flight_by_connection[record[CONNECTION]] += 1
         connections = tuple(
             ConnectionStats(
                 index=index,

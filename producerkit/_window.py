@@ -23,7 +23,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from producerkit._types import Delivery, Failure, Record
+from producerkit._types import (
+    CONNECTION,
+    DEADLINE,
+    FUTURE,
+    PARTITION,
+    SEQ,
+    TOPIC,
+    Delivery,
+    Failure,
+    Record,
+    failure_of,
+)
 from producerkit.errors import ProduceError, ProduceTimeout
 
 logger = logging.getLogger("producerkit")
@@ -110,21 +121,21 @@ class InFlightWindow:
         if len(pending) > self.max_in_flight:
             self.max_in_flight = len(pending)
         if self._timer is None:
-            self._arm_timer(record.deadline)
+            self._arm_timer(record[DEADLINE])
 
     # ------------------------------------------------------------------ settlement
 
     def acked(self, record: Record, offset: int | None) -> None:
         pending = self.pending
-        if pending.pop(record.seq, None) is None:
+        if pending.pop(record[SEQ], None) is None:
             return  # already failed (timed out) or reported twice
         self.acked_count += 1
-        self.connection_acked[record.connection] += 1
+        self.connection_acked[record[CONNECTION]] += 1
         if self._room_waiters or self._empty_waiters:
             self._wake(len(pending))
-        future = record.future
+        future = record[FUTURE]
         if future is not None and not future.done():
-            future.set_result(Delivery(record.topic, record.partition, offset))
+            future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
 
     def acked_run(self, records: list[Record], first_offset: int | None) -> None:
         """Ack records stored at consecutive offsets from ``first_offset`` (one Kafka batch, all
@@ -133,32 +144,32 @@ class InFlightWindow:
         count = 0
         offset = first_offset
         for record in records:
-            if pop(record.seq, None) is not None:
+            if pop(record[SEQ], None) is not None:
                 count += 1
-                future = record.future
+                future = record[FUTURE]
                 if future is not None and not future.done():
-                    future.set_result(Delivery(record.topic, record.partition, offset))
+                    future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
             if offset is not None:
                 offset += 1
         if count:
             self.acked_count += count
-            self.connection_acked[records[0].connection] += count
+            self.connection_acked[records[0][CONNECTION]] += count
             if self._room_waiters or self._empty_waiters:
                 self._wake(len(self.pending))
 
     def failed(self, record: Record, exc: BaseException) -> None:
         pending = self.pending
-        if pending.pop(record.seq, None) is None:
+        if pending.pop(record[SEQ], None) is None:
             return
         self.failed_count += 1
-        self.connection_failed[record.connection] += 1
+        self.connection_failed[record[CONNECTION]] += 1
         if self._room_waiters or self._empty_waiters:
             self._wake(len(pending))
-        future = record.future
+        future = record[FUTURE]
         if future is not None and not future.done():
             future.set_exception(exc)
             return  # the caller awaiting it is told; a blocking produce is not reported twice
-        failure = record.failure(exc)
+        failure = failure_of(record, exc)
         self.failures.append(failure)
         self._failure_log.add(failure)
         if self._on_error is not None:
@@ -216,19 +227,19 @@ class InFlightWindow:
         now = time.monotonic()
         expired: list[Record] = []
         for record in self.pending.values():
-            if record.deadline > now:
+            if record[DEADLINE] > now:
                 break
             expired.append(record)
         for record in expired:
             self.failed(
                 record,
                 ProduceTimeout(
-                    f"not acknowledged within {self.timeout}s (topic {record.topic!r}); "
+                    f"not acknowledged within {self.timeout}s (topic {record[TOPIC]!r}); "
                     "it may still have been stored"
                 ),
             )
         if self.pending:
-            self._arm_timer(next(iter(self.pending.values())).deadline)
+            self._arm_timer(next(iter(self.pending.values()))[DEADLINE])
 
     def stop_timer(self) -> None:
         if self._timer is not None:

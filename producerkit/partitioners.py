@@ -56,8 +56,8 @@ __all__ = [
     "StickyPartitioner",
     "crc32",
     "memphis",
+    "modulo_hash",
     "murmur2",
-    "MODULO_HASHES",
     "murmur2_hash",
     "resolve",
     "resolve_keyless",
@@ -163,11 +163,18 @@ PARTITIONERS: Mapping[str, KeyPartitioner] = MappingProxyType(
 """The key partitioners by name: what ``resolve()`` accepts as a string."""
 
 
-#: Partitioners that are exactly ``hash(key) % num_partitions`` for a C hash function: the
-#: producer calls that hash itself and saves a Python call per message.
-MODULO_HASHES: Mapping[KeyPartitioner, Callable[[bytes], int]] = MappingProxyType(
+# Partitioners that are exactly ``hash(key) % num_partitions`` for a C hash function.
+_MODULO_HASHES: Mapping[KeyPartitioner, Callable[[bytes], int]] = MappingProxyType(
     {xxhash: _xxh3_64, crc32: zlib.crc32}
 )
+
+
+def modulo_hash(partitioner: KeyPartitioner) -> Callable[[bytes], int] | None:
+    """The C hash ``h`` if ``partitioner(key, n)`` is exactly ``h(key) % n``, else None.
+
+    The producer then calls ``h`` itself, which saves a Python call per keyed message.
+    """
+    return _MODULO_HASHES.get(partitioner)
 
 
 def resolve(partitioner: str | KeyPartitioner) -> KeyPartitioner:

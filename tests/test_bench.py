@@ -31,8 +31,19 @@ def test_schedule_rate_2000_for_5_seconds(tmp_path: Path) -> None:
     """The acceptance check: --rate 2000 --duration 5 sends 10,000 +- 2 %, spread over 5 s."""
     hgrm, png = tmp_path / "out.hgrm", tmp_path / "out.png"
     result = _bench(
-        tmp_path, "--url", "null://", "--topic", "t", "--rate", "2000", "--duration", "5",
-        "--hgrm", str(hgrm), "--plot", str(png),
+        tmp_path,
+        "--url",
+        "null://",
+        "--topic",
+        "t",
+        "--rate",
+        "2000",
+        "--duration",
+        "5",
+        "--hgrm",
+        str(hgrm),
+        "--plot",
+        str(png),
     )
     summary = result["summary"]
     assert abs(summary["sent"] - 10_000) <= 200
@@ -83,9 +94,7 @@ def test_sync_mode_with_several_senders() -> None:
         target = ProducerTarget("memory://", "t")
         await target.start()
         try:
-            return await run_open_loop(
-                target, MESSAGES, rate=0, count=500, mode="sync", senders=4
-            )
+            return await run_open_loop(target, MESSAGES, rate=0, count=500, mode="sync", senders=4)
         finally:
             await target.close()
 
@@ -94,8 +103,9 @@ def test_sync_mode_with_several_senders() -> None:
     assert bytes(timings.status[:500]) == bytes([OK]) * 500
 
 
-def test_sync_behind_rtt_shows_coordinated_omission(nats_broker: LocalBroker, topic: str,
-                                                    tmp_path: Path) -> None:
+def test_sync_behind_rtt_shows_coordinated_omission(
+    nats_broker: LocalBroker, topic: str, tmp_path: Path
+) -> None:
     """Rate 200/s over a 20 ms RTT: a sync producer manages 50/s, so the response time (from the
     schedule) grows far beyond the ack latency; nonblocking keeps both near the RTT."""
     url = f"jetstream://{nats_broker.host_port}"
@@ -111,8 +121,17 @@ def test_sync_behind_rtt_shows_coordinated_omission(nats_broker: LocalBroker, to
 def test_compare_peers_on_kafka(kafka_broker: LocalBroker, topic: str, tmp_path: Path) -> None:
     pytest.importorskip("confluent_kafka")
     result = _bench(
-        tmp_path, "--url", kafka_broker.url, "--topic", topic, "--rate", "2000",
-        "--num-records", "600", "--compare", "peers",
+        tmp_path,
+        "--url",
+        kafka_broker.url,
+        "--topic",
+        topic,
+        "--rate",
+        "2000",
+        "--num-records",
+        "600",
+        "--compare",
+        "peers",
     )
     assert result["summary"]["acked"] == 600
     assert set(result["peers"]) == {"aiokafka", "confluent-kafka"}
@@ -125,8 +144,16 @@ def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:
     acks: list[int] = []
     url = f"jetstream://{nats_broker.host_port}"
     timings = asyncio.run(
-        run_peer("nats-py", url, topic, MESSAGES, rate=0, count=500,
-                 on_ack=lambda index, ok: acks.append(index), warmup=5)
+        run_peer(
+            "nats-py",
+            url,
+            topic,
+            MESSAGES,
+            rate=0,
+            count=500,
+            on_ack=lambda index, ok: acks.append(index),
+            warmup=5,
+        )
     )
     assert timings.sent == 500
     assert sorted(acks) == list(range(500))

@@ -167,3 +167,24 @@ def test_kafka_acks_zero_counts_every_message_written(
 def test_kafka_max_in_flight_must_be_positive() -> None:
     with pytest.raises(pk.ConfigurationError, match="max_in_flight"):
         pk.Producer("kafka://127.0.0.1:9092", topic="t", max_in_flight=0)
+
+
+def test_kafka_idempotent_producer_goes_through_aiokafkas_sender(
+    kafka_broker: LocalBroker, topic: str
+) -> None:
+    """enable_idempotence needs aiokafka's sender (producer id, sequence numbers): batches go
+    through send_batch, one per partition in flight. Needs a broker with InitProducerId."""
+
+    async def main() -> None:
+        producer = pk.Producer(kafka_broker.url, topic=topic, enable_idempotence=True, timeout=5)
+        try:
+            await producer.start()
+        except pk.ProducerError as exc:
+            pytest.skip(f"this broker has no idempotent producer (Tansu 0.6): {exc}")
+        async with producer:
+            for i in range(1000):
+                await producer.produce(b"%d" % i, key=b"k%d" % (i % 5), nonblocking=True)
+            await producer.flush()
+            assert producer.stats.acked == 1000
+
+    asyncio.run(main())

@@ -102,9 +102,14 @@ def test_format_producerkit_100k_read_back(
     topic = _topic()
     report_path = tmp_path / "report.jsonl"
     (
-        _rows(spark, N).drop("id").write.format("producerkit")
-        .option("url", kafka_broker.url).option("topic", topic)
-        .option("report_path", str(report_path)).mode("append").save()
+        _rows(spark, N)
+        .drop("id")
+        .write.format("producerkit")
+        .option("url", kafka_broker.url)
+        .option("topic", topic)
+        .option("report_path", str(report_path))
+        .mode("append")
+        .save()
     )
     records = asyncio.run(read_kafka(kafka_broker.url, topic, N))
     report = json.loads(report_path.read_text().splitlines()[-1])
@@ -121,12 +126,20 @@ def test_kafka_sink_columns_on_jetstream(spark: SparkSession, nats_broker: Local
         F.col("id").cast("string").alias("key"),
         F.when(F.col("id") % 2 == 0, F.lit(f"{base}-even")).alias("topic"),  # null: default
         (F.col("id") % 3).cast("int").alias("partition"),
-        F.array(F.struct(F.lit("n").alias("key"), F.col("id").cast("string").cast("binary")
-                         .alias("value"))).alias("headers"),
+        F.array(
+            F.struct(
+                F.lit("n").alias("key"), F.col("id").cast("string").cast("binary").alias("value")
+            )
+        ).alias("headers"),
     )
     (
-        df.write.format("producerkit").option("url", _js(nats_broker)).option("topic", base)
-        .option("partitions", "3").option("create_stream", "true").mode("append").save()
+        df.write.format("producerkit")
+        .option("url", _js(nats_broker))
+        .option("topic", base)
+        .option("partitions", "3")
+        .option("create_stream", "true")
+        .mode("append")
+        .save()
     )
     even = _read_js(_js(nats_broker), f"{base}-even.>", 20)
     odd = _read_js(_js(nats_broker), f"{base}.>", 20)
@@ -160,6 +173,7 @@ def test_retry_is_exactly_once_on_jetstream_with_id_col(
     n, half_of_first_partition = 2000, 500
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
     try:
+
         def df() -> Any:
             rows = spark.range(n, numPartitions=2)
             # 1 kB values: the first half of a partition overflows Spark's 64 kB pipe buffers,
@@ -171,8 +185,9 @@ def test_retry_is_exactly_once_on_jetstream_with_id_col(
             )
 
         with_ids, without_ids = _topic(), _topic()
-        report = pks.publish(df(), _js(nats_broker), topic=with_ids, id_col="id",
-                             create_stream=True)
+        report = pks.publish(
+            df(), _js(nats_broker), topic=with_ids, id_col="id", create_stream=True
+        )
         control = pks.publish(df(), _js(nats_broker), topic=without_ids, create_stream=True)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
@@ -236,11 +251,14 @@ def test_streaming_format_and_batch_publisher(
 
     topic, report_path = _topic(), tmp_path / "stream.jsonl"
     query = (
-        stream.json(str(source)).writeStream.format("producerkit")
-        .option("url", kafka_broker.url).option("topic", topic)
+        stream.json(str(source))
+        .writeStream.format("producerkit")
+        .option("url", kafka_broker.url)
+        .option("topic", topic)
         .option("report_path", str(report_path))
         .option("checkpointLocation", str(tmp_path / "checkpoint-format"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination(120)
     records = asyncio.run(read_kafka(kafka_broker.url, topic, 30))
@@ -251,11 +269,15 @@ def test_streaming_format_and_batch_publisher(
 
     topic2, seen = _topic(), []
     query = (
-        stream.json(str(source)).writeStream
-        .foreachBatch(pks.batch_publisher(kafka_broker.url, topic=topic2,
-                                          on_report=lambda i, r: seen.append((i, r.delivered))))
+        stream.json(str(source))
+        .writeStream.foreachBatch(
+            pks.batch_publisher(
+                kafka_broker.url, topic=topic2, on_report=lambda i, r: seen.append((i, r.delivered))
+            )
+        )
         .option("checkpointLocation", str(tmp_path / "checkpoint-foreach"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination(120)
     assert seen == [(0, 10), (1, 10), (2, 10)]
@@ -275,9 +297,7 @@ def test_bad_executor_python_is_explained(spark: SparkSession) -> None:
         os.environ["PYSPARK_PYTHON"] = old
 
 
-def test_local_cluster_separate_executor_jvms(
-    kafka_broker: LocalBroker, tmp_path: Path
-) -> None:
+def test_local_cluster_separate_executor_jvms(kafka_broker: LocalBroker, tmp_path: Path) -> None:
     """local-cluster[2,1,1024]: two executor JVMs, each with its own Python workers. Runs in a
     subprocess, since one Python process holds one SparkContext."""
     topic = _topic()
@@ -296,7 +316,10 @@ print("RESULT", report.delivered, report.failed, jvms - 1)
 spark.stop()
 """
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=240,
         cwd=tmp_path,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
@@ -363,6 +386,7 @@ def test_worker_counts_or_raises_bad_rows() -> None:
         _worker.publish_task(failing, [{"value": [b"a", None]}])
     rows = [{"value": "x", "key": None}, {"value": "y", "key": "k"}]
     assert list(_worker.chunks_from_rows(rows, {"value": "value", "key": "key"}, size=1)) == [
-        {"value": ["x"], "key": [None]}, {"value": ["y"], "key": ["k"]},
+        {"value": ["x"], "key": [None]},
+        {"value": ["y"], "key": ["k"]},
     ]
     _worker.close_all()

@@ -33,7 +33,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.produce import ProduceRequest
 
 from producerkit import _security
-from producerkit._types import Record
+from producerkit._types import HEADERS, KEY, PARTITION, TOPIC, VALUE, Record
 from producerkit.backends.base import Backend
 from producerkit.errors import (
     AuthenticationError,
@@ -301,20 +301,20 @@ class KafkaBackend(Backend):
     # ------------------------------------------------------------------ the hot path
 
     def send(self, record: Record) -> Awaitable[None] | None:
-        partitions = self._queues.get(record.topic)
+        partitions = self._queues.get(record[TOPIC])
         if partitions is None:
-            partitions = self._queues[record.topic] = {}
-        queue = partitions.get(record.partition)  # type: ignore[arg-type]
+            partitions = self._queues[record[TOPIC]] = {}
+        queue = partitions.get(record[PARTITION])  # type: ignore[arg-type]
         if queue is None:
-            queue = partitions[record.partition] = _PartitionQueue(  # type: ignore[index]
-                record.topic,
-                record.partition,  # type: ignore[arg-type]
+            queue = partitions[record[PARTITION]] = _PartitionQueue(  # type: ignore[index]
+                record[TOPIC],
+                record[PARTITION],  # type: ignore[arg-type]
             )
         if queue.builder is None:
             queue.open(self._producer)
-        headers = list(record.headers) if record.headers else _NO_HEADERS
+        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
         records = queue.records
-        if queue.append(len(records), None, record.key, record.value, headers) is None:
+        if queue.append(len(records), None, record[KEY], record[VALUE], headers) is None:
             if not records:
                 self.sink.failed(record, MessageTooLarge("record larger than max_batch_size"))
                 return None
@@ -322,7 +322,7 @@ class KafkaBackend(Backend):
             queue.full.append(queue.seal(_monotonic() + self._request_timeout_ms / 1000))
             queue.open(self._producer)
             records = queue.records
-            queue.append(0, None, record.key, record.value, headers)
+            queue.append(0, None, record[KEY], record[VALUE], headers)
             records.append(record)
             self._schedule_ship()
             # Let the loop write the full batch (and read acks) now, not only once the window

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import attrs
 
-from producerkit._types import Headers, Record
+from producerkit._types import HEADERS, KEY, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
 from producerkit.backends.base import Backend
 
 
@@ -38,18 +38,18 @@ class MemoryStore:
         self._next_offsets: dict[tuple[str, int | None], int] = {}
 
     def append(self, record: Record) -> int:
-        slot = (record.topic, record.partition)
+        slot = (record[TOPIC], record[PARTITION])
         offset = self._next_offsets.get(slot, 0)
         self._next_offsets[slot] = offset + 1
         self.records.append(
             StoredRecord(
-                record.topic,
-                record.partition,
+                record[TOPIC],
+                record[PARTITION],
                 offset,
-                record.key,
-                record.value,
-                record.headers,
-                record.msg_id,
+                record[KEY],
+                record[VALUE],
+                record[HEADERS],
+                record[MSG_ID],
             )
         )
         return offset

@@ -34,7 +34,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from producerkit import _security
-from producerkit._types import Headers, Record
+from producerkit._types import DEADLINE, HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
 from producerkit.backends.base import Backend, DeliverySink
 from producerkit.errors import (
     AuthenticationError,
@@ -158,19 +158,19 @@ class _NatsConnection(Backend):
 
     def subject(self, record: Record) -> str:
         if self._partitions is None:
-            return record.topic
-        return f"{record.topic}.{record.partition}"
+            return record[TOPIC]
+        return f"{record[TOPIC]}.{record[PARTITION]}"
 
     async def prepare_topic(self, topic: str) -> int | None:
         return self._partitions
 
     def nats_headers(self, record: Record) -> dict[str, str] | None:
         headers = None
-        if record.headers:
-            headers = {name: data.decode("utf-8") for name, data in record.headers}
-        if record.msg_id is not None:
+        if record[HEADERS]:
+            headers = {name: data.decode("utf-8") for name, data in record[HEADERS]}
+        if record[MSG_ID] is not None:
             headers = headers or {}
-            headers["Nats-Msg-Id"] = record.msg_id
+            headers["Nats-Msg-Id"] = record[MSG_ID]
         return headers
 
     def _publish(self, record: Record, reply: str = "") -> Awaitable[None] | None:
@@ -185,10 +185,10 @@ class _NatsConnection(Backend):
         client = self._nc
         if not self._direct or not client.is_connected:
             return client.publish(
-                self.subject(record), record.value, reply, self.nats_headers(record)
+                self.subject(record), record[VALUE], reply, self.nats_headers(record)
             )
-        value = record.value
-        if record.headers is None and record.msg_id is None:
+        value = record[VALUE]
+        if record[HEADERS] is None and record[MSG_ID] is None:
             head = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:
             block = _header_block(record)
@@ -452,7 +452,7 @@ class JetStreamBackend(_NatsConnection):
         if now - self._last_sweep < self.timeout:
             return
         self._last_sweep = now
-        expired = [token for token, record in self._awaiting.items() if record.deadline < now]
+        expired = [token for token, record in self._awaiting.items() if record[DEADLINE] < now]
         for token in expired:
             del self._awaiting[token]
 
@@ -470,10 +470,10 @@ class JetStreamBackend(_NatsConnection):
 def _header_block(record: Record) -> bytes:
     """The NATS/1.0 header block of a record (names and values checked by check_headers)."""
     lines = [b"NATS/1.0\r\n"]
-    for name, data in record.headers or ():
+    for name, data in record[HEADERS] or ():
         lines.append(b"%s: %s\r\n" % (name.encode(), data))
-    if record.msg_id is not None:
-        lines.append(b"Nats-Msg-Id: %s\r\n" % record.msg_id.encode())
+    if record[MSG_ID] is not None:
+        lines.append(b"Nats-Msg-Id: %s\r\n" % record[MSG_ID].encode())
     lines.append(b"\r\n")
     return b"".join(lines)
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from producerkit._producer import Producer
-from producerkit._types import Record, Stats
+from producerkit._types import SEQ, Record, Stats
 
 __all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop", "warm_up"]
 
@@ -74,17 +74,17 @@ class _Timing:
         acked, acked_run, failed = producer.acked, producer.acked_run, producer.failed
 
         def timed_acked(record: Record, offset: int | None) -> None:
-            self.on_ack(record.seq - self.base, True)
+            self.on_ack(record[SEQ] - self.base, True)
             acked(record, offset)
 
         def timed_acked_run(records: list[Record], first_offset: int | None) -> None:
             base, on_ack = self.base, self.on_ack
             for record in records:
-                on_ack(record.seq - base, True)
+                on_ack(record[SEQ] - base, True)
             acked_run(records, first_offset)
 
         def timed_failed(record: Record, exc: BaseException) -> None:
-            self.on_ack(record.seq - self.base, False)
+            self.on_ack(record[SEQ] - self.base, False)
             failed(record, exc)
 
         producer.acked = timed_acked
@@ -110,7 +110,7 @@ class ProducerTarget:
         await self.producer.start()
 
     def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
-        # One sender produces in index order: this message's record.seq will be _seq + 1.
+        # One sender produces in index order: this message's record[SEQ] will be _seq + 1.
         timing = self._timing
         timing.base = self.producer._seq + 1 - index
         timing.on_ack = self.on_ack
