@@ -352,8 +352,8 @@ class KafkaBackend(Backend):
             self._loop.call_soon(self._ship_all)
 
     def _ship_all(self) -> None:
-        """Send the next batch of every partition that has one and none in flight, one
-        request per leader."""
+        """Send the next batch of every partition that has one and room in flight
+        (``max_in_flight``), in one request per leader."""
         self._ship_scheduled = False
         if self._closing:
             return
@@ -400,7 +400,12 @@ class KafkaBackend(Backend):
         task.add_done_callback(self._tasks.discard)
 
     async def _connect_then_write(self, leader: int, batches: list[_Batch]) -> None:
-        conn = await self._client._get_conn(leader)  # None if it cannot connect (it logs why)
+        try:
+            conn = await self._client._get_conn(leader)  # None if it cannot connect (logs why)
+        except Exception as exc:  # anything else: the batches still end, retried or failed
+            for batch in batches:
+                self._retry_or_fail(batch, exc)
+            return
         if conn is None or self._closing:
             error = kafka_errors.NodeNotReadyError(f"cannot connect to broker node {leader}")
             for batch in batches:
@@ -410,7 +415,12 @@ class KafkaBackend(Backend):
 
     def _write_request(self, conn: Any, batches: list[_Batch]) -> None:
         """Frame one Produce request (v3+) around ``batches`` and write it without joining them."""
-        request = self._produce_request.prepare(conn._versions)
+        try:
+            request = self._produce_request.prepare(conn._versions)
+        except Exception as exc:  # a broker without Produce v3+: each record is told why
+            for batch in batches:
+                self._retry_or_fail(batch, exc)
+            return
         correlation_id = conn._next_correlation_id()
         by_topic: dict[str, list[_Batch]] = {}
         for batch in batches:
