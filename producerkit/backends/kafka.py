@@ -268,6 +268,8 @@ class KafkaBackend(Backend):
         if preset == "throughput":
             settings.update(THROUGHPUT_PRESET)
         settings.update(options)
+        if settings["enable_idempotence"] and "acks" not in options:
+            settings["acks"] = "all"  # idempotence requires it; the Java client defaults the same
         settings.update(_security.kafka_settings(self.options))
         settings.setdefault("request_timeout_ms", int(self.timeout * 1000))
         return settings
