@@ -3,9 +3,11 @@
 A backend is one connection to a broker. The producer above it owns everything else, written once:
 the in-flight window, deadlines, stats, partition choice, connection pooling and failure
 accounting. A backend only moves records and reports, for each record it was handed, exactly one
-outcome through its :class:`DeliverySink`: ``acked(record, offset)`` (offset may be None) or
+outcome through its :class:`DeliverySink`: ``acked(record, offset)`` (offset may be None), or
+``acked_run(records, first_offset)`` for a batch stored at consecutive offsets, or
 ``failed(record, exc)`` with a producerkit error. Late or duplicate reports are ignored above, so
-a backend need not track deadlines.
+a backend need not track deadlines. A record is a plain tuple: read it as ``record[TOPIC]``,
+``record[VALUE]``... with the positions in ``producerkit._types``.
 """
 
 from __future__ import annotations
