@@ -221,6 +221,7 @@ class KafkaBackend(Backend):
         self._linger = settings["linger_ms"] / 1000
         self._acks = -1 if settings["acks"] == "all" else settings["acks"]
         self._request_timeout_ms = settings["request_timeout_ms"]
+        self._request_timeout = self._request_timeout_ms / 1000
         self._retry_backoff = settings.get("retry_backoff_ms", 100) / 1000
         # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
         self._through_aiokafka = bool(settings["enable_idempotence"])
@@ -321,7 +322,7 @@ class KafkaBackend(Backend):
                 self.sink.failed(record, MessageTooLarge("record larger than max_batch_size"))
                 return None
             # The open batch is full: queue it and start the next one with this record.
-            queue.full.append(queue.seal(_monotonic() + self._request_timeout_ms / 1000))
+            queue.full.append(queue.seal(_monotonic() + self._request_timeout))
             queue.open(self._producer)
             records = queue.records
             queue.append(0, None, record[KEY], record[VALUE], headers)
@@ -332,11 +333,7 @@ class KafkaBackend(Backend):
             return asyncio.sleep(0)
         records.append(record)
         if not self._ship_scheduled and queue.in_flight < self._max_in_flight:
-            self._ship_scheduled = True
-            if self._linger:
-                self._loop.call_later(self._linger, self._ship_all)
-            else:
-                self._loop.call_soon(self._ship_all)
+            self._schedule_ship(self._linger)
         return None
 
     # ------------------------------------------------------------------ the sender
@@ -348,10 +345,13 @@ class KafkaBackend(Backend):
     # batch buffer as it is. aiokafka still owns connecting, SASL/TLS, version negotiation,
     # metadata and reading responses (the request is queued on its connection like its own).
 
-    def _schedule_ship(self) -> None:
+    def _schedule_ship(self, delay: float = 0.0) -> None:
         if not self._ship_scheduled and not self._closing:
             self._ship_scheduled = True
-            self._loop.call_soon(self._ship_all)
+            if delay:
+                self._loop.call_later(delay, self._ship_all)
+            else:
+                self._loop.call_soon(self._ship_all)
 
     def _ship_all(self) -> None:
         """Send the next batch of every partition that has one and room in flight
@@ -359,7 +359,7 @@ class KafkaBackend(Backend):
         self._ship_scheduled = False
         if self._closing:
             return
-        expires = _monotonic() + self._request_timeout_ms / 1000
+        expires = _monotonic() + self._request_timeout
         by_leader: dict[int, list[_Batch]] = {}
         for partitions in self._queues.values():
             for queue in partitions.values():
@@ -462,9 +462,7 @@ class KafkaBackend(Backend):
             return
         response: asyncio.Future[Any] = self._loop.create_future()
         conn._requests.append((correlation_id, request, response))
-        timer = self._loop.call_later(
-            self._request_timeout_ms / 1000, _time_out_request, conn, response
-        )
+        timer = self._loop.call_later(self._request_timeout, _time_out_request, conn, response)
         response.add_done_callback(functools.partial(self._request_done, batches, timer))
 
     def _request_done(
