@@ -101,6 +101,7 @@ async def read_kafka(
                     "key": message.key,
                     "value": message.value,
                     "headers": dict(message.headers or ()),
+                    "timestamp": message.timestamp,
                 }
                 for message in messages
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Any
 
 import pytest
@@ -142,6 +143,39 @@ def test_kafka_own_produce_requests_round_trip(
     for record in sorted(records, key=lambda r: (r["partition"], r["offset"])):
         by_key[record["key"]].append(int(record["value"]))
     assert all(sequence == sorted(sequence) for sequence in by_key.values())
+
+
+@pytest.mark.parametrize("encoder", ["default", "aiokafka", "gzip"])
+def test_kafka_batches_from_each_encoder_read_back(
+    kafka_broker: LocalBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C encoder (default where it was built), aiokafka's builder (the fallback) and a
+    compressed batch (always aiokafka's): keys, values, headers and CreateTimes read back."""
+    from producerkit.backends import _record_batch
+
+    if encoder == "aiokafka":
+        monkeypatch.setattr(_record_batch, "encode_batch", _record_batch.encode_batch_with_aiokafka)
+    options = {"compression_type": "gzip"} if encoder == "gzip" else {}
+    count = 3000
+
+    async def main() -> list[dict[str, Any]]:
+        async with pk.Producer(kafka_broker.url, topic=topic, **options) as producer:
+            for i in range(count):
+                headers = {"n": b"%d" % i, "caf\u00e9": "ol\u00e9"} if i % 3 == 0 else None
+                key = b"k%d" % (i % 11) if i % 5 else None
+                await producer.produce(b"%d" % i, key=key, headers=headers, nonblocking=True)
+            await producer.flush()
+        return await read_kafka(kafka_broker.url, topic, count)
+
+    started_ms = time.time() * 1000
+    records = asyncio.run(main())
+    assert sorted(int(r["value"]) for r in records) == list(range(count))
+    for record in records:
+        i = int(record["value"])
+        assert record["key"] == (b"k%d" % (i % 11) if i % 5 else None)
+        expected = {"n": b"%d" % i, "caf\u00e9": "ol\u00e9".encode()} if i % 3 == 0 else {}
+        assert record["headers"] == expected
+        assert started_ms - 1000 < record["timestamp"] < time.time() * 1000 + 1000
 
 
 def test_kafka_acks_zero_counts_every_message_written(

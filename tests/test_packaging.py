@@ -29,7 +29,7 @@ def run(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    # Build with the current environment's tools (hatchling is installed with pip's build deps).
+    # pip builds it in an isolated environment (setuptools, and the C speedups where a compiler is).
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dist, ROOT)
     wheels = list(dist.glob("producerkit-*.whl"))
     assert len(wheels) == 1, wheels

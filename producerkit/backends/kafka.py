@@ -1,9 +1,10 @@
 """``kafka://host:port[,host:port]`` on aiokafka, batching with the protocol's own record batches.
 
-Instead of one ``send()`` (and one future) per message, records are appended to an open record
-batch per partition (aiokafka's compiled batch builder). The backend writes its own Produce
-requests, one per leader carrying one batch per partition, on aiokafka's connections, and acks
-every record of a batch from the partition's result: offset ``base_offset + index``.
+Instead of one ``send()`` (and one future) per message, records are appended to an open list
+per partition; a full list is encoded as record batches in one call (``_record_batch``: C where
+it was built, else aiokafka's builder). The backend writes its own Produce requests, one per
+leader carrying one batch per partition, on aiokafka's connections, and acks every record of a
+batch from the partition's result: offset ``base_offset + index``.
 
 Batching needs no linger: a partition's batch stays open while its previous batch is with the
 broker (one in flight per partition, which also keeps per-key order), so batches grow exactly as
@@ -33,7 +34,8 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.produce import ProduceRequest
 
 from producerkit import _security
-from producerkit._types import HEADERS, KEY, PARTITION, TOPIC, VALUE, Record
+from producerkit._types import DEADLINE, HEADERS, KEY, PARTITION, TOPIC, VALUE, Record
+from producerkit.backends import _record_batch
 from producerkit.backends.base import Backend
 from producerkit.errors import (
     AuthenticationError,
@@ -81,78 +83,43 @@ class _Batch:
     ``request_timeout_ms`` after it was sealed; the records' own deadlines are the window's.
     """
 
-    __slots__ = ("builder", "data", "expires", "number", "queue", "records", "sent")
+    __slots__ = ("data", "expires", "number", "queue", "records", "sent")
 
     def __init__(
         self,
         queue: _PartitionQueue,
         number: int,
-        builder: BatchBuilder,
+        data: bytes | bytearray | BatchBuilder,
         records: list[Record],
         expires: float,
     ) -> None:
         self.queue = queue
         self.number = number  # order within the partition: a retry goes back in its place
-        self.builder = builder
+        self.data = data  # the encoded batch (an aiokafka builder for the idempotent producer)
         self.records = records
         self.expires = expires
-        self.data: bytes | bytearray | None = None  # encoded once, on the first write
         self.sent = False
 
 
 class _PartitionQueue:
-    """One partition: the open batch being filled, and sealed batches waiting their turn.
-
-    Records go straight into the open batch's encoder (aiokafka's compiled
-    ``DefaultRecordBatchBuilder.append``), skipping ``BatchBuilder.append``'s per-call
-    serializer dispatch; :meth:`seal` then sets the count that wrapper would have kept. That is
-    a third of the per-record cost on the Kafka hot path. ``tests/test_producer.py`` round trips
-    keys, values, headers and offsets through it, so an aiokafka change here fails loudly.
+    """One partition: the open records being gathered, and sealed batches waiting their turn.
 
     ``in_flight`` counts this partition's batches in requests; ``backoff`` is set while a retry
-    waits. Capping batches in flight lets the open batch grow as large as the broker's pace
+    waits. Capping batches in flight lets the open list grow as large as the broker's pace
     requires, and with ``max_in_flight=1`` keeps per-key order even across retries.
     """
 
-    __slots__ = (
-        "append",
-        "backoff",
-        "builder",
-        "full",
-        "in_flight",
-        "key",
-        "partition",
-        "records",
-        "sealed",
-        "topic",
-    )
+    __slots__ = ("backoff", "full", "in_flight", "key", "partition", "records", "sealed", "topic")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
         self.key = TopicPartition(topic, partition)
-        self.builder: BatchBuilder | None = None
-        self.append: Any = None
         self.records: list[Record] = []
         self.full: deque[_Batch] = deque()
         self.in_flight = 0
         self.backoff = False
         self.sealed = 0
-
-    def open(self, producer: AIOKafkaProducer) -> None:
-        builder = self.builder = producer.create_batch()
-        self.append = builder._builder.append
-        self.records = []
-
-    def seal(self, expires: float) -> _Batch:
-        builder, records = self.builder, self.records
-        assert builder is not None
-        builder._relative_offset = len(records)  # what BatchBuilder.append would have counted
-        builder.close()
-        self.builder = self.append = None
-        self.records = []
-        self.sealed += 1
-        return _Batch(self, self.sealed, builder, records, expires)
 
     def requeue(self, batch: _Batch) -> None:
         """Put a batch back for a retry, ahead of every batch sealed after it."""
@@ -164,16 +131,11 @@ class _PartitionQueue:
             index = len(self.full)
         self.full.insert(index, batch)
 
-    def next_batch(self, expires: float) -> _Batch | None:
-        if self.full:
-            return self.full.popleft()
-        if self.records:
-            return self.seal(expires)
-        return None
 
+_COMPRESSION_CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
-#: Shared by every record without headers: the encoder only reads it (and wants a list).
-_NO_HEADERS: list[tuple[str, bytes]] = []
+#: Records gathered before the first seal measures their size (then it adapts to fill a batch).
+_INITIAL_BATCH_RECORDS = 256
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -226,6 +188,14 @@ class KafkaBackend(Backend):
         # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
         self._through_aiokafka = bool(settings["enable_idempotence"])
         self._max_in_flight = 1 if self._through_aiokafka else self.options.get("max_in_flight", 1)
+        self._max_batch_size = settings["max_batch_size"]
+        self._batch_records = _INITIAL_BATCH_RECORDS
+        compression = _COMPRESSION_CODECS.get(settings.get("compression_type") or "", 0)
+        self._encode: _record_batch.Encoder = (
+            functools.partial(_record_batch.encode_batch_with_aiokafka, compression=compression)
+            if compression
+            else _record_batch.encode_batch
+        )
         client_id = (settings.get("client_id") or "producerkit").encode()
         self._client_id_field = _INT16.pack(len(client_id)) + client_id
         self._produce_request = ProduceRequest(None, self._acks, self._request_timeout_ms, [])
@@ -313,28 +283,58 @@ class KafkaBackend(Backend):
                 record[TOPIC],
                 record[PARTITION],  # type: ignore[arg-type]
             )
-        if queue.builder is None:
-            queue.open(self._producer)
-        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
         records = queue.records
-        if queue.append(len(records), None, record[KEY], record[VALUE], headers) is None:
-            if not records:
-                self.sink.failed(record, MessageTooLarge("record larger than max_batch_size"))
-                return None
-            # The open batch is full: queue it and start the next one with this record.
-            queue.full.append(queue.seal(_monotonic() + self._request_timeout))
-            queue.open(self._producer)
-            records = queue.records
-            queue.append(0, None, record[KEY], record[VALUE], headers)
-            records.append(record)
-            self._schedule_ship()
-            # Let the loop write the full batch (and read acks) now, not only once the window
-            # is full: the broker then works while the caller keeps producing.
-            return asyncio.sleep(0)
         records.append(record)
+        if len(records) >= self._batch_records:
+            # Enough for a full batch: encode it now and let the loop write it (and read acks)
+            # at once, not only when the window is full, so the broker works while the caller
+            # keeps producing.
+            self._seal(queue)
+            self._schedule_ship()
+            return asyncio.sleep(0)
         if not self._ship_scheduled and queue.in_flight < self._max_in_flight:
             self._schedule_ship(self._linger)
         return None
+
+    def _seal(self, queue: _PartitionQueue) -> None:
+        """Encode the partition's open records as batches of at most ``max_batch_size``."""
+        records, queue.records = queue.records, []
+        now = _monotonic()
+        expires = now + self._request_timeout
+        # The records' deadlines are monotonic() + timeout at produce time: this shift turns
+        # them back into wall-clock CreateTimes.
+        time_shift = time.time() - now - self.timeout
+        start = 0
+        while start < len(records):
+            if self._through_aiokafka:
+                data, end = self._fill_aiokafka_batch(records, start, time_shift)
+            else:
+                data, end = self._encode(records, start, self._max_batch_size, time_shift)
+            queue.sealed += 1
+            batch_records = records if start == 0 and end == len(records) else records[start:end]
+            queue.full.append(_Batch(queue, queue.sealed, data, batch_records, expires))
+            if not self._through_aiokafka:
+                # Gather as many records as fill a batch at the sizes seen last.
+                self._batch_records = max(1, (end - start) * self._max_batch_size // len(data))
+            start = end
+
+    def _fill_aiokafka_batch(
+        self, records: list[Record], start: int, time_shift: float
+    ) -> tuple[BatchBuilder, int]:
+        """The idempotent producer's batch: aiokafka's sender numbers it when it sends it."""
+        builder = self._producer.create_batch()
+        for end in range(start, len(records)):
+            record = records[end]
+            timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
+            headers = list(record[HEADERS]) if record[HEADERS] else []
+            appended = builder.append(
+                key=record[KEY], value=record[VALUE], timestamp=timestamp, headers=headers
+            )
+            if appended is None:
+                builder.close()
+                return builder, end
+        builder.close()
+        return builder, len(records)
 
     # ------------------------------------------------------------------ the sender
     #
@@ -359,7 +359,6 @@ class KafkaBackend(Backend):
         self._ship_scheduled = False
         if self._closing:
             return
-        expires = _monotonic() + self._request_timeout
         by_leader: dict[int, list[_Batch]] = {}
         for partitions in self._queues.values():
             for queue in partitions.values():
@@ -369,7 +368,7 @@ class KafkaBackend(Backend):
                     and not queue.backoff
                     and (queue.records or queue.full)
                 ):
-                    self._ship_next(queue, expires, by_leader)
+                    self._ship_next(queue, by_leader)
         for leader, batches in by_leader.items():
             conn = self._client._conns.get((leader, ConnectionGroup.DEFAULT))
             if conn is not None and conn.connected():
@@ -377,11 +376,10 @@ class KafkaBackend(Backend):
             else:
                 self._spawn(self._connect_then_write(leader, batches))
 
-    def _ship_next(
-        self, queue: _PartitionQueue, expires: float, by_leader: dict[int, list[_Batch]]
-    ) -> None:
-        batch = queue.next_batch(expires)
-        assert batch is not None
+    def _ship_next(self, queue: _PartitionQueue, by_leader: dict[int, list[_Batch]]) -> None:
+        if not queue.full:
+            self._seal(queue)
+        batch = queue.full.popleft()
         queue.in_flight += 1
         if not batch.sent:
             batch.sent = True
@@ -440,8 +438,7 @@ class KafkaBackend(Backend):
             name = topic.encode()
             framing += (_INT16.pack(len(name)), name, _INT32.pack(len(topic_batches)))
             for batch in topic_batches:
-                if batch.data is None:
-                    batch.data = batch.builder._build()
+                assert not isinstance(batch.data, BatchBuilder)
                 framing.append(_PARTITION_DATA.pack(batch.queue.partition, len(batch.data)))
                 parts.append(b"".join(framing))
                 parts.append(batch.data)
@@ -526,8 +523,9 @@ class KafkaBackend(Backend):
     async def _send_through_aiokafka(self, batch: _Batch) -> None:
         queue = batch.queue
         try:
+            assert isinstance(batch.data, BatchBuilder)
             future = await self._producer.send_batch(
-                batch.builder, queue.topic, partition=queue.partition
+                batch.data, queue.topic, partition=queue.partition
             )
             result = await future
         except Exception as exc:
@@ -559,7 +557,6 @@ class KafkaBackend(Backend):
             stranded += queue.records
             queue.full.clear()
             queue.records = []
-            queue.builder = queue.append = None
             for record in stranded:
                 self.sink.failed(
                     record, BrokerUnavailable("the connection closed before this message was sent")

@@ -1,0 +1,14 @@
+"""Types of the optional C module built from _speedups.c (see backends/_record_batch.py)."""
+
+from typing import Any, Final
+
+CRC32C: Final[str]
+RECORD_VALUE: Final[int]
+RECORD_KEY: Final[int]
+RECORD_HEADERS: Final[int]
+RECORD_DEADLINE: Final[int]
+
+def encode_batch(
+    records: list[Any], start: int, max_bytes: int, time_shift: float
+) -> tuple[bytes, int]: ...
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int: ...

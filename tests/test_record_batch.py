@@ -1,0 +1,138 @@
+"""The Kafka record-batch encoders: producerkit's C encoder writes exactly the bytes aiokafka's
+builder writes, and both read back (keys, values, headers, timestamps, offsets, CRC) with
+aiokafka's own batch reader. A Kafka round trip through each encoder is in test_fast_paths.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("aiokafka")
+
+from aiokafka.record.default_records import DefaultRecordBatch
+
+from producerkit._types import Record
+from producerkit.backends import _record_batch
+
+try:
+    from producerkit import _speedups
+except ImportError:  # no compiler at install time: only the fallback is there to test
+    _speedups = None  # type: ignore[assignment]
+
+needs_speedups = pytest.mark.skipif(
+    _speedups is None, reason="producerkit._speedups was not built (no C compiler at install)"
+)
+
+TIMEOUT = 30.0
+
+
+def record(
+    seq: int,
+    value: bytes,
+    key: bytes | None = None,
+    headers: tuple[tuple[str, bytes], ...] | None = None,
+    produced_at: float = 1000.0,
+) -> Record:
+    return (seq, value, key, "t", 0, headers, None, produced_at + TIMEOUT, 0, None)
+
+
+def read_back(data: bytes | bytearray) -> list[tuple[int, int, bytes | None, bytes, list[object]]]:
+    batch = DefaultRecordBatch(bytes(data))
+    assert batch.validate_crc()
+    return [
+        (item.offset, item.timestamp, item.key, item.value, list(item.headers)) for item in batch
+    ]
+
+
+def encoders() -> list[object]:
+    found: list[object] = [_record_batch.encode_batch_with_aiokafka]
+    if _speedups is not None:
+        found.append(_speedups.encode_batch)
+    return found
+
+
+@pytest.mark.parametrize("encode", encoders(), ids=lambda e: getattr(e, "__module__", "?"))
+def test_a_batch_reads_back_with_aiokafkas_reader(encode: object) -> None:
+    shift = 1_700_000_000.0 - 1000.0 - TIMEOUT  # produced at monotonic 1000.0 -> that wall time
+    records = [
+        record(1, b"v1", b"k1", produced_at=1000.0),
+        record(2, b"", None, produced_at=1000.0042),
+        record(3, b"x" * 300, b"k" * 200, (("h", b"1"), ("\u00e9t\u00e9", b"")), 1000.5),
+    ]
+    data, end = encode(records, 0, 1 << 20, shift)  # type: ignore[operator]
+    assert end == 3
+    assert read_back(data) == [
+        (0, 1_700_000_000_000, b"k1", b"v1", []),
+        (1, 1_700_000_000_004, None, b"", []),
+        (2, 1_700_000_000_500, b"k" * 200, b"x" * 300, [("h", b"1"), ("\u00e9t\u00e9", b"")]),
+    ]
+
+
+@pytest.mark.parametrize("encode", encoders(), ids=lambda e: getattr(e, "__module__", "?"))
+def test_a_batch_stops_before_max_bytes_and_always_takes_one(encode: object) -> None:
+    records = [record(i, b"v" * 100, b"k%d" % i) for i in range(50)]
+    data, end = encode(records, 0, 1000, 0.0)  # type: ignore[operator]
+    assert 1 < end < 50 and len(data) <= 1000
+    rest, next_end = encode(records, end, 1000, 0.0)  # type: ignore[operator]
+    assert [item[3] for item in read_back(rest)] == [b"v" * 100] * (next_end - end)
+    huge = [record(1, b"v" * 5000)]
+    data, end = encode(huge, 0, 1000, 0.0)  # type: ignore[operator]
+    assert end == 1 and read_back(data)[0][3] == b"v" * 5000
+
+
+@needs_speedups
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=300),
+            st.none() | st.binary(max_size=40),
+            st.none()
+            | st.lists(
+                st.tuples(st.text(min_size=1, max_size=8), st.binary(max_size=20)), max_size=3
+            ),
+            st.floats(min_value=0, max_value=5),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=61, max_value=4000),
+    st.integers(min_value=0, max_value=5),
+)
+def test_the_c_encoder_writes_aiokafkas_bytes(
+    messages: list[tuple[bytes, bytes | None, list[tuple[str, bytes]] | None, float]],
+    max_bytes: int,
+    start_at: int,
+) -> None:
+    records = [
+        record(i, value, key, tuple(headers) if headers else None, 500.0 + delay)
+        for i, (value, key, headers, delay) in enumerate(sorted(messages, key=lambda m: m[3]))
+    ]
+    start = min(start_at, len(records) - 1)
+    assert _speedups is not None
+    expected = _record_batch.encode_batch_with_aiokafka(records, start, max_bytes, 1e9)
+    data, end = _speedups.encode_batch(records, start, max_bytes, 1e9)
+    assert (bytes(data), end) == (bytes(expected[0]), expected[1])
+
+
+@needs_speedups
+def test_the_c_encoder_names_a_record_it_cannot_read() -> None:
+    assert _speedups is not None
+    with pytest.raises(TypeError, match="not a producerkit Record"):
+        _speedups.encode_batch([("not", "a record")], 0, 1000, 0.0)
+    with pytest.raises(IndexError):
+        _speedups.encode_batch([], 0, 1000, 0.0)
+    bad_headers = record(1, b"v", None, (("name", "not bytes"),))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"\(str, bytes\) pairs"):
+        _speedups.encode_batch([bad_headers], 0, 1000, 0.0)
+
+
+@needs_speedups
+def test_crc32c_matches_aiokafkas() -> None:
+    from aiokafka.record.util import calc_crc32c
+
+    assert _speedups is not None
+    for data in (b"", b"a", b"123456789", bytes(range(256)) * 33):
+        assert _speedups.crc32c(data) == calc_crc32c(data)
+    assert _speedups.crc32c(b"123456789") == 0xE3069283  # the standard check value
