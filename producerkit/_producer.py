@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _security
 from producerkit._config import parse_url
+from producerkit._fast import new_record as _new_record
 from producerkit._types import (
     CONNECTION,
     ConnectionStats,
@@ -150,6 +151,8 @@ class Producer:
         self.acked = self._window.acked
         self.acked_run = self._window.acked_run
         self.failed = self._window.failed
+        self._pending = self._window.pending
+        self._sends: list[Callable[[Record], Awaitable[None] | None]] = []
         self._seq = 0
         self._round_robin = 0
         self._topics: dict[str, int | None] = {}
@@ -194,6 +197,7 @@ class Producer:
                     f"could not connect to {self._describe_servers()}: {exc}"
                 ) from exc
             self._connections = connections
+            self._sends = [connection.send for connection in connections]
             self._max_payload = (
                 min(connection.max_message_size for connection in connections) - _RECORD_OVERHEAD
             )
@@ -279,11 +283,13 @@ class Producer:
                 f"{self._max_payload}, the most this {self._url.scheme}:// connection accepts"
             )
 
-        window = self._window
-        if len(window.pending) >= self._limit:
-            await window.wait_for_room()
+        pending = self._pending
+        in_flight = len(pending)
+        if in_flight >= self._limit:
+            await self._window.wait_for_room()
             if not self._running:
                 raise ProducerClosed("the producer was closed while this produce waited")
+            in_flight = len(pending)
 
         # From here on the message is counted: it must end acked or failed.
         count = self._connection_count
@@ -297,7 +303,7 @@ class Producer:
             index = self._round_robin = (self._round_robin + 1) % count
         future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
         seq = self._seq = self._seq + 1
-        record: Record = (
+        record: Record = _new_record(
             seq,
             value,
             key,
@@ -309,9 +315,14 @@ class Producer:
             index,
             future,
         )
-        window.admit(seq, record)
+        # InFlightWindow admission, inlined here because it runs once per message.
+        pending[seq] = record
+        if not in_flight:
+            self._window.started(record)
+        elif in_flight >= self._window.max_in_flight:
+            self._window.max_in_flight = in_flight + 1
         try:
-            handed_off = self._connections[index].send(record)
+            handed_off = self._sends[index](record)
             if handed_off is not None:
                 await handed_off
         except asyncio.CancelledError:

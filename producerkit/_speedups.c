@@ -1,14 +1,16 @@
-/* producerkit._speedups: the Kafka record-batch encoder, in C.
+/* producerkit._speedups: optional C for the two costs Python cannot shed on the hot path.
  *
- * Why: on the Kafka path, appending each record to aiokafka's batch builder (a method call, a
- * buffer resize and a metadata object per record) and its software CRC-32C took about a third
- * of the producer's CPU (docs/performance.md). Here a whole batch is encoded in one call: the
- * exact size is computed first, the bytes object is allocated once, and the CRC uses the
+ * encode_batch: on the Kafka path, appending each record to aiokafka's batch builder (a method
+ * call, a buffer resize and a metadata object per record) and its software CRC-32C took about a
+ * third of the producer's CPU (docs/performance.md). Here a whole batch is encoded in one call:
+ * the exact size is computed first, the bytes object is allocated once, and the CRC uses the
  * SSE4.2 instruction where the CPU has it.
  *
- * The module is optional: producerkit/_encoding.py falls back to aiokafka's builder when it did
- * not compile (no compiler or Python headers at install time) or PRODUCERKIT_NO_SPEEDUPS is set.
- * Both encoders produce the same bytes; tests/test_encoding.py compares them.
+ * record: a record tuple the garbage collector does not track (see record_doc).
+ *
+ * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
+ * when it did not compile (no compiler or Python headers at install time) or when
+ * PRODUCERKIT_NO_SPEEDUPS is set. tests/test_record_batch.py compares both encoders' bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -309,6 +311,26 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
     return result;
 }
 
+PyDoc_STRVAR(record_doc,
+"record(*fields) -> tuple: the fields as a tuple, which the garbage collector does not track\n"
+"when none of them can hold a reference (bytes, str, int, float, None), as CPython itself\n"
+"decides when it first scans such a tuple. Thousands of records sit in flight; tracked, each\n"
+"costs the next young-generation collection a visit to every field.");
+
+static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *tuple = PyTuple_New(nargs);
+    if (tuple == NULL) return NULL;
+    int untrack = 1;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *item = args[i];
+        if (PyObject_IS_GC(item)) untrack = 0;
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(tuple, i, item);
+    }
+    if (untrack) PyObject_GC_UnTrack(tuple);
+    return tuple;
+}
+
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli), as Kafka uses it.");
 
 static PyObject *crc32c(PyObject *module, PyObject *args) {
@@ -323,12 +345,13 @@ static PyObject *crc32c(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "producerkit._speedups",
-    "Optional C speedups for producerkit (the Kafka record-batch encoder).", -1, methods,
+    "Optional C speedups for producerkit (Kafka record batches, untracked records).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {

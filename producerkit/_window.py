@@ -114,12 +114,15 @@ class InFlightWindow:
             if counted:
                 self.wait_seconds += time.perf_counter() - started
 
-    def admit(self, seq: int, record: Record) -> None:
-        """Count a record in flight. The caller has checked for room (and waited) just before."""
-        pending = self.pending
-        pending[seq] = record
-        if len(pending) > self.max_in_flight:
-            self.max_in_flight = len(pending)
+    # Admission is the producer's: after checking for room (and waiting) it puts the record in
+    # ``pending`` under its sequence number and raises ``max_in_flight`` if passed (inlined in
+    # Producer.produce, once per message), and calls this for the first record into an empty
+    # window, so that its deadline is watched.
+
+    def started(self, record: Record) -> None:
+        """The first record in flight: watch its deadline (a timer already armed does)."""
+        if self.max_in_flight == 0:
+            self.max_in_flight = 1
         if self._timer is None:
             self._arm_timer(record[DEADLINE])
 

@@ -136,3 +136,23 @@ def test_crc32c_matches_aiokafkas() -> None:
     for data in (b"", b"a", b"123456789", bytes(range(256)) * 33):
         assert _speedups.crc32c(data) == calc_crc32c(data)
     assert _speedups.crc32c(b"123456789") == 0xE3069283  # the standard check value
+
+
+def test_records_in_flight_are_not_tracked_by_the_gc_when_they_hold_no_references() -> None:
+    import asyncio
+    import gc
+
+    from producerkit import _fast
+
+    plain = (1, b"v", b"k", "t", 0, None, None, 1.0, 0, None)
+    assert _fast._plain_record(*plain) == plain
+    if _fast.speedups is None:
+        pytest.skip(f"speedups {_fast.SPEEDUPS}")
+    assert _fast.new_record(*plain) == plain
+    assert not gc.is_tracked(_fast.new_record(*plain))
+    # A future or headers can hold references: that record stays tracked, as CPython would.
+    future = asyncio.new_event_loop().create_future()
+    assert gc.is_tracked(_fast.new_record(*plain[:9], future))
+    assert gc.is_tracked(
+        _fast.new_record(1, b"v", None, "t", 0, (("h", b"1"),), None, 1.0, 0, None)
+    )

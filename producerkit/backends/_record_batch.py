@@ -7,19 +7,18 @@ deadline plus ``time_shift`` (the producer sets the deadline to ``monotonic() + 
 the message is produced, so the backend recovers the produce time without a clock read per
 message).
 
-The C encoder (``producerkit/_speedups.c``) is built at install time when a compiler is there;
-without it, or with ``PRODUCERKIT_NO_SPEEDUPS=1``, aiokafka's batch builder encodes the same
-bytes (``tests/test_record_batch.py`` compares them). Compressed batches always use aiokafka's
-builder, which has the codecs.
+The C encoder (``producerkit/_speedups.c``, see ``producerkit._fast``) is used where it was
+built; without it aiokafka's batch builder encodes the same bytes (``tests/test_record_batch.py``
+compares them). Compressed batches always use aiokafka's builder, which has the codecs.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from producerkit import _fast
 from producerkit._types import DEADLINE, HEADERS, KEY, VALUE, Record
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
@@ -54,23 +53,6 @@ def encode_batch_with_aiokafka(
     return builder.build(), end
 
 
-def _load_encoder() -> tuple[Encoder, str]:
-    if os.environ.get("PRODUCERKIT_NO_SPEEDUPS"):
-        return encode_batch_with_aiokafka, "aiokafka (PRODUCERKIT_NO_SPEEDUPS is set)"
-    try:
-        from producerkit import _speedups
-    except ImportError:
-        return encode_batch_with_aiokafka, "aiokafka (producerkit._speedups is not built)"
-    speedups = _speedups
-    # The C side reads records by position: it must agree with producerkit._types.
-    assert (
-        speedups.RECORD_VALUE,
-        speedups.RECORD_KEY,
-        speedups.RECORD_HEADERS,
-        speedups.RECORD_DEADLINE,
-    ) == (VALUE, KEY, HEADERS, DEADLINE), "producerkit._speedups is out of date: reinstall"
-    encoder: Encoder = speedups.encode_batch
-    return encoder, f"C (crc32c: {speedups.CRC32C})"
-
-
-encode_batch, ENCODER = _load_encoder()
+encode_batch: Encoder = (
+    _fast.speedups.encode_batch if _fast.speedups is not None else encode_batch_with_aiokafka
+)

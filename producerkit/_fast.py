@@ -1,0 +1,46 @@
+"""The optional C speedups (``producerkit/_speedups.c``), loaded once for the whole package.
+
+They are built at install time where a C compiler and Python's headers are; without them, or
+with ``PRODUCERKIT_NO_SPEEDUPS=1``, producerkit runs the same logic in Python (the tests run it
+both ways). ``SPEEDUPS`` says which, for benchmarks and bug reports.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from producerkit._types import DEADLINE, HEADERS, KEY, VALUE
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def _plain_record(*fields: Any) -> tuple[Any, ...]:
+    return fields
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("PRODUCERKIT_NO_SPEEDUPS"):
+        return None, "off (PRODUCERKIT_NO_SPEEDUPS is set)"
+    try:
+        from producerkit import _speedups
+    except ImportError:
+        return None, "off (producerkit._speedups was not built: no C compiler at install?)"
+    # The encoder reads records by position: it must agree with producerkit._types.
+    positions = (
+        _speedups.RECORD_VALUE,
+        _speedups.RECORD_KEY,
+        _speedups.RECORD_HEADERS,
+        _speedups.RECORD_DEADLINE,
+    )
+    if positions != (VALUE, KEY, HEADERS, DEADLINE):
+        return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
+    return _speedups, f"on (crc32c: {_speedups.CRC32C})"
+
+
+speedups, SPEEDUPS = _load()
+
+#: ``new_record(*fields)``: a Record tuple; with the speedups one the GC does not track (it
+#: holds only bytes, str, numbers and None), so records in flight cost collections nothing.
+new_record: Any = speedups.record if speedups is not None else _plain_record
