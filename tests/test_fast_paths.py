@@ -222,3 +222,31 @@ def test_kafka_idempotent_producer_goes_through_aiokafkas_sender(
             assert producer.stats.acked == 1000
 
     asyncio.run(main())
+
+
+def test_kafka_full_batches_ship_at_once_while_the_linger_runs(
+    kafka_broker: LocalBroker, topic: str
+) -> None:
+    """linger_ms holds back a batch that is not full; full ones go at once, as in librdkafka."""
+
+    async def main() -> None:
+        async with pk.Producer(
+            kafka_broker.url,
+            topic=topic,
+            linger_ms=2000,
+            max_batch_size=16 * 1024,
+            max_in_flight=5,
+            concurrent_task_limit=10_000,
+        ) as producer:
+            await producer.produce(b"warm-up", key=b"k", nonblocking=True)
+            await asyncio.sleep(2.5)  # the first linger has run; metadata is known
+            for _ in range(2000):
+                await producer.produce(b"v" * 100, key=b"k", nonblocking=True)
+            await asyncio.sleep(0.5)
+            # The full batches went without waiting for the linger (and, once one was acked, the
+            # rest with it: a freed slot ships what is open).
+            assert producer.stats.acked - 1 >= 1000, producer.stats
+            await producer.flush()
+            assert producer.stats.acked == 2001
+
+    asyncio.run(main())

@@ -73,6 +73,9 @@ _AIOKAFKA_OPTIONS: dict[str, type] = {
 
 #: Options for throughput over latency (``preset="throughput"``); see docs/tuning.md.
 THROUGHPUT_PRESET: dict[str, Any] = {"linger_ms": 5}
+#: Batches per partition in flight with ``preset="throughput"``: the Java client's default. As
+#: there (without idempotence) and in librdkafka, a retried batch may then land after a later one.
+THROUGHPUT_MAX_IN_FLIGHT = 5
 DEFAULT_MAX_BATCH_SIZE = 512 * 1024
 
 
@@ -187,7 +190,12 @@ class KafkaBackend(Backend):
         self._retry_backoff = settings.get("retry_backoff_ms", 100) / 1000
         # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
         self._through_aiokafka = bool(settings["enable_idempotence"])
-        self._max_in_flight = 1 if self._through_aiokafka else self.options.get("max_in_flight", 1)
+        throughput = self.options.get("preset") == "throughput"
+        self._max_in_flight = (
+            1
+            if self._through_aiokafka
+            else self.options.get("max_in_flight", THROUGHPUT_MAX_IN_FLIGHT if throughput else 1)
+        )
         self._max_batch_size = settings["max_batch_size"]
         self._batch_records = _INITIAL_BATCH_RECORDS
         compression = _COMPRESSION_CODECS.get(settings.get("compression_type") or "", 0)
@@ -200,7 +208,9 @@ class KafkaBackend(Backend):
         self._client_id_field = _INT16.pack(len(client_id)) + client_id
         self._produce_request = ProduceRequest(None, self._acks, self._request_timeout_ms, [])
         self._queues: dict[str, dict[int, _PartitionQueue]] = {}
-        self._ship_scheduled = False
+        self._ship_scheduled = False  # a ship is due: soon, or when the linger timer fires
+        self._ship_soon = False
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._partition_counts: dict[str, int] = {}
         self._tasks: set[asyncio.Future[None]] = set()
@@ -346,17 +356,25 @@ class KafkaBackend(Backend):
     # metadata and reading responses (the request is queued on its connection like its own).
 
     def _schedule_ship(self, delay: float = 0.0) -> None:
-        if not self._ship_scheduled and not self._closing:
-            self._ship_scheduled = True
-            if delay:
-                self._loop.call_later(delay, self._ship_all)
-            else:
+        """Ship at the end of this loop iteration, or after ``delay`` (the linger) if nothing is
+        due sooner. A full batch or a freed slot ships now even while a linger runs."""
+        if self._closing:
+            return
+        if not delay:
+            if not self._ship_soon:
+                self._ship_soon = self._ship_scheduled = True
                 self._loop.call_soon(self._ship_all)
+        elif not self._ship_scheduled:
+            self._ship_scheduled = True
+            self._linger_timer = self._loop.call_later(delay, self._ship_all)
 
     def _ship_all(self) -> None:
         """Send the next batch of every partition that has one and room in flight
         (``max_in_flight``), in one request per leader."""
-        self._ship_scheduled = False
+        self._ship_soon = self._ship_scheduled = False
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         if self._closing:
             return
         by_leader: dict[int, list[_Batch]] = {}
@@ -550,6 +568,9 @@ class KafkaBackend(Backend):
 
     async def close(self) -> None:
         self._closing = True
+        linger_timer = getattr(self, "_linger_timer", None)  # None also if connect() failed
+        if linger_timer is not None:
+            linger_timer.cancel()
         for task in list(getattr(self, "_tasks", ())):
             task.cancel()
         for queue in self._all_queues() if hasattr(self, "_queues") else []:
