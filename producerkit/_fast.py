@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from producerkit._types import DEADLINE, HEADERS, KEY, VALUE
+from producerkit._types import DEADLINE, FUTURE, HEADERS, KEY, SEQ, VALUE
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -27,14 +27,16 @@ def _load() -> tuple[ModuleType | None, str]:
         from producerkit import _speedups
     except ImportError:
         return None, "off (producerkit._speedups was not built: no C compiler at install?)"
-    # The encoder reads records by position: it must agree with producerkit._types.
+    # The C functions read records by position: it must agree with producerkit._types.
     positions = (
+        _speedups.RECORD_SEQ,
         _speedups.RECORD_VALUE,
         _speedups.RECORD_KEY,
         _speedups.RECORD_HEADERS,
         _speedups.RECORD_DEADLINE,
+        _speedups.RECORD_FUTURE,
     )
-    if positions != (VALUE, KEY, HEADERS, DEADLINE):
+    if positions != (SEQ, VALUE, KEY, HEADERS, DEADLINE, FUTURE):
         return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
     return _speedups, f"on (crc32c: {_speedups.CRC32C})"
 
@@ -44,3 +46,6 @@ speedups, SPEEDUPS = _load()
 #: ``new_record(*fields)``: a Record tuple; with the speedups one the GC does not track (it
 #: holds only bytes, str, numbers and None), so records in flight cost collections nothing.
 new_record: Any = speedups.record if speedups is not None else _plain_record
+
+#: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
+pop_run: Any = speedups.pop_run if speedups is not None else None

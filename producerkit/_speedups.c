@@ -7,6 +7,7 @@
  * SSE4.2 instruction where the CPU has it.
  *
  * record: a record tuple the garbage collector does not track (see record_doc).
+ * pop_run: settling a whole acked Kafka batch in the window's ledger (see pop_run_doc).
  *
  * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
  * when it did not compile (no compiler or Python headers at install time) or when
@@ -24,10 +25,12 @@
 #endif
 
 /* Positions in producerkit._types.Record (checked against the Python constants at import). */
+#define R_SEQ 0
 #define R_VALUE 1
 #define R_KEY 2
 #define R_HEADERS 5
 #define R_DEADLINE 7
+#define R_FUTURE 9
 
 /* RecordBatch v2 header: base offset (8), length (4), leader epoch (4), magic (1), crc (4),
  * attributes (2), last offset delta (4), first and max timestamp (8 + 8), producer id (8),
@@ -331,6 +334,62 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return tuple;
 }
 
+/* ------------------------------------------------------------------------------ settling */
+
+/* pending.pop(key, None) is not None, as 1/0 (-1 with an exception set). */
+static int dict_pop(PyObject *dict, PyObject *key) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyDict_Pop(dict, key, NULL);
+#else
+    PyObject *value = _PyDict_Pop(dict, key, Py_None);
+    if (value == NULL) return -1;
+    int found = value != Py_None;
+    Py_DECREF(value);
+    return found;
+#endif
+}
+
+PyDoc_STRVAR(pop_run_doc,
+"pop_run(pending, records) -> (count, waiting)\n\n"
+"Remove each record from pending (a dict by sequence number) and count those that were there;\n"
+"waiting lists the positions, in records, of removed records with a future (None if none).\n"
+"InFlightWindow.acked_run's loop, for a whole Kafka batch at once.");
+
+static PyObject *pop_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "pop_run(pending: dict, records: list)");
+        return NULL;
+    }
+    PyObject *pending = args[0], *records = args[1], *waiting = NULL;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_FUTURE) {
+            PyErr_SetString(PyExc_TypeError, "pop_run: a record is not a producerkit Record");
+            goto error;
+        }
+        int found = dict_pop(pending, PyTuple_GET_ITEM(record, R_SEQ));
+        if (found < 0) goto error;
+        if (!found) continue; /* already failed (timed out) or reported twice */
+        count++;
+        if (PyTuple_GET_ITEM(record, R_FUTURE) != Py_None) {
+            if (waiting == NULL && (waiting = PyList_New(0)) == NULL) goto error;
+            PyObject *position = PyLong_FromSsize_t(i);
+            if (position == NULL || PyList_Append(waiting, position) < 0) {
+                Py_XDECREF(position);
+                goto error;
+            }
+            Py_DECREF(position);
+        }
+    }
+    if (waiting == NULL) return Py_BuildValue("(nO)", count, Py_None);
+    PyObject *result = Py_BuildValue("(nN)", count, waiting);
+    return result;
+error:
+    Py_XDECREF(waiting);
+    return NULL;
+}
+
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli), as Kafka uses it.");
 
 static PyObject *crc32c(PyObject *module, PyObject *args) {
@@ -346,6 +405,7 @@ static PyMethodDef methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
+    {"pop_run", (PyCFunction)(void (*)(void))pop_run, METH_FASTCALL, pop_run_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -364,10 +424,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (module == NULL) return NULL;
     const char *crc = crc32c_impl == crc32c_table ? "table" : "sse4.2";
     if (PyModule_AddStringConstant(module, "CRC32C", crc) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_SEQ", R_SEQ) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_VALUE", R_VALUE) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_KEY", R_KEY) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_HEADERS", R_HEADERS) < 0 ||
-        PyModule_AddIntConstant(module, "RECORD_DEADLINE", R_DEADLINE) < 0) {
+        PyModule_AddIntConstant(module, "RECORD_DEADLINE", R_DEADLINE) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0) {
         Py_DECREF(module);
         return NULL;
     }

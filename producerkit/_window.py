@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from producerkit._fast import pop_run as _pop_run
 from producerkit._types import (
     CONNECTION,
     DEADLINE,
@@ -143,17 +144,26 @@ class InFlightWindow:
     def acked_run(self, records: list[Record], first_offset: int | None) -> None:
         """Ack records stored at consecutive offsets from ``first_offset`` (one Kafka batch, all
         on one connection): :meth:`acked` for each, with the counting and waking done once."""
-        pop = self.pending.pop
-        count = 0
-        offset = first_offset
-        for record in records:
-            if pop(record[SEQ], None) is not None:
-                count += 1
+        if _pop_run is not None:
+            count, waiting = _pop_run(self.pending, records)
+            for position in waiting or ():  # blocking produces in this run: each its offset
+                record = records[position]
                 future = record[FUTURE]
-                if future is not None and not future.done():
+                if not future.done():
+                    offset = None if first_offset is None else first_offset + position
                     future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
-            if offset is not None:
-                offset += 1
+        else:
+            pop = self.pending.pop
+            count = 0
+            offset = first_offset
+            for record in records:
+                if pop(record[SEQ], None) is not None:
+                    count += 1
+                    future = record[FUTURE]
+                    if future is not None and not future.done():
+                        future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
+                if offset is not None:
+                    offset += 1
         if count:
             self.acked_count += count
             self.connection_acked[records[0][CONNECTION]] += count

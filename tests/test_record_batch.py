@@ -151,8 +151,32 @@ def test_records_in_flight_are_not_tracked_by_the_gc_when_they_hold_no_reference
     assert _fast.new_record(*plain) == plain
     assert not gc.is_tracked(_fast.new_record(*plain))
     # A future or headers can hold references: that record stays tracked, as CPython would.
-    future = asyncio.new_event_loop().create_future()
-    assert gc.is_tracked(_fast.new_record(*plain[:9], future))
+    loop = asyncio.new_event_loop()
+    assert gc.is_tracked(_fast.new_record(*plain[:9], loop.create_future()))
+    loop.close()
     assert gc.is_tracked(
         _fast.new_record(1, b"v", None, "t", 0, (("h", b"1"),), None, 1.0, 0, None)
     )
+
+
+def test_pop_run_settles_a_run_and_names_the_blocking_ones() -> None:
+    import asyncio
+
+    from producerkit import _fast
+
+    if _fast.pop_run is None:
+        pytest.skip(f"speedups {_fast.SPEEDUPS}")
+    loop = asyncio.new_event_loop()
+    try:
+        future = loop.create_future()
+        records = [record(seq, b"v") for seq in range(1, 6)]
+        records[3] = (*records[3][:9], future)
+        pending = {record_[0]: record_ for record_ in records}
+        del pending[2]  # failed (timed out) before the ack came: not counted again
+        assert _fast.pop_run(pending, records) == (4, [3])
+        assert pending == {}
+        assert _fast.pop_run(pending, records) == (0, None)
+        with pytest.raises(TypeError, match="not a producerkit Record"):
+            _fast.pop_run({}, [(1, 2)])
+    finally:
+        loop.close()
