@@ -16,10 +16,6 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 
-def _plain_record(*fields: Any) -> tuple[Any, ...]:
-    return fields
-
-
 def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("PRODUCERKIT_NO_SPEEDUPS"):
         return None, "off (PRODUCERKIT_NO_SPEEDUPS is set)"
@@ -43,9 +39,9 @@ def _load() -> tuple[ModuleType | None, str]:
 
 speedups, SPEEDUPS = _load()
 
-#: ``new_record(*fields)``: a Record tuple; with the speedups one the GC does not track (it
-#: holds only bytes, str, numbers and None), so records in flight cost collections nothing.
-new_record: Any = speedups.record if speedups is not None else _plain_record
+#: ``untracked(record) -> record``, or None: the GC stops tracking a record that holds only
+#: bytes, str, numbers and None, so the records a batching backend holds cost collections nothing.
+untracked: Any = speedups.untracked if speedups is not None else None
 
 #: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
 pop_run: Any = speedups.pop_run if speedups is not None else None

@@ -15,9 +15,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from producerkit import _security
+from producerkit import _fast, _security
 from producerkit._config import parse_url
-from producerkit._fast import new_record as _new_record
 from producerkit._types import (
     CONNECTION,
     ConnectionStats,
@@ -152,6 +151,9 @@ class Producer:
         self.acked_run = self._window.acked_run
         self.failed = self._window.failed
         self._pending = self._window.pending
+        # Only for backends that hold records until a batch is acked: on null:// a record dies
+        # at once, and the call would cost more than the collections it saves.
+        self._untracked = _fast.untracked if self._backend_class.HOLDS_RECORDS else None
         self._sends: list[Callable[[Record], Awaitable[None] | None]] = []
         self._seq = 0
         self._round_robin = 0
@@ -303,7 +305,7 @@ class Producer:
             index = self._round_robin = (self._round_robin + 1) % count
         future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
         seq = self._seq = self._seq + 1
-        record: Record = _new_record(
+        record: Record = (
             seq,
             value,
             key,
@@ -315,6 +317,8 @@ class Producer:
             index,
             future,
         )
+        if self._untracked is not None:
+            record = self._untracked(record)
         # InFlightWindow admission, inlined here because it runs once per message.
         pending[seq] = record
         if not in_flight:

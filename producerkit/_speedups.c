@@ -6,7 +6,7 @@
  * the exact size is computed first, the bytes object is allocated once, and the CRC uses the
  * SSE4.2 instruction where the CPU has it.
  *
- * record: a record tuple the garbage collector does not track (see record_doc).
+ * untracked: a record tuple the garbage collector stops tracking (see untracked_doc).
  * pop_run: settling a whole acked Kafka batch in the window's ledger (see pop_run_doc).
  *
  * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
@@ -314,24 +314,25 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
     return result;
 }
 
-PyDoc_STRVAR(record_doc,
-"record(*fields) -> tuple: the fields as a tuple, which the garbage collector does not track\n"
-"when none of them can hold a reference (bytes, str, int, float, None), as CPython itself\n"
-"decides when it first scans such a tuple. Thousands of records sit in flight; tracked, each\n"
-"costs the next young-generation collection a visit to every field.");
+PyDoc_STRVAR(untracked_doc,
+"untracked(record) -> record: the same tuple, which the garbage collector then no longer tracks\n"
+"if none of its fields can hold a reference (bytes, str, int, float, None), as CPython itself\n"
+"decides when it first scans such a tuple. Thousands of records wait in a batching backend;\n"
+"tracked, each costs the next young-generation collection a visit to every field.");
 
-static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *tuple = PyTuple_New(nargs);
-    if (tuple == NULL) return NULL;
-    int untrack = 1;
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        PyObject *item = args[i];
-        if (PyObject_IS_GC(item)) untrack = 0;
-        Py_INCREF(item);
-        PyTuple_SET_ITEM(tuple, i, item);
+static PyObject *untracked(PyObject *module, PyObject *record) {
+    if (PyTuple_CheckExact(record) && PyObject_GC_IsTracked(record)) {
+        int untrack = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
+            if (PyObject_IS_GC(PyTuple_GET_ITEM(record, i))) {
+                untrack = 0;
+                break;
+            }
+        }
+        if (untrack) PyObject_GC_UnTrack(record);
     }
-    if (untrack) PyObject_GC_UnTrack(tuple);
-    return tuple;
+    Py_INCREF(record);
+    return record;
 }
 
 /* ------------------------------------------------------------------------------ settling */
@@ -404,7 +405,7 @@ static PyObject *crc32c(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
-    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
+    {"untracked", untracked, METH_O, untracked_doc},
     {"pop_run", (PyCFunction)(void (*)(void))pop_run, METH_FASTCALL, pop_run_doc},
     {NULL, NULL, 0, NULL},
 };

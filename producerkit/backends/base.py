@@ -43,6 +43,8 @@ class Backend(abc.ABC):
     OPTIONS: ClassVar[Mapping[str, type]] = {}
     #: How keyless messages spread when the user does not say: sticky suits backends that batch.
     DEFAULT_KEYLESS: ClassVar[str] = "round_robin"
+    #: Whether records stay with the backend after send() returns (batches, acks to come).
+    HOLDS_RECORDS: ClassVar[bool] = True
     #: Largest message (value + key + headers) this backend accepts; set by ``connect()``.
     max_message_size: int = 1024 * 1024
 

@@ -15,6 +15,7 @@ from producerkit.backends.base import Backend
 
 class NullBackend(Backend):
     OPTIONS: ClassVar[Mapping[str, type]] = {"partitions": int}
+    HOLDS_RECORDS: ClassVar[bool] = False  # acked inside send()
 
     _next_offset = 0
 
