@@ -7,12 +7,14 @@ Needs the package index (pip installs the core dependencies); about 10 s with a 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+_NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "results")
 
 
 def run(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -29,8 +31,12 @@ def run(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    # pip builds it in an isolated environment (setuptools, and the C speedups where a compiler is).
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dist, ROOT)
+    # From a copy without build leftovers: setuptools reuses build/ and *.egg-info, which can
+    # hold files the package list no longer names. pip builds it in an isolated environment
+    # (setuptools, and the C speedups where a compiler is).
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dist, source)
     wheels = list(dist.glob("producerkit-*.whl"))
     assert len(wheels) == 1, wheels
 
@@ -54,6 +60,9 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
 
     help_text = run(python, "-m", "producerkit", "--help", env=clean_env, cwd=tmp_path).stdout
     assert "produce" in help_text and "dev" in help_text
+    # Every subpackage is in the wheel, not only the top-level ones.
+    packaged = {name.split("/")[1] for name in _wheel_names(wheels[0]) if name.count("/") == 2}
+    assert {"backends", "bench", "spark"} <= packaged, packaged
     script = env_dir / "bin" / "producerkit"
     assert run(script, "--version", env=clean_env, cwd=tmp_path).stdout.strip() == version
 
@@ -62,3 +71,10 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     source.write_text("a\nb\n")
     result = run(script, "produce", "--url", "memory://", "--topic", "t", source, env=clean_env)
     assert "2 acked, 0 failed" in result.stderr
+
+
+def _wheel_names(wheel: Path) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
