@@ -27,6 +27,21 @@ Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int
 _NO_HEADERS: list[tuple[str, bytes]] = []
 
 
+def append_records(
+    builder: DefaultRecordBatchBuilder, records: list[Record], start: int, time_shift: float
+) -> int:
+    """Append ``records[start:]`` to aiokafka's builder until it is full; return where it
+    stopped (the builder always takes the first)."""
+    append = builder.append
+    for end in range(start, len(records)):
+        record = records[end]
+        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
+        timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
+        if append(end - start, timestamp, record[KEY], record[VALUE], headers) is None:
+            return end
+    return len(records)
+
+
 def encode_batch_with_aiokafka(
     records: list[Record], start: int, max_bytes: int, time_shift: float, compression: int = 0
 ) -> tuple[bytes | bytearray, int]:
@@ -40,16 +55,7 @@ def encode_batch_with_aiokafka(
         base_sequence=-1,
         batch_size=max_bytes,
     )
-    append = builder.append
-    end = start
-    for end in range(start, len(records)):
-        record = records[end]
-        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
-        timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
-        if append(end - start, timestamp, record[KEY], record[VALUE], headers) is None:
-            break
-    else:
-        end = len(records)
+    end = append_records(builder, records, start, time_shift)
     return builder.build(), end
 
 

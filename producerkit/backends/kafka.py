@@ -34,7 +34,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.produce import ProduceRequest
 
 from producerkit import _security
-from producerkit._types import DEADLINE, HEADERS, KEY, PARTITION, TOPIC, VALUE, Record
+from producerkit._types import PARTITION, TOPIC, Record
 from producerkit.backends import _record_batch
 from producerkit.backends.base import Backend
 from producerkit.errors import (
@@ -333,18 +333,10 @@ class KafkaBackend(Backend):
     ) -> tuple[BatchBuilder, int]:
         """The idempotent producer's batch: aiokafka's sender numbers it when it sends it."""
         builder = self._producer.create_batch()
-        for end in range(start, len(records)):
-            record = records[end]
-            timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
-            headers = list(record[HEADERS]) if record[HEADERS] else []
-            appended = builder.append(
-                key=record[KEY], value=record[VALUE], timestamp=timestamp, headers=headers
-            )
-            if appended is None:
-                builder.close()
-                return builder, end
+        end = _record_batch.append_records(builder._builder, records, start, time_shift)
+        builder._relative_offset = end - start  # what BatchBuilder.append would have counted
         builder.close()
-        return builder, len(records)
+        return builder, end
 
     # ------------------------------------------------------------------ the sender
     #
