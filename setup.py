@@ -1,7 +1,7 @@
 """Builds the optional C speedups (producerkit/_speedups.c); everything else is in pyproject.toml.
 
 ``optional=True``: where there is no compiler or no Python headers, the install still succeeds
-and producerkit uses its pure-Python fallback (see producerkit/backends/_record_batch.py).
+and producerkit uses its pure-Python fallback (see producerkit/_fast.py).
 """
 
 from setuptools import Extension, setup

@@ -169,6 +169,13 @@ static int view_record(PyObject *record, double time_shift, RecordView *view) {
     return 0;
 }
 
+/* A record as pass 1 of encode_batch saw it, for pass 2 to write. */
+typedef struct {
+    RecordView view;
+    int64_t timestamp_delta;
+    Py_ssize_t body; /* size after the length prefix */
+} RecordSlot;
+
 /* The size of one record after its length prefix, or -1 with an exception set. */
 static Py_ssize_t record_body_size(const RecordView *r, int64_t timestamp_delta,
                                    Py_ssize_t offset_delta) {
@@ -257,24 +264,28 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
 
-    /* Pass 1: how many records fit, and the exact size. */
-    RecordView view;
-    if (view_record(PyList_GET_ITEM(records, start), time_shift, &view) < 0) return NULL;
-    int64_t first_timestamp = view.timestamp_ms, max_timestamp = view.timestamp_ms;
+    /* Pass 1: how many records fit, and the exact size; each record's view and body size are
+     * kept for pass 2. */
+    RecordSlot *slots = PyMem_New(RecordSlot, (size_t)(total - start));
+    if (slots == NULL) return PyErr_NoMemory();
+    int64_t first_timestamp = 0, max_timestamp = 0;
     Py_ssize_t size = BATCH_HEADER_SIZE, end = start;
     for (; end < total; end++) {
-        if (view_record(PyList_GET_ITEM(records, end), time_shift, &view) < 0) return NULL;
-        Py_ssize_t body = record_body_size(&view, view.timestamp_ms - first_timestamp, end - start);
-        if (body < 0) return NULL;
-        Py_ssize_t record_size = varint_size(body) + body;
+        RecordSlot *slot = &slots[end - start];
+        if (view_record(PyList_GET_ITEM(records, end), time_shift, &slot->view) < 0) goto error;
+        if (end == start) first_timestamp = max_timestamp = slot->view.timestamp_ms;
+        slot->timestamp_delta = slot->view.timestamp_ms - first_timestamp;
+        slot->body = record_body_size(&slot->view, slot->timestamp_delta, end - start);
+        if (slot->body < 0) goto error;
+        Py_ssize_t record_size = varint_size(slot->body) + slot->body;
         if (end > start && size + record_size > max_bytes) break;
         size += record_size;
-        if (view.timestamp_ms > max_timestamp) max_timestamp = view.timestamp_ms;
+        if (slot->view.timestamp_ms > max_timestamp) max_timestamp = slot->view.timestamp_ms;
     }
 
     /* Pass 2: write them. */
     PyObject *batch = PyBytes_FromStringAndSize(NULL, size);
-    if (batch == NULL) return NULL;
+    if (batch == NULL) goto error;
     unsigned char *base = (unsigned char *)PyBytes_AS_STRING(batch);
     unsigned char *out = base;
     out = put_be64(out, 0);                             /* base offset: the broker sets it */
@@ -291,11 +302,10 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
     out = put_be32(out, (uint32_t)-1);                  /* base sequence */
     out = put_be32(out, (uint32_t)(end - start));       /* record count */
     for (Py_ssize_t i = start; i < end; i++) {
-        view_record(PyList_GET_ITEM(records, i), time_shift, &view); /* checked in pass 1 */
-        int64_t timestamp_delta = view.timestamp_ms - first_timestamp;
-        Py_ssize_t body = record_body_size(&view, timestamp_delta, i - start);
-        out = put_record(out, &view, body, timestamp_delta, i - start);
+        const RecordSlot *slot = &slots[i - start];
+        out = put_record(out, &slot->view, slot->body, slot->timestamp_delta, i - start);
     }
+    PyMem_Free(slots);
     if (out != base + size) { /* a record changed between the passes: impossible with the GIL */
         Py_DECREF(batch);
         PyErr_SetString(PyExc_RuntimeError, "encode_batch: size mismatch");
@@ -312,6 +322,9 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
     Py_DECREF(batch);
     Py_DECREF(end_object);
     return result;
+error:
+    PyMem_Free(slots);
+    return NULL;
 }
 
 PyDoc_STRVAR(untracked_doc,

@@ -1,4 +1,4 @@
-"""Types of the optional C module built from _speedups.c (see backends/_record_batch.py)."""
+"""Types of the optional C module built from _speedups.c (loaded by producerkit._fast)."""
 
 from typing import Any, Final
 
