@@ -157,7 +157,8 @@ class Producer:
         self._sends: list[Callable[[Record], Awaitable[None] | None]] = []
         self._seq = 0
         self._round_robin = 0
-        self._topics: dict[str, int | None] = {}
+        self._topics: dict[str, int | None] = {}  # partition counts (None: unpartitioned)
+        self._topic_partitions: int | None = -1  # the default topic's, read without a lookup
         self._topic_tasks: dict[str, asyncio.Task[int | None]] = {}
         self._max_payload = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -253,10 +254,12 @@ class Producer:
             topic = self._topic
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
-        try:
-            num_partitions = self._topics.get(topic, -1)
-        except TypeError:  # unhashable (a list...): _prepare_topic names the problem
-            num_partitions = -1
+            num_partitions = self._topic_partitions
+        else:
+            try:
+                num_partitions = self._topics.get(topic, -1)
+            except TypeError:  # unhashable (a list...): _prepare_topic names the problem
+                num_partitions = -1
         if num_partitions == -1:
             num_partitions = await self._prepare_topic(topic)
         if partition is not None:
@@ -321,10 +324,11 @@ class Producer:
             record = self._untracked(record)
         # InFlightWindow admission, inlined here because it runs once per message.
         pending[seq] = record
-        if not in_flight:
-            self._window.started(record)
-        elif in_flight >= self._window.max_in_flight:
-            self._window.max_in_flight = in_flight + 1
+        window = self._window
+        if in_flight >= window.max_in_flight:
+            window.max_in_flight = in_flight + 1
+        if not in_flight and window.timer is None:
+            window.watch(record)
         try:
             handed_off = self._sends[index](record)
             if handed_off is not None:
@@ -367,12 +371,16 @@ class Producer:
             raise
         self._topic_tasks.pop(topic, None)
         self._topics[topic] = count
+        if topic == self._topic:
+            self._topic_partitions = count
         return count
 
     # ------------------------------------------------------------------ outcomes (DeliverySink)
 
     def topic_changed(self, topic: str) -> None:
         self._topics.pop(topic, None)
+        if topic == self._topic:
+            self._topic_partitions = -1
 
     def batch_sent(self, topic: str, partition: int) -> None:
         num_partitions = self._topics.get(topic)
@@ -468,10 +476,10 @@ class Producer:
         connections = tuple(
             ConnectionStats(
                 index=index,
-                produced=window.connection_acked[index]
+                produced=window.acked_on(index)
                 + window.connection_failed[index]
                 + in_flight_by_connection[index],
-                acked=window.connection_acked[index],
+                acked=window.acked_on(index),
                 failed=window.connection_failed[index],
                 in_flight=in_flight_by_connection[index],
             )

@@ -49,8 +49,8 @@ class InFlightWindow:
         "_failure_log",
         "_loop",
         "_on_error",
+        "_per_connection",
         "_room_waiters",
-        "_timer",
         "acked_count",
         "connection_acked",
         "connection_failed",
@@ -61,6 +61,7 @@ class InFlightWindow:
         "max_in_flight",
         "pending",
         "timeout",
+        "timer",
         "wait_seconds",
         "waits",
     )
@@ -77,6 +78,8 @@ class InFlightWindow:
         self.wait_seconds = 0.0
         self.acked_count = 0
         self.failed_count = 0
+        # With one connection its count is acked_count: the per-message increment is skipped.
+        self._per_connection = connections > 1
         self.connection_acked = [0] * connections
         self.connection_failed = [0] * connections
         self.failures: list[Failure] = []
@@ -84,12 +87,15 @@ class InFlightWindow:
         self._failure_log = _FailureLog()
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def in_flight(self) -> int:
         return len(self.pending)
+
+    def acked_on(self, connection: int) -> int:
+        return self.connection_acked[connection] if self._per_connection else self.acked_count
 
     # ------------------------------------------------------------------ admission
 
@@ -115,16 +121,14 @@ class InFlightWindow:
             if counted:
                 self.wait_seconds += time.perf_counter() - started
 
-    # Admission is the producer's: after checking for room (and waiting) it puts the record in
-    # ``pending`` under its sequence number and raises ``max_in_flight`` if passed (inlined in
-    # Producer.produce, once per message), and calls this for the first record into an empty
-    # window, so that its deadline is watched.
+    # Admission is the producer's, inlined in Producer.produce because it runs once per message:
+    # after checking for room (and waiting) it puts the record in ``pending`` under its sequence
+    # number, raises ``max_in_flight`` if passed, and when the window was empty and no ``timer``
+    # is armed calls this, so that the record's deadline is watched.
 
-    def started(self, record: Record) -> None:
-        """The first record in flight: watch its deadline (a timer already armed does)."""
-        if self.max_in_flight == 0:
-            self.max_in_flight = 1
-        if self._timer is None:
+    def watch(self, record: Record) -> None:
+        """Arm the timer for the first record into an empty window."""
+        if self.timer is None:
             self._arm_timer(record[DEADLINE])
 
     # ------------------------------------------------------------------ settlement
@@ -134,7 +138,8 @@ class InFlightWindow:
         if pending.pop(record[SEQ], None) is None:
             return  # already failed (timed out) or reported twice
         self.acked_count += 1
-        self.connection_acked[record[CONNECTION]] += 1
+        if self._per_connection:
+            self.connection_acked[record[CONNECTION]] += 1
         if self._room_waiters or self._empty_waiters:
             self._wake(len(pending))
         future = record[FUTURE]
@@ -166,7 +171,8 @@ class InFlightWindow:
                     offset += 1
         if count:
             self.acked_count += count
-            self.connection_acked[records[0][CONNECTION]] += count
+            if self._per_connection:
+                self.connection_acked[records[0][CONNECTION]] += count
             if self._room_waiters or self._empty_waiters:
                 self._wake(len(self.pending))
 
@@ -233,10 +239,10 @@ class InFlightWindow:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         delay = max(0.0, deadline - time.monotonic())
-        self._timer = self._loop.call_later(delay, self._expire)
+        self.timer = self._loop.call_later(delay, self._expire)
 
     def _expire(self) -> None:
-        self._timer = None
+        self.timer = None
         now = time.monotonic()
         expired: list[Record] = []
         for record in self.pending.values():
@@ -255,9 +261,9 @@ class InFlightWindow:
             self._arm_timer(next(iter(self.pending.values()))[DEADLINE])
 
     def stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class _FailureLog:

@@ -17,6 +17,10 @@ from producerkit.brokers import LocalBroker, start_kafka, start_nats
 
 def check_invariant(stats: pk.Stats) -> None:
     assert stats.produced == stats.acked + stats.failed + stats.in_flight, stats
+    # The per-connection figures add up to the totals, also with one connection (not counted
+    # per message then, but derived).
+    for field in ("produced", "acked", "failed", "in_flight"):
+        assert sum(getattr(c, field) for c in stats.connections) == getattr(stats, field), stats
 
 
 async def read_back(backend: BackendCase, topic: str, expected: int) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ the way Tansu's null storage engine measures a broker's protocol path (seed 004)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -17,19 +18,16 @@ class NullBackend(Backend):
     OPTIONS: ClassVar[Mapping[str, type]] = {"partitions": int}
     HOLDS_RECORDS: ClassVar[bool] = False  # acked inside send()
 
-    _next_offset = 0
-
     async def connect(self) -> None:
         self._partitions: int | None = self.options.get("partitions")
         self._acked = self.sink.acked
+        self._next_offset = itertools.count().__next__
 
     async def prepare_topic(self, topic: str) -> int | None:
         return self._partitions
 
     def send(self, record: Record) -> None:
-        offset = self._next_offset
-        self._next_offset = offset + 1
-        self._acked(record, offset)
+        self._acked(record, self._next_offset())
 
     async def close(self) -> None:
         pass
