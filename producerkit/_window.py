@@ -51,6 +51,7 @@ class InFlightWindow:
         "_on_error",
         "_per_connection",
         "_room_waiters",
+        "_waiting",
         "acked_count",
         "connection_acked",
         "connection_failed",
@@ -87,6 +88,7 @@ class InFlightWindow:
         self._failure_log = _FailureLog()
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
+        self._waiting = False  # either list has a waiter: one check per settled message
         self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -112,6 +114,7 @@ class InFlightWindow:
                     counted = True
                 waiter: asyncio.Future[None] = loop.create_future()
                 self._room_waiters.append(waiter)
+                self._waiting = True
                 try:
                     await waiter
                 finally:
@@ -140,7 +143,7 @@ class InFlightWindow:
         self.acked_count += 1
         if self._per_connection:
             self.connection_acked[record[CONNECTION]] += 1
-        if self._room_waiters or self._empty_waiters:
+        if self._waiting:
             self._wake(len(pending))
         future = record[FUTURE]
         if future is not None and not future.done():
@@ -173,7 +176,7 @@ class InFlightWindow:
             self.acked_count += count
             if self._per_connection:
                 self.connection_acked[records[0][CONNECTION]] += count
-            if self._room_waiters or self._empty_waiters:
+            if self._waiting:
                 self._wake(len(self.pending))
 
     def failed(self, record: Record, exc: BaseException) -> None:
@@ -182,7 +185,7 @@ class InFlightWindow:
             return
         self.failed_count += 1
         self.connection_failed[record[CONNECTION]] += 1
-        if self._room_waiters or self._empty_waiters:
+        if self._waiting:
             self._wake(len(pending))
         future = record[FUTURE]
         if future is not None and not future.done():
@@ -202,6 +205,7 @@ class InFlightWindow:
             self.wake_room_waiters()
             if in_flight == 0 and self._empty_waiters:
                 waiters, self._empty_waiters = self._empty_waiters, []
+                self._waiting = False
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
@@ -213,12 +217,14 @@ class InFlightWindow:
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+        self._waiting = bool(self._empty_waiters)
 
     async def wait_empty(self) -> None:
         """Wait until nothing is in flight."""
         while self.pending:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._empty_waiters.append(waiter)
+            self._waiting = True
             await waiter
 
     def fail_pending(self, make_error: Callable[[], BaseException]) -> None:
