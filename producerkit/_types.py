@@ -15,8 +15,9 @@ Headers = tuple[tuple[str, bytes], ...]
 class Delivery:
     """Where the broker stored a message.
 
-    ``offset`` is the Kafka offset, the JetStream stream sequence, or None for core NATS (which
-    acknowledges a flush, not a message). ``partition`` is None where the topic is not partitioned.
+    ``offset`` is the Kafka offset, the JetStream stream sequence, the position in a
+    ``memory://`` topic, or None for core NATS (which acknowledges a flush, not a message) and
+    ``null://`` (which stores nothing). ``partition`` is None where the topic is not partitioned.
     """
 
     topic: str
