@@ -272,24 +272,53 @@ async def create_topic(url: str, topic: str, partitions: int = 4) -> None:
         await admin.close()
 
 
+async def delete_topic(url: str, topic: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=_servers(url))
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
 def kafka_runners(url: str, count: int, tag: str) -> dict[str, Runner]:
     keyed, keyless = make_messages(count, True), make_messages(count, False)
 
-    def topic(name: str) -> str:
-        name = f"{tag}-{name}-{time.monotonic_ns()}"
-        asyncio.run(create_topic(url, name))
-        return name
+    def on_new_topic(name: str, run: Callable[[str], Awaitable[int]]) -> Runner:
+        """Each run publishes to a topic of its own, deleted afterwards: Tansu's memory storage
+        keeps every record, and a broker holding the earlier runs' gigabytes slowed every later
+        runner (a round-by-round drift that decided the ratios)."""
+
+        async def runner() -> int:
+            topic = f"{tag}-{name}-{time.monotonic_ns()}"
+            await create_topic(url, topic)
+            try:
+                return await run(topic)
+            finally:
+                await delete_topic(url, topic)
+
+        return runner
 
     window = KAFKA_SETTINGS  # see its comment, and docs/tuning.md
     return {
-        "producerkit kafka keyed": lambda: producerkit_run(url, topic("pk"), keyed, **window),
-        "producerkit kafka keyless": lambda: producerkit_run(url, topic("pkl"), keyless, **window),
-        "producerkit kafka keyed connections=2": lambda: producerkit_run(
-            url, topic("pk2"), keyed, connections=2, **window
+        "producerkit kafka keyed": on_new_topic(
+            "pk", lambda topic: producerkit_run(url, topic, keyed, **window)
         ),
-        "aiokafka send() loop": lambda: aiokafka_send_loop(url, topic("ak"), keyed),
-        "aiokafka batches by hand": lambda: aiokafka_batches_by_hand(url, topic("akb"), keyed),
-        "confluent-kafka": lambda: confluent_kafka(url, topic("ck"), keyed),
+        "producerkit kafka keyless": on_new_topic(
+            "pkl", lambda topic: producerkit_run(url, topic, keyless, **window)
+        ),
+        "producerkit kafka keyed connections=2": on_new_topic(
+            "pk2", lambda topic: producerkit_run(url, topic, keyed, connections=2, **window)
+        ),
+        "aiokafka send() loop": on_new_topic(
+            "ak", lambda topic: aiokafka_send_loop(url, topic, keyed)
+        ),
+        "aiokafka batches by hand": on_new_topic(
+            "akb", lambda topic: aiokafka_batches_by_hand(url, topic, keyed)
+        ),
+        "confluent-kafka": on_new_topic("ck", lambda topic: confluent_kafka(url, topic, keyed)),
     }
 
 
