@@ -262,23 +262,22 @@ def best_of(runners: dict[str, Runner], repeat: int) -> dict[str, int]:
 
 async def create_topic(url: str, topic: str, partitions: int = 4) -> None:
     """Tansu's null storage does not auto-create topics: create each one first (as memory does)."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=_servers(url))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
+    await _admin(url, "create_topics", [NewTopic(topic, partitions, 1)])
 
 
 async def delete_topic(url: str, topic: str) -> None:
+    await _admin(url, "delete_topics", [topic])
+
+
+async def _admin(url: str, request: str, *args: Any) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=_servers(url))
     await admin.start()
     try:
-        await admin.delete_topics([topic])
+        await getattr(admin, request)(*args)
     finally:
         await admin.close()
 
