@@ -10,7 +10,18 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from producerkit._types import DEADLINE, FUTURE, HEADERS, KEY, SEQ, VALUE
+from producerkit._types import (
+    CONNECTION,
+    DEADLINE,
+    FUTURE,
+    HEADERS,
+    KEY,
+    MSG_ID,
+    PARTITION,
+    SEQ,
+    TOPIC,
+    VALUE,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -28,11 +39,16 @@ def _load() -> tuple[ModuleType | None, str]:
         _speedups.RECORD_SEQ,
         _speedups.RECORD_VALUE,
         _speedups.RECORD_KEY,
+        _speedups.RECORD_TOPIC,
+        _speedups.RECORD_PARTITION,
         _speedups.RECORD_HEADERS,
+        _speedups.RECORD_MSG_ID,
         _speedups.RECORD_DEADLINE,
+        _speedups.RECORD_CONNECTION,
         _speedups.RECORD_FUTURE,
     )
-    if positions != (SEQ, VALUE, KEY, HEADERS, DEADLINE, FUTURE):
+    expected = (SEQ, VALUE, KEY, TOPIC, PARTITION, HEADERS, MSG_ID, DEADLINE, CONNECTION, FUTURE)
+    if positions != expected or not hasattr(_speedups, "Admission"):
         return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
     return _speedups, f"on (crc32c: {_speedups.CRC32C})"
 
@@ -45,3 +61,9 @@ untracked: Any = speedups.untracked if speedups is not None else None
 
 #: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
 pop_run: Any = speedups.pop_run if speedups is not None else None
+
+#: ``Admission(...)``, or None: Producer.produce's common case in one call (see _speedups.c).
+Admission: Any = speedups.Admission if speedups is not None else None
+
+#: What ``Admission.admit`` returns when it leaves a message to the Python path.
+DECLINED: Any = speedups.DECLINED if speedups is not None else object()

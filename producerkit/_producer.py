@@ -10,6 +10,7 @@ not deliver.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -55,6 +56,7 @@ _monotonic = time.monotonic
 
 #: Bytes a backend adds around a record (lengths, timestamps, attributes); used in the size check.
 _RECORD_OVERHEAD: Final = 64
+_DECLINED: Final = _fast.DECLINED
 
 ErrorCallback = Callable[[Failure], object]
 Partitioner = Callable[[bytes, int], int]
@@ -155,13 +157,14 @@ class Producer:
         # at once, and the call would cost more than the collections it saves.
         self._untracked = _fast.untracked if self._backend_class.HOLDS_RECORDS else None
         self._sends: list[Callable[[Record], Awaitable[None] | None]] = []
-        self._seq = 0
+        self._seqs = itertools.count(1)  # record[SEQ]: the nth record admitted has n
         self._round_robin = 0
         self._topics: dict[str, int | None] = {}  # partition counts (None: unpartitioned)
         self._topic_partitions: int | None = -1  # the default topic's, read without a lookup
         self._topic_tasks: dict[str, asyncio.Task[int | None]] = {}
         self._max_payload = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._admit: Callable[..., Any] | None = None  # the C fast path, while running
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -206,6 +209,23 @@ class Producer:
             )
             self._state = _RUNNING
             self._running = True
+            if _fast.Admission is not None:
+                self._admit = _fast.Admission(
+                    self._pending,
+                    self._window,
+                    self._seqs,
+                    self._topics,
+                    self._topic,
+                    self._key_hash,
+                    self._partitioner,
+                    self._keyless.partition,
+                    tuple(self._sends),
+                    self._send_failed,
+                    self._limit,
+                    self._max_payload,
+                    self._timeout,
+                    self._untracked is not None,
+                ).admit
             if self._on_stats is not None:
                 self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
 
@@ -244,6 +264,15 @@ class Producer:
         message, ProducerClosed after close(); a blocking produce raises the message's own error
         (ProduceTimeout, DeliveryError, ...) if it fails.
         """
+        admit = self._admit
+        if admit is not None and nonblocking:
+            # The common case in C: the same steps as below, or DECLINED having done nothing.
+            outcome = admit(value, key, topic, partition, headers, msg_id)
+            if outcome is None:
+                return None
+            if outcome is not _DECLINED:
+                await self._hand_off(*outcome)
+                return None
         if not self._running:
             await self._ensure_running()
         if type(value) is not bytes:
@@ -307,7 +336,7 @@ class Producer:
         else:
             index = self._round_robin = (self._round_robin + 1) % count
         future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
-        seq = self._seq = self._seq + 1
+        seq = next(self._seqs)
         record: Record = (
             seq,
             value,
@@ -331,18 +360,29 @@ class Producer:
             window.watch(record)
         try:
             handed_off = self._sends[index](record)
+        except Exception as exc:
+            self._send_failed(record, exc)
+        else:
             if handed_off is not None:
-                await handed_off
-        except asyncio.CancelledError:
-            # The caller went away mid hand-off; the record may or may not be out. Its outcome
-            # still arrives (or its deadline fails it), so the accounting stays exact.
-            raise
-        except Exception as exc:  # translated at the backend's edge; the message is not lost
-            self.failed(record, self._backend_class.translate_error(exc))
+                await self._hand_off(record, handed_off)
         if future is None:
             return None
         delivery: Delivery = await future
         return delivery
+
+    def _send_failed(self, record: Record, exc: Exception) -> None:
+        # Translated at the backend's edge; the message is not lost, it fails.
+        self.failed(record, self._backend_class.translate_error(exc))
+
+    async def _hand_off(self, record: Record, handed_off: Awaitable[None]) -> None:
+        try:
+            await handed_off
+        except asyncio.CancelledError:
+            # The caller went away mid hand-off; the record may or may not be out. Its outcome
+            # still arrives (or its deadline fails it), so the accounting stays exact.
+            raise
+        except Exception as exc:
+            self._send_failed(record, exc)
 
     async def _ensure_running(self) -> None:
         if self._state == _NEW:
@@ -434,6 +474,7 @@ class Producer:
         was_running = self._state == _RUNNING
         self._state = _CLOSING
         self._running = False
+        self._admit = None
         self._window.wake_room_waiters()  # they see the state and give up
         try:
             if was_running:
@@ -486,7 +527,7 @@ class Producer:
             for index in range(self._connection_count)
         )
         return Stats(
-            produced=self._seq,
+            produced=window.produced,
             acked=window.acked_count,
             failed=window.failed_count,
             in_flight=len(window.pending),

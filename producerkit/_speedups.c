@@ -8,6 +8,9 @@
  *
  * untracked: a record tuple the garbage collector stops tracking (see untracked_doc).
  * pop_run: settling a whole acked Kafka batch in the window's ledger (see pop_run_doc).
+ * Admission: Producer.produce's common case (nonblocking, plain bytes, a known topic) in one
+ * call, where the Python path spends most of the producer's own time in bytecode between the
+ * checks (see Admission_doc). It declines everything else, which the Python path then does.
  *
  * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
  * when it did not compile (no compiler or Python headers at install time) or when
@@ -28,9 +31,14 @@
 #define R_SEQ 0
 #define R_VALUE 1
 #define R_KEY 2
+#define R_TOPIC 3
+#define R_PARTITION 4
 #define R_HEADERS 5
+#define R_MSG_ID 6
 #define R_DEADLINE 7
+#define R_CONNECTION 8
 #define R_FUTURE 9
+#define R_FIELDS 10
 
 /* RecordBatch v2 header: base offset (8), length (4), leader epoch (4), magic (1), crc (4),
  * attributes (2), last offset delta (4), first and max timestamp (8 + 8), producer id (8),
@@ -333,17 +341,17 @@ PyDoc_STRVAR(untracked_doc,
 "decides when it first scans such a tuple. Thousands of records wait in a batching backend;\n"
 "tracked, each costs the next young-generation collection a visit to every field.");
 
-static PyObject *untracked(PyObject *module, PyObject *record) {
+static void untrack_plain(PyObject *record) {
     if (PyTuple_CheckExact(record) && PyObject_GC_IsTracked(record)) {
-        int untrack = 1;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
-            if (PyObject_IS_GC(PyTuple_GET_ITEM(record, i))) {
-                untrack = 0;
-                break;
-            }
+            if (PyObject_IS_GC(PyTuple_GET_ITEM(record, i))) return;
         }
-        if (untrack) PyObject_GC_UnTrack(record);
+        PyObject_GC_UnTrack(record);
     }
+}
+
+static PyObject *untracked(PyObject *module, PyObject *record) {
+    untrack_plain(record);
     Py_INCREF(record);
     return record;
 }
@@ -404,6 +412,313 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------ admitting */
+
+PyDoc_STRVAR(Admission_doc,
+"Admission(pending, window, seqs, topics, default_topic, key_hash, partitioner, keyless,\n"
+"          sends, send_failed, limit, max_payload, timeout, untrack)\n\n"
+"Producer.produce's common case in C. admit(value, key, topic, partition, headers, msg_id)\n"
+"returns DECLINED, having done nothing, unless the message is nonblocking-ready: value bytes,\n"
+"key bytes or None, no partition, headers or msg_id, a topic whose partition count is known\n"
+"(in topics), room in the window and within max_payload. Otherwise it does what the Python\n"
+"path does, in the same order: partition (key_hash(key) % n, partitioner(key, n) or\n"
+"keyless(topic, n)), connection, record (seq from seqs, deadline monotonic() + timeout),\n"
+"untrack, pending[seq] = record, window.max_in_flight, window.watch() for an empty window\n"
+"without a timer, then sends[connection](record). A send raising an Exception is passed to\n"
+"send_failed(record, exc). Returns None, or (record, awaitable) when the send returned one.");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *pending;       /* dict seq -> record: the window's ledger */
+    PyObject *window;        /* InFlightWindow: max_in_flight, timer, watch() */
+    PyObject *seqs;          /* itertools.count: the producer's sequence numbers */
+    PyObject *topics;        /* dict: validated topic -> partition count (None: unpartitioned) */
+    PyObject *default_topic; /* str or None */
+    PyObject *key_hash;      /* h with partition h(key) % n, or None */
+    PyObject *partitioner;   /* partitioner(key, n) */
+    PyObject *keyless;       /* keyless(topic, n) */
+    PyObject *sends;         /* tuple: each connection's send(record) */
+    PyObject *send_failed;   /* send_failed(record, exc) */
+    Py_ssize_t limit, max_payload;
+    Py_ssize_t max_in_flight; /* the window's, as last read: never above it, so a cheap test */
+    double timeout;
+    int untrack;
+} Admission;
+
+static PyObject *DECLINED;
+static PyObject *str_max_in_flight, *str_timer, *str_watch;
+
+static int Admission_traverse(Admission *self, visitproc visit, void *arg) {
+    Py_VISIT(self->pending);
+    Py_VISIT(self->window);
+    Py_VISIT(self->seqs);
+    Py_VISIT(self->topics);
+    Py_VISIT(self->default_topic);
+    Py_VISIT(self->key_hash);
+    Py_VISIT(self->partitioner);
+    Py_VISIT(self->keyless);
+    Py_VISIT(self->sends);
+    Py_VISIT(self->send_failed);
+    return 0;
+}
+
+static int Admission_clear(Admission *self) {
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->window);
+    Py_CLEAR(self->seqs);
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->default_topic);
+    Py_CLEAR(self->key_hash);
+    Py_CLEAR(self->partitioner);
+    Py_CLEAR(self->keyless);
+    Py_CLEAR(self->sends);
+    Py_CLEAR(self->send_failed);
+    return 0;
+}
+
+static void Admission_dealloc(Admission *self) {
+    PyObject_GC_UnTrack(self);
+    Admission_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
+    PyObject *pending, *window, *seqs, *topics, *default_topic, *key_hash, *partitioner, *keyless,
+        *sends, *send_failed;
+    Py_ssize_t limit, max_payload;
+    double timeout;
+    int untrack;
+    static char *names[] = {"pending", "window", "seqs", "topics", "default_topic", "key_hash",
+                            "partitioner", "keyless", "sends", "send_failed", "limit",
+                            "max_payload", "timeout", "untrack", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOO!OOOOO!Onndp:Admission", names,
+                                     &PyDict_Type, &pending, &window, &seqs, &PyDict_Type, &topics,
+                                     &default_topic, &key_hash, &partitioner, &keyless,
+                                     &PyTuple_Type, &sends, &send_failed, &limit, &max_payload,
+                                     &timeout, &untrack))
+        return -1;
+    if (PyTuple_GET_SIZE(sends) < 1) {
+        PyErr_SetString(PyExc_ValueError, "Admission: sends is empty");
+        return -1;
+    }
+    Admission_clear(self);
+#define KEEP(field) Py_INCREF(field), self->field = field
+    KEEP(pending);
+    KEEP(window);
+    KEEP(seqs);
+    KEEP(topics);
+    KEEP(default_topic);
+    KEEP(key_hash);
+    KEEP(partitioner);
+    KEEP(keyless);
+    KEEP(sends);
+    KEEP(send_failed);
+#undef KEEP
+    self->limit = limit;
+    self->max_payload = max_payload;
+    self->max_in_flight = 0;
+    self->timeout = timeout;
+    self->untrack = untrack;
+    return 0;
+}
+
+/* time.monotonic(), exactly. */
+static double monotonic(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t now;
+    if (PyTime_MonotonicRaw(&now) < 0) return 0.0; /* cannot fail on the platforms we run on */
+    return PyTime_AsSecondsDouble(now);
+#else
+    return _PyTime_AsSecondsDouble(_PyTime_GetMonotonicClock());
+#endif
+}
+
+/* The key's partition among n (n_obj): as Producer.produce computes it. New reference. */
+static PyObject *key_partition(Admission *self, PyObject *key, Py_ssize_t n, PyObject *n_obj) {
+    if (self->key_hash == Py_None) {
+        PyObject *call_args[2] = {key, n_obj};
+        return PyObject_Vectorcall(self->partitioner, call_args, 2, NULL);
+    }
+    PyObject *hash = PyObject_Vectorcall(self->key_hash, &key, 1, NULL);
+    if (hash == NULL) return NULL;
+    if (PyLong_CheckExact(hash)) {
+        unsigned long long h = PyLong_AsUnsignedLongLong(hash);
+        if (!(h == (unsigned long long)-1 && PyErr_Occurred())) {
+            Py_DECREF(hash);
+            return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
+        }
+        PyErr_Clear(); /* negative or wider than 64 bits: Python's % below */
+    }
+    PyObject *partition = PyNumber_Remainder(hash, n_obj);
+    Py_DECREF(hash);
+    return partition;
+}
+
+/* Keep window.max_in_flight at least in_flight + 1, reading it only when the cache says so. */
+static int raise_max_in_flight(Admission *self, Py_ssize_t in_flight) {
+    PyObject *current = PyObject_GetAttr(self->window, str_max_in_flight);
+    if (current == NULL) return -1;
+    Py_ssize_t seen = PyLong_AsSsize_t(current);
+    Py_DECREF(current);
+    if (seen == -1 && PyErr_Occurred()) return -1;
+    if (in_flight >= seen) {
+        PyObject *raised = PyLong_FromSsize_t(in_flight + 1);
+        if (raised == NULL) return -1;
+        int failed = PyObject_SetAttr(self->window, str_max_in_flight, raised);
+        Py_DECREF(raised);
+        if (failed < 0) return -1;
+        seen = in_flight + 1;
+    }
+    self->max_in_flight = seen;
+    return 0;
+}
+
+/* The exception being raised, now cleared. New reference. */
+static PyObject *raised_exception(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) PyException_SetTraceback(value, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    return value;
+#endif
+}
+
+static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "admit(value, key, topic, partition, headers, msg_id) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *value = args[0], *key = args[1], *topic = args[2];
+    if (!PyBytes_CheckExact(value) || args[3] != Py_None || args[4] != Py_None ||
+        args[5] != Py_None || (key != Py_None && !PyBytes_CheckExact(key)))
+        goto declined;
+    if (topic == Py_None) topic = self->default_topic;
+    if (!PyUnicode_CheckExact(topic)) goto declined;
+    PyObject *n_obj = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
+    if (n_obj == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        goto declined; /* first message to it: the Python path validates it and learns its count */
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
+    Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
+    Py_ssize_t connections = PyTuple_GET_SIZE(self->sends);
+    if (size > self->max_payload || in_flight >= self->limit) goto declined;
+    PyObject *partition, *connection;
+    if (n_obj == Py_None) {
+        if (connections > 1) goto declined; /* unpartitioned over several connections */
+        partition = Py_NewRef(Py_None);
+    } else {
+        Py_ssize_t n = PyLong_AsSsize_t(n_obj);
+        if (n < 1) {
+            if (PyErr_Occurred()) return NULL;
+            goto declined;
+        }
+        partition = key == Py_None ? PyObject_CallFunctionObjArgs(self->keyless, topic, n_obj, NULL)
+                                   : key_partition(self, key, n, n_obj);
+        if (partition == NULL) return NULL;
+    }
+    if (connections == 1) {
+        connection = PyLong_FromLong(0);
+    } else {
+        PyObject *count = PyLong_FromSsize_t(connections);
+        if (count == NULL) {
+            Py_DECREF(partition);
+            return NULL;
+        }
+        connection = PyNumber_Remainder(partition, count);
+        Py_DECREF(count);
+    }
+    if (connection == NULL) {
+        Py_DECREF(partition);
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(connection);
+    PyObject *seq = PyIter_Next(self->seqs);
+    PyObject *deadline = PyFloat_FromDouble(monotonic() + self->timeout);
+    PyObject *record = PyTuple_New(R_FIELDS);
+    if (seq == NULL || deadline == NULL || record == NULL) {
+        if (seq == NULL && !PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "Admission: seqs ran out");
+        Py_XDECREF(seq);
+        Py_XDECREF(deadline);
+        Py_XDECREF(record);
+        Py_DECREF(partition);
+        Py_DECREF(connection);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, R_SEQ, seq); /* the tuple owns every new reference from here on */
+    PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(value));
+    PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(key));
+    PyTuple_SET_ITEM(record, R_TOPIC, Py_NewRef(topic));
+    PyTuple_SET_ITEM(record, R_PARTITION, partition);
+    PyTuple_SET_ITEM(record, R_HEADERS, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(record, R_MSG_ID, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(record, R_DEADLINE, deadline);
+    PyTuple_SET_ITEM(record, R_CONNECTION, connection);
+    PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(Py_None));
+    if (self->untrack) untrack_plain(record);
+
+    /* From here on the message is counted: it must end acked or failed. */
+    PyObject *outcome = NULL;
+    if (PyDict_SetItem(self->pending, seq, record) < 0) goto done;
+    if (in_flight >= self->max_in_flight && raise_max_in_flight(self, in_flight) < 0) goto done;
+    if (in_flight == 0) {
+        PyObject *timer = PyObject_GetAttr(self->window, str_timer);
+        if (timer == NULL) goto done;
+        Py_DECREF(timer);
+        if (timer == Py_None) {
+            PyObject *watched = PyObject_CallMethodOneArg(self->window, str_watch, record);
+            if (watched == NULL) goto done;
+            Py_DECREF(watched);
+        }
+    }
+    PyObject *handed_off = PyObject_Vectorcall(PyTuple_GET_ITEM(self->sends, index), &record, 1,
+                                               NULL);
+    if (handed_off == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done; /* CancelledError and kin */
+        PyObject *exc = raised_exception();
+        outcome = PyObject_CallFunctionObjArgs(self->send_failed, record, exc, NULL);
+        Py_DECREF(exc);
+        if (outcome != NULL) Py_SETREF(outcome, Py_NewRef(Py_None));
+    } else if (handed_off == Py_None) {
+        outcome = handed_off;
+    } else {
+        outcome = PyTuple_Pack(2, record, handed_off);
+        Py_DECREF(handed_off);
+    }
+done:
+    Py_DECREF(record);
+    return outcome;
+declined:
+    return Py_NewRef(DECLINED);
+}
+
+static PyMethodDef Admission_methods[] = {
+    {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
+     "admit(value, key, topic, partition, headers, msg_id) -> None | (record, awaitable) | "
+     "DECLINED"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AdmissionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Admission",
+    .tp_basicsize = sizeof(Admission),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = Admission_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Admission_init,
+    .tp_traverse = (traverseproc)Admission_traverse,
+    .tp_clear = (inquiry)Admission_clear,
+    .tp_dealloc = (destructor)Admission_dealloc,
+    .tp_methods = Admission_methods,
+};
+
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli), as Kafka uses it.");
 
 static PyObject *crc32c(PyObject *module, PyObject *args) {
@@ -434,6 +749,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_sse42;
 #endif
+    if (PyType_Ready(&AdmissionType) < 0) return NULL;
+    if (DECLINED == NULL) {
+        DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+        str_max_in_flight = PyUnicode_InternFromString("max_in_flight");
+        str_timer = PyUnicode_InternFromString("timer");
+        str_watch = PyUnicode_InternFromString("watch");
+        if (!DECLINED || !str_max_in_flight || !str_timer || !str_watch) return NULL;
+    }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     const char *crc = crc32c_impl == crc32c_table ? "table" : "sse4.2";
@@ -443,7 +766,13 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(module, "RECORD_KEY", R_KEY) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_HEADERS", R_HEADERS) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_DEADLINE", R_DEADLINE) < 0 ||
-        PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0) {
+        PyModule_AddIntConstant(module, "RECORD_TOPIC", R_TOPIC) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_PARTITION", R_PARTITION) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_MSG_ID", R_MSG_ID) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_CONNECTION", R_CONNECTION) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0 ||
+        PyModule_AddObjectRef(module, "DECLINED", DECLINED) < 0 ||
+        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

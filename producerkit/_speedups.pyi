@@ -6,8 +6,12 @@ CRC32C: Final[str]
 RECORD_SEQ: Final[int]
 RECORD_VALUE: Final[int]
 RECORD_KEY: Final[int]
+RECORD_TOPIC: Final[int]
+RECORD_PARTITION: Final[int]
 RECORD_HEADERS: Final[int]
+RECORD_MSG_ID: Final[int]
 RECORD_DEADLINE: Final[int]
+RECORD_CONNECTION: Final[int]
 RECORD_FUTURE: Final[int]
 
 def encode_batch(
@@ -16,3 +20,33 @@ def encode_batch(
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int: ...
 def untracked(record: tuple[Any, ...]) -> tuple[Any, ...]: ...
 def pop_run(pending: dict[int, Any], records: list[Any]) -> tuple[int, list[int] | None]: ...
+
+DECLINED: Final[object]
+
+class Admission:
+    def __init__(
+        self,
+        pending: dict[int, Any],
+        window: Any,
+        seqs: Any,
+        topics: dict[str, int | None],
+        default_topic: str | None,
+        key_hash: Any,
+        partitioner: Any,
+        keyless: Any,
+        sends: tuple[Any, ...],
+        send_failed: Any,
+        limit: int,
+        max_payload: int,
+        timeout: float,
+        untrack: bool,
+    ) -> None: ...
+    def admit(
+        self,
+        value: object,
+        key: object,
+        topic: object,
+        partition: object,
+        headers: object,
+        msg_id: object,
+    ) -> Any: ...

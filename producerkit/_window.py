@@ -96,6 +96,11 @@ class InFlightWindow:
     def in_flight(self) -> int:
         return len(self.pending)
 
+    @property
+    def produced(self) -> int:
+        """Records admitted so far: each is in ``pending`` or was counted acked or failed."""
+        return self.acked_count + self.failed_count + len(self.pending)
+
     def acked_on(self, connection: int) -> int:
         return self.connection_acked[connection] if self._per_connection else self.acked_count
 

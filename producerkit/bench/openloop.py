@@ -110,9 +110,9 @@ class ProducerTarget:
         await self.producer.start()
 
     def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
-        # One sender produces in index order: this message's record[SEQ] will be _seq + 1.
+        # One sender produces in index order: the nth record admitted has record[SEQ] n.
         timing = self._timing
-        timing.base = self.producer._seq + 1 - index
+        timing.base = self.producer._window.produced + 1 - index
         timing.on_ack = self.on_ack
         return self.producer.produce(value, key=key, nonblocking=True)
 

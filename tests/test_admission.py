@@ -1,0 +1,134 @@
+"""The C admission (producerkit._speedups.Admission) does exactly what Producer.produce's Python
+path does: the same records, partitions, connections, counts and failures, message for message.
+Each case runs the same messages through both paths on memory:// and compares what was stored."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import producerkit as pk
+from producerkit import _fast
+from producerkit.backends.memory import MemoryBackend
+
+needs_admission = pytest.mark.skipif(
+    _fast.Admission is None, reason=f"producerkit._speedups: {_fast.SPEEDUPS}"
+)
+
+Message = tuple[Any, Any, str | None, Any, bool]  # value, key, topic, headers, nonblocking
+
+# Mostly what the fast path takes (bytes, nonblocking, default topic), and each thing it declines.
+messages = st.lists(
+    st.tuples(
+        st.one_of(
+            st.binary(max_size=20), st.text(max_size=5), st.binary(max_size=3).map(bytearray)
+        ),
+        st.one_of(st.none(), st.binary(max_size=8), st.text(max_size=3)),
+        st.sampled_from([None, None, None, "other"]),
+        st.sampled_from([None, None, None, {"h": b"1"}]),
+        st.sampled_from([True, True, True, False]),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+def _custom_partitioner(key: bytes, num_partitions: int) -> int:
+    return len(key) % num_partitions
+
+
+async def _publish(fast: bool, batch: list[Message], options: dict[str, Any]) -> Any:
+    async with pk.Producer("memory://", topic="main", partitions=5, **options) as producer:
+        assert producer._admit is not None  # start() sets it
+        if not fast:
+            producer._admit = None
+        for value, key, topic, headers, nonblocking in batch:
+            await producer.produce(
+                value, key=key, topic=topic, headers=headers, nonblocking=nonblocking
+            )
+        await producer.flush()
+        stats = producer.stats
+        assert stats.produced == len(batch) == stats.acked
+        return list(producer.backend.records), stats
+
+
+@needs_admission
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=messages,
+    connections=st.sampled_from([1, 2, 3]),
+    partitioner=st.sampled_from(["xxhash", "murmur2", "crc32", _custom_partitioner]),
+)
+def test_the_c_admission_stores_what_the_python_path_stores(
+    batch: list[Message], connections: int, partitioner: Any
+) -> None:
+    options = {"connections": connections, "partitioner": partitioner, "keyless": "round_robin"}
+    fast = asyncio.run(_publish(True, batch, options))
+    slow = asyncio.run(_publish(False, batch, options))
+    assert fast == slow
+
+
+@needs_admission
+def test_a_send_that_raises_fails_its_message_on_the_c_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend's send() raising is reported as that message's failure (translated), once,
+    and the producer goes on: on the C path as on the Python path."""
+    real_send = MemoryBackend.send
+
+    def send(self: MemoryBackend, record: Any) -> None:
+        if record[1].startswith(b"bad"):
+            raise ConnectionError("the link dropped")
+        real_send(self, record)
+
+    monkeypatch.setattr(MemoryBackend, "send", send)
+
+    async def main(fast: bool) -> tuple[list[bytes], pk.Stats]:
+        async with pk.Producer("memory://", topic="t", partitions=3) as producer:
+            if not fast:
+                producer._admit = None
+            for value in (b"ok-1", b"bad-1", b"ok-2", b"bad-2", b"ok-3"):
+                await producer.produce(value, key=value, nonblocking=True)
+            with pytest.raises(pk.ProduceError) as caught:
+                await producer.flush()
+            failed = [failure.value for failure in caught.value.failures]
+            await producer.produce(b"ok-4", nonblocking=True)
+            await producer.flush()
+            return failed, producer.stats
+
+    for fast in (True, False):
+        failed, stats = asyncio.run(main(fast))
+        assert failed == [b"bad-1", b"bad-2"]
+        assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (6, 4, 2, 0)
+
+
+@needs_admission
+def test_the_c_admission_declines_what_it_does_not_handle() -> None:
+    """It returns DECLINED, having counted nothing, for anything but the common case."""
+
+    async def main() -> None:
+        async with pk.Producer("memory://", topic="t", partitions=3, timeout=5) as producer:
+            admit = producer._admit
+            assert admit is not None
+            assert admit(b"v", b"k", None, None, None, None) is _fast.DECLINED  # topic unknown
+            await producer.produce(b"first")  # validates the topic and learns its partitions
+            declined = [
+                ("text", None, None, None, None, None),  # a str value is converted in Python
+                (b"v", "k", None, None, None, None),  # so is a str key
+                (b"v", None, "unseen", None, None, None),  # a topic not yet validated
+                (b"v", None, None, 1, None, None),  # an explicit partition
+                (b"v", None, None, None, {"h": b"1"}, None),  # headers
+                (b"v", None, None, None, None, "id-1"),  # msg_id
+                (b"x" * (2 << 20), None, None, None, None, None),  # over max_payload
+            ]
+            for call in declined:
+                assert admit(*call) is _fast.DECLINED, call
+            assert producer.stats.produced == 1
+            assert admit(b"v", b"k", None, None, None, None) is None
+            assert producer.stats.acked == 2
+
+    asyncio.run(main())
