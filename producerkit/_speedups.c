@@ -539,19 +539,14 @@ static PyObject *key_partition(Admission *self, PyObject *key, Py_ssize_t n, PyO
         PyObject *call_args[2] = {key, n_obj};
         return PyObject_Vectorcall(self->partitioner, call_args, 2, NULL);
     }
+    /* key_hash is one of partitioners.modulo_hash's C hashes (xxh3_64, crc32): its value is an
+     * int in [0, 2**64), which the mask reads exactly and faster than the checked conversion. */
     PyObject *hash = PyObject_Vectorcall(self->key_hash, &key, 1, NULL);
     if (hash == NULL) return NULL;
-    if (PyLong_CheckExact(hash)) {
-        unsigned long long h = PyLong_AsUnsignedLongLong(hash);
-        if (!(h == (unsigned long long)-1 && PyErr_Occurred())) {
-            Py_DECREF(hash);
-            return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
-        }
-        PyErr_Clear(); /* negative or wider than 64 bits: Python's % below */
-    }
-    PyObject *partition = PyNumber_Remainder(hash, n_obj);
+    unsigned long long h = PyLong_AsUnsignedLongLongMask(hash);
     Py_DECREF(hash);
-    return partition;
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
 }
 
 /* Keep window.max_in_flight at least in_flight + 1, reading it only when the cache says so. */
@@ -662,7 +657,9 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     PyTuple_SET_ITEM(record, R_DEADLINE, deadline);
     PyTuple_SET_ITEM(record, R_CONNECTION, connection);
     PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(Py_None));
-    if (self->untrack) untrack_plain(record);
+    /* Every field but the partition is bytes, str, int, float or None by now: see untracked. */
+    if (self->untrack && (partition == Py_None || PyLong_CheckExact(partition)))
+        PyObject_GC_UnTrack(record);
 
     /* From here on the message is counted: it must end acked or failed. */
     PyObject *outcome = NULL;

@@ -172,7 +172,8 @@ _MODULO_HASHES: Mapping[KeyPartitioner, Callable[[bytes], int]] = MappingProxyTy
 def modulo_hash(partitioner: KeyPartitioner) -> Callable[[bytes], int] | None:
     """The C hash ``h`` if ``partitioner(key, n)`` is exactly ``h(key) % n``, else None.
 
-    The producer then calls ``h`` itself, which saves a Python call per keyed message.
+    The producer then calls ``h`` itself, which saves a Python call per keyed message. Every
+    such ``h`` returns an int in ``range(2**64)``: the C admission relies on it.
     """
     return _MODULO_HASHES.get(partitioner)
 
