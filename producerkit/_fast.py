@@ -48,7 +48,7 @@ def _load() -> tuple[ModuleType | None, str]:
         _speedups.RECORD_FUTURE,
     )
     expected = (SEQ, VALUE, KEY, TOPIC, PARTITION, HEADERS, MSG_ID, DEADLINE, CONNECTION, FUTURE)
-    if positions != expected or not hasattr(_speedups, "Admission"):
+    if positions != expected or not hasattr(_speedups, "Gather"):
         return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
     return _speedups, f"on (crc32c: {_speedups.CRC32C})"
 
@@ -67,3 +67,6 @@ Admission: Any = speedups.Admission if speedups is not None else None
 
 #: What ``Admission.admit`` returns when it leaves a message to the Python path.
 DECLINED: Any = speedups.DECLINED if speedups is not None else object()
+
+#: ``Gather(queues, send)``, or None: the Kafka backend's send() when it only appends.
+Gather: Any = speedups.Gather if speedups is not None else None

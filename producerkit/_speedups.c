@@ -11,6 +11,7 @@
  * Admission: Producer.produce's common case (nonblocking, plain bytes, a known topic) in one
  * call, where the Python path spends most of the producer's own time in bytecode between the
  * checks (see Admission_doc). It declines everything else, which the Python path then does.
+ * Gather: the Kafka backend's send() when all it has to do is append (see Gather_doc).
  *
  * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
  * when it did not compile (no compiler or Python headers at install time) or when
@@ -18,6 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -716,6 +718,109 @@ static PyTypeObject AdmissionType = {
     .tp_methods = Admission_methods,
 };
 
+/* ------------------------------------------------------------------------------ gathering */
+
+PyDoc_STRVAR(Gather_doc,
+"Gather(queues, send)\n\n"
+"A batching backend's send() for the common case: queues is a dict topic -> dict partition ->\n"
+"queue (with a list .records), send the backend's own send(record), which does everything.\n"
+"Gather.send(record) only appends the record to its queue's records, and returns None, when a\n"
+"ship is already due (ship_due) and the list stays below batch_records; otherwise, and for a\n"
+"partition without a queue yet, it returns send(record). ship_due and batch_records are the\n"
+"backend's own state, kept here so that the test costs no attribute lookup on the backend.");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *queues;
+    PyObject *send;
+    Py_ssize_t batch_records;
+    char ship_due;
+} Gather;
+
+static PyObject *str_records;
+
+static int Gather_traverse(Gather *self, visitproc visit, void *arg) {
+    Py_VISIT(self->queues);
+    Py_VISIT(self->send);
+    return 0;
+}
+
+static int Gather_clear(Gather *self) {
+    Py_CLEAR(self->queues);
+    Py_CLEAR(self->send);
+    return 0;
+}
+
+static void Gather_dealloc(Gather *self) {
+    PyObject_GC_UnTrack(self);
+    Gather_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Gather_init(Gather *self, PyObject *args, PyObject *kwargs) {
+    PyObject *queues, *send;
+    static char *names[] = {"queues", "send", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O:Gather", names, &PyDict_Type, &queues,
+                                     &send))
+        return -1;
+    Gather_clear(self);
+    self->queues = Py_NewRef(queues);
+    self->send = Py_NewRef(send);
+    self->batch_records = 1;
+    self->ship_due = 0;
+    return 0;
+}
+
+static PyObject *Gather_send(Gather *self, PyObject *record) {
+    if (!self->ship_due || !PyTuple_Check(record) || PyTuple_GET_SIZE(record) < R_FIELDS)
+        return PyObject_CallOneArg(self->send, record);
+    PyObject *partitions = PyDict_GetItemWithError(self->queues, PyTuple_GET_ITEM(record, R_TOPIC));
+    PyObject *queue = partitions == NULL || !PyDict_Check(partitions)
+                          ? NULL
+                          : PyDict_GetItemWithError(partitions,
+                                                    PyTuple_GET_ITEM(record, R_PARTITION));
+    if (queue == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_CallOneArg(self->send, record);
+    }
+    PyObject *records = PyObject_GetAttr(queue, str_records);
+    if (records == NULL) return NULL;
+    if (!PyList_CheckExact(records) || PyList_GET_SIZE(records) + 1 >= self->batch_records) {
+        Py_DECREF(records);
+        return PyObject_CallOneArg(self->send, record);
+    }
+    int failed = PyList_Append(records, record);
+    Py_DECREF(records);
+    if (failed < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Gather_methods[] = {
+    {"send", (PyCFunction)Gather_send, METH_O, "send(record) -> None | the backend's send(record)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Gather_members[] = {
+    {"ship_due", T_BOOL, offsetof(Gather, ship_due), 0, "a ship is scheduled"},
+    {"batch_records", T_PYSSIZET, offsetof(Gather, batch_records), 0,
+     "records that fill a batch: the append that reaches it goes to the backend's send"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject GatherType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Gather",
+    .tp_basicsize = sizeof(Gather),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = Gather_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Gather_init,
+    .tp_traverse = (traverseproc)Gather_traverse,
+    .tp_clear = (inquiry)Gather_clear,
+    .tp_dealloc = (destructor)Gather_dealloc,
+    .tp_methods = Gather_methods,
+    .tp_members = Gather_members,
+};
+
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli), as Kafka uses it.");
 
 static PyObject *crc32c(PyObject *module, PyObject *args) {
@@ -746,13 +851,15 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_sse42;
 #endif
-    if (PyType_Ready(&AdmissionType) < 0) return NULL;
+    if (PyType_Ready(&AdmissionType) < 0 || PyType_Ready(&GatherType) < 0) return NULL;
     if (DECLINED == NULL) {
         DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
         str_max_in_flight = PyUnicode_InternFromString("max_in_flight");
         str_timer = PyUnicode_InternFromString("timer");
         str_watch = PyUnicode_InternFromString("watch");
-        if (!DECLINED || !str_max_in_flight || !str_timer || !str_watch) return NULL;
+        str_records = PyUnicode_InternFromString("records");
+        if (!DECLINED || !str_max_in_flight || !str_timer || !str_watch || !str_records)
+            return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -769,7 +876,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(module, "RECORD_CONNECTION", R_CONNECTION) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0 ||
         PyModule_AddObjectRef(module, "DECLINED", DECLINED) < 0 ||
-        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0) {
+        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
+        PyModule_AddObjectRef(module, "Gather", (PyObject *)&GatherType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -50,3 +50,9 @@ class Admission:
         headers: object,
         msg_id: object,
     ) -> Any: ...
+
+class Gather:
+    ship_due: bool
+    batch_records: int
+    def __init__(self, queues: dict[str, dict[int, Any]], send: Any) -> None: ...
+    def send(self, record: tuple[Any, ...]) -> Any: ...

@@ -132,3 +132,31 @@ def test_the_c_admission_declines_what_it_does_not_handle() -> None:
             assert producer.stats.acked == 2
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(_fast.Gather is None, reason=f"producerkit._speedups: {_fast.SPEEDUPS}")
+def test_gather_appends_only_while_a_ship_is_due_and_the_batch_is_not_full() -> None:
+    """Gather.send (the Kafka backend's C send) appends and returns None only in the common
+    case; everything else goes to the backend's own send, which appends itself."""
+
+    class Queue:
+        __slots__ = ("records",)
+
+        def __init__(self) -> None:
+            self.records: list[Any] = []
+
+    queue = Queue()
+    slow: list[Any] = []
+    gather = _fast.Gather({"t": {0: queue}}, lambda record: slow.append(record) or "slow")
+    gather.batch_records = 3
+
+    def record(partition: int) -> tuple[Any, ...]:
+        return (1, b"v", None, "t", partition, None, None, 1.0, 0, None)
+
+    assert gather.send(record(0)) == "slow"  # no ship due: the backend schedules one
+    gather.ship_due = True
+    assert gather.send(record(0)) is None and gather.send(record(0)) is None
+    assert len(queue.records) == 2
+    assert gather.send(record(0)) == "slow"  # the third would fill the batch: sealed there
+    assert gather.send(record(1)) == "slow"  # a partition without a queue yet
+    assert (len(queue.records), len(slow)) == (2, 3)

@@ -33,7 +33,7 @@ from aiokafka.conn import CloseReason
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.produce import ProduceRequest
 
-from producerkit import _security
+from producerkit import _fast, _security
 from producerkit._types import PARTITION, TOPIC, Record
 from producerkit.backends import _record_batch
 from producerkit.backends.base import Backend
@@ -140,6 +140,19 @@ _COMPRESSION_CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 #: Records gathered before the first seal measures their size (then it adapts to fill a batch).
 _INITIAL_BATCH_RECORDS = 256
 
+
+class _Gathering:
+    """What send() reads besides the queue: whether a ship is due, and how many records fill a
+    batch. Where it was built, ``producerkit._speedups.Gather`` takes its place: the same two
+    attributes, and a C send() for when a record only has to be appended."""
+
+    __slots__ = ("batch_records", "ship_due")
+
+    def __init__(self) -> None:
+        self.batch_records = 1
+        self.ship_due = False
+
+
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
@@ -197,7 +210,6 @@ class KafkaBackend(Backend):
             else self.options.get("max_in_flight", THROUGHPUT_MAX_IN_FLIGHT if throughput else 1)
         )
         self._max_batch_size = settings["max_batch_size"]
-        self._batch_records = _INITIAL_BATCH_RECORDS
         compression = _COMPRESSION_CODECS.get(settings.get("compression_type") or "", 0)
         self._encode: _record_batch.Encoder = (
             functools.partial(_record_batch.encode_batch_with_aiokafka, compression=compression)
@@ -208,7 +220,16 @@ class KafkaBackend(Backend):
         self._client_id_field = _INT16.pack(len(client_id)) + client_id
         self._produce_request = ProduceRequest(None, self._acks, self._request_timeout_ms, [])
         self._queues: dict[str, dict[int, _PartitionQueue]] = {}
-        self._ship_scheduled = False  # a ship is due: soon, or when the linger timer fires
+        if _fast.Gather is not None:
+            # The C send appends when that is all there is to do, and calls this class's send
+            # for everything else. The producer takes each connection's send after connect().
+            gathering = _fast.Gather(self._queues, self.send)
+            self.send = gathering.send  # type: ignore[method-assign]
+        else:
+            gathering = _Gathering()
+        gathering.batch_records = _INITIAL_BATCH_RECORDS
+        gathering.ship_due = False  # a ship is due: soon, or when the linger timer fires
+        self._gathering: _Gathering = gathering  # or the C Gather: the same attributes
         self._ship_soon = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -295,14 +316,15 @@ class KafkaBackend(Backend):
             )
         records = queue.records
         records.append(record)
-        if len(records) >= self._batch_records:
+        gathering = self._gathering
+        if len(records) >= gathering.batch_records:
             # Enough for a full batch: encode it now and let the loop write it (and read acks)
             # at once, not only when the window is full, so the broker works while the caller
             # keeps producing.
             self._seal(queue)
             self._schedule_ship()
             return asyncio.sleep(0)
-        if not self._ship_scheduled and queue.in_flight < self._max_in_flight:
+        if not gathering.ship_due and queue.in_flight < self._max_in_flight:
             self._schedule_ship(self._linger)
         return None
 
@@ -325,7 +347,9 @@ class KafkaBackend(Backend):
             queue.full.append(_Batch(queue, queue.sealed, data, batch_records, expires))
             if not self._through_aiokafka:
                 # Gather as many records as fill a batch at the sizes seen last.
-                self._batch_records = max(1, (end - start) * self._max_batch_size // len(data))
+                self._gathering.batch_records = max(
+                    1, (end - start) * self._max_batch_size // len(data)
+                )
             start = end
 
     def _fill_aiokafka_batch(
@@ -354,16 +378,16 @@ class KafkaBackend(Backend):
             return
         if not delay:
             if not self._ship_soon:
-                self._ship_soon = self._ship_scheduled = True
+                self._ship_soon = self._gathering.ship_due = True
                 self._loop.call_soon(self._ship_all)
-        elif not self._ship_scheduled:
-            self._ship_scheduled = True
+        elif not self._gathering.ship_due:
+            self._gathering.ship_due = True
             self._linger_timer = self._loop.call_later(delay, self._ship_all)
 
     def _ship_all(self) -> None:
         """Send the next batch of every partition that has one and room in flight
         (``max_in_flight``), in one request per leader."""
-        self._ship_soon = self._ship_scheduled = False
+        self._ship_soon = self._gathering.ship_due = False
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
