@@ -182,7 +182,12 @@ def test_kafka_acks_zero_counts_every_message_written(
     kafka_broker: LocalBroker, topic: str
 ) -> None:
     """acks=0: the broker sends no response, so a message is acked (offset None) once its
-    request is written; all of them arrive."""
+    request is written, and the counts are exact.
+
+    What arrives is checked for duplicates and strays, not for completeness: Tansu 0.6 answers
+    acks=0 Produce requests (the protocol says it must not), aiokafka's reader then finds a
+    response nobody asked for and drops the connection, and a request written on it meanwhile
+    is lost (1999 of 5000 in about one run in ten). acks=0 promises no more than that."""
     count = 5000
 
     async def main() -> list[dict[str, Any]]:
@@ -193,9 +198,11 @@ def test_kafka_acks_zero_counts_every_message_written(
                 await producer.produce(b"%d" % i, key=b"k%d" % (i % 7), nonblocking=True)
             await producer.flush()
             assert (producer.stats.acked, producer.stats.failed) == (count, 0)
-        return await read_kafka(kafka_broker.url, topic, count)
+        return await read_kafka(kafka_broker.url, topic, count, timeout=10)
 
-    assert len(asyncio.run(main())) == count
+    values = [record["value"] for record in asyncio.run(main())]
+    assert len(values) == len(set(values)) and b"first" in values
+    assert set(values) <= {b"first"} | {b"%d" % i for i in range(count - 1)}
 
 
 def test_kafka_max_in_flight_must_be_positive() -> None:
