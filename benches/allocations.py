@@ -44,11 +44,11 @@ class HeldNullBackend(NullBackend):
 async def in_flight_blocks(count: int) -> dict[str, Any]:
     keys = [b"user-%d" % (i % 10_000) for i in range(count)]
     value = b"x" * 512
-    async with pk.Producer(
-        "null://?partitions=12", topic="alloc", concurrent_task_limit=count + 1
-    ) as producer:
+    producer = pk.Producer("null://?partitions=12", topic="alloc", concurrent_task_limit=count + 1)
+    # Before start(): the producer takes each connection's send() when it connects.
+    producer._backend_class = HeldNullBackend
+    async with producer:
         backend = producer.backend
-        backend.__class__ = HeldNullBackend
         held: list[Record] = []
         backend.held = held  # type: ignore[attr-defined]
         held.extend([None] * count)  # type: ignore[list-item]  # the list's own growth is not ours
