@@ -570,6 +570,17 @@ static int raise_max_in_flight(Admission *self, Py_ssize_t in_flight) {
     return 0;
 }
 
+/* Raise producerkit.errors.ConfigurationError for a partitioner's result that is no partition. */
+static void not_a_partition(PyObject *partition) {
+    PyObject *errors = PyImport_ImportModule("producerkit.errors");
+    PyObject *error = errors == NULL ? NULL : PyObject_GetAttrString(errors, "ConfigurationError");
+    Py_XDECREF(errors);
+    if (error == NULL) return;
+    PyErr_Format(error, "the partitioner returned %R, which is not a partition number (an int)",
+                 partition);
+    Py_DECREF(error);
+}
+
 /* The exception being raised, now cleared. New reference. */
 static PyObject *raised_exception(void) {
 #if PY_VERSION_HEX >= 0x030C0000
@@ -636,6 +647,15 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     Py_ssize_t index = PyLong_AsSsize_t(connection);
+    if (index < 0 || index >= connections) {
+        /* Only a partitioner of the user's can get here, by returning something other than an
+         * int: nothing is counted, and the call says what went wrong. */
+        PyErr_Clear();
+        not_a_partition(partition);
+        Py_DECREF(partition);
+        Py_DECREF(connection);
+        return NULL;
+    }
     PyObject *seq = PyIter_Next(self->seqs);
     PyObject *deadline = PyFloat_FromDouble(monotonic() + self->timeout);
     PyObject *record = PyTuple_New(R_FIELDS);

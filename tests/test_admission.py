@@ -160,3 +160,27 @@ def test_gather_appends_only_while_a_ship_is_due_and_the_batch_is_not_full() -> 
     assert gather.send(record(0)) == "slow"  # the third would fill the batch: sealed there
     assert gather.send(record(1)) == "slow"  # a partition without a queue yet
     assert (len(queue.records), len(slow)) == (2, 3)
+
+
+@needs_admission
+def test_a_partitioner_returning_no_int_is_named_at_the_call_over_several_connections() -> None:
+    """With connections=2 the C admission picks the connection from the partition: a user's
+    partitioner returning a float is a ConfigurationError at the call, nothing is counted, and
+    the producer goes on."""
+
+    def halves(key: bytes, num_partitions: int) -> float:
+        return 1.5
+
+    async def main() -> None:
+        async with pk.Producer(
+            "memory://", topic="t", partitions=4, connections=2, partitioner=halves
+        ) as producer:
+            await producer.produce(b"first")  # keyless: learns the topic's partitions
+            with pytest.raises(pk.ConfigurationError, match=r"returned 1\.5"):
+                await producer.produce(b"v", key=b"k", nonblocking=True)
+            await producer.produce(b"after", nonblocking=True)
+            await producer.flush()
+            stats = producer.stats
+            assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
+
+    asyncio.run(main())
