@@ -160,7 +160,6 @@ class Producer:
         self._seqs = itertools.count(1)  # record[SEQ]: the nth record admitted has n
         self._round_robin = 0
         self._topics: dict[str, int | None] = {}  # partition counts (None: unpartitioned)
-        self._topic_partitions: int | None = -1  # the default topic's, read without a lookup
         self._topic_tasks: dict[str, asyncio.Task[int | None]] = {}
         self._max_payload = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -283,12 +282,10 @@ class Producer:
             topic = self._topic
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
-            num_partitions = self._topic_partitions
-        else:
-            try:
-                num_partitions = self._topics.get(topic, -1)
-            except TypeError:  # unhashable (a list...): _prepare_topic names the problem
-                num_partitions = -1
+        try:
+            num_partitions = self._topics.get(topic, -1)
+        except TypeError:  # unhashable (a list...): _prepare_topic names the problem
+            num_partitions = -1
         if num_partitions == -1:
             num_partitions = await self._prepare_topic(topic)
         if partition is not None:
@@ -411,16 +408,12 @@ class Producer:
             raise
         self._topic_tasks.pop(topic, None)
         self._topics[topic] = count
-        if topic == self._topic:
-            self._topic_partitions = count
         return count
 
     # ------------------------------------------------------------------ outcomes (DeliverySink)
 
     def topic_changed(self, topic: str) -> None:
         self._topics.pop(topic, None)
-        if topic == self._topic:
-            self._topic_partitions = -1
 
     def batch_sent(self, topic: str, partition: int) -> None:
         num_partitions = self._topics.get(topic)
