@@ -343,17 +343,17 @@ PyDoc_STRVAR(untracked_doc,
 "decides when it first scans such a tuple. Thousands of records wait in a batching backend;\n"
 "tracked, each costs the next young-generation collection a visit to every field.");
 
-static void untrack_plain(PyObject *record) {
-    if (PyTuple_CheckExact(record) && PyObject_GC_IsTracked(record)) {
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
-            if (PyObject_IS_GC(PyTuple_GET_ITEM(record, i))) return;
-        }
-        PyObject_GC_UnTrack(record);
-    }
-}
-
 static PyObject *untracked(PyObject *module, PyObject *record) {
-    untrack_plain(record);
+    if (PyTuple_CheckExact(record) && PyObject_GC_IsTracked(record)) {
+        int untrack = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
+            if (PyObject_IS_GC(PyTuple_GET_ITEM(record, i))) {
+                untrack = 0;
+                break;
+            }
+        }
+        if (untrack) PyObject_GC_UnTrack(record);
+    }
     Py_INCREF(record);
     return record;
 }
