@@ -32,6 +32,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
 from producerkit import _security
 from producerkit._types import DEADLINE, HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
@@ -397,6 +398,11 @@ class JetStreamBackend(_NatsConnection):
         )
         if isinstance(getattr(subscription, "_pending_queue", None), asyncio.Queue):
             subscription._pending_queue = _DirectDelivery(self._handle_ack)  # type: ignore[assignment]
+        parser = getattr(self._nc, "_ps", None)
+        if type(parser) is Parser and isinstance(getattr(subscription, "_id", None), int):
+            self._nc._ps = _PubAckReader(  # type: ignore[assignment]
+                parser, self._nc, subscription._id, self._inbox, self._settle_acks
+            )
 
     async def prepare_topic(self, topic: str) -> int | None:
         if self.options.get("create_stream"):
@@ -428,23 +434,34 @@ class JetStreamBackend(_NatsConnection):
         self._handle_ack(msg)  # only if nats-py's internals change and _DirectDelivery is not used
 
     def _handle_ack(self, msg: Msg) -> None:
+        """A PubAck that came through nats-py's parser (see _PubAckReader for the others)."""
+        self._settle(msg.subject[self._inbox_prefix_length :], msg.data, msg.headers)
+        self._sweep()
+
+    def _settle_acks(self, acks: list[tuple[bytes, bytes]]) -> None:
+        """PubAcks read by _PubAckReader, as (token, payload), in the order they came."""
+        settle = self._settle
+        for token, data in acks:
+            settle(token, data, None)
+        self._sweep()
+
+    def _settle(self, token: str | bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:
-            token = int(msg.subject[self._inbox_prefix_length :])
+            record = self._awaiting.pop(int(token), None)
         except ValueError:
             return
-        record = self._awaiting.pop(token, None)
         if record is None:
             return  # already timed out and forgotten
-        error = _puback_error(msg)
-        if error is not None:
-            self.sink.failed(record, error)
-            return
-        sequence = _puback_sequence(msg.data)
+        if not data or b'"error"' in data:
+            error = _puback_error(self.subject(record), data, headers)
+            if error is not None:
+                self.sink.failed(record, error)
+                return
+        sequence = _puback_sequence(data)
         if sequence is None:
-            self.sink.failed(record, DeliveryError(f"unreadable PubAck {msg.data[:200]!r}"))
+            self.sink.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
             return
         self.sink.acked(record, sequence)
-        self._sweep()
 
     def _sweep(self) -> None:
         """Forget records whose deadline passed (the producer failed them) and got no ack."""
@@ -512,6 +529,88 @@ class _DirectDelivery:
         pass
 
 
+class _PubAckReader:
+    """Stands in for nats-py's protocol parser on a JetStream connection, and reads the PubAcks
+    itself: a run of ``MSG <inbox>.<token> <sid> <length>`` frames at the head of what the
+    socket gave is settled in one call, with no regex, ``Msg`` or coroutine per ack and no
+    bytearray shifted per frame (nats-py's parser and dispatch were two thirds of the CPU
+    a JetStream publish cost). Anything else (PING, INFO, -ERR, a PubAck with headers, other
+    subscriptions) and everything after it in the same read goes to nats-py's parser, in order.
+    While that parser holds part of a frame, all input goes to it until it is back between frames.
+    """
+
+    # A partial frame kept for the next read is at most a control line and a PubAck.
+    _MAX_PARTIAL = 4096
+
+    def __init__(
+        self,
+        parser: Parser,
+        client: Client,
+        sid: int,
+        inbox: str,
+        settle: Callable[[list[tuple[bytes, bytes]]], None],
+    ) -> None:
+        self._parser = parser
+        self._stats = client.stats
+        self._head = b"MSG " + inbox.encode() + b"."
+        self._token_at = len(inbox) + 1  # in the subject
+        self._sid = b"%d" % sid
+        self._settle = settle
+        self._partial = b""
+
+    def reset(self) -> None:
+        self._partial = b""
+        self._parser.reset()
+
+    async def parse(self, data: bytes = b"") -> None:
+        if self._partial:
+            data, self._partial = self._partial + data, b""
+        parser = self._parser
+        if parser.buf or parser.state != AWAITING_CONTROL_LINE:
+            await parser.parse(data)
+            return
+        taken = self._take_acks(data)
+        if taken < len(data) and not self._partial:
+            await parser.parse(data[taken:])
+
+    def _take_acks(self, data: bytes) -> int:
+        """Settle the PubAck frames at the head of data; return where the rest starts. A partial
+        PubAck at the end is kept in ``_partial``."""
+        head, sid, token_at, size = self._head, self._sid, self._token_at, len(data)
+        acks: list[tuple[bytes, bytes]] = []
+        position = payload_bytes = 0
+        while data.startswith(head, position):
+            line_end = data.find(b"\r\n", position, position + self._MAX_PARTIAL)
+            if line_end < 0:
+                if size - position < self._MAX_PARTIAL:
+                    self._partial = data[position:]
+                break
+            fields = data[position:line_end].split(b" ")
+            if len(fields) != 4 or fields[2] != sid or not fields[3].isdigit():
+                break  # a reply subject, another subscription: nats-py's
+            start = line_end + 2
+            end = start + int(fields[3])
+            if end + 2 > size:
+                if size - position < self._MAX_PARTIAL:
+                    self._partial = data[position:]
+                break
+            acks.append((fields[1][token_at:], data[start:end]))
+            payload_bytes += end - start
+            position = end + 2
+        else:
+            if size - position < len(head) and head.startswith(data[position:]) and position < size:
+                self._partial = data[position:]
+        if acks:
+            stats = self._stats
+            stats["in_msgs"] += len(acks)
+            stats["in_bytes"] += payload_bytes
+            try:
+                self._settle(acks)
+            except Exception:  # never into nats-py's read loop: that would drop the connection
+                logger.exception("error handling PubAcks")
+        return position
+
+
 _PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
 
 
@@ -527,28 +626,32 @@ def _puback_sequence(data: bytes) -> int | None:
         return None
 
 
-def _puback_error(msg: Msg) -> ProducerError | None:
-    if not msg.data:
-        status = (msg.headers or {}).get("Status", "")
+def _puback_error(
+    subject: str, data: bytes, headers: Mapping[str, str] | None
+) -> ProducerError | None:
+    """The failure a PubAck reports (an empty one, with its status, or one with an error), or
+    None for a PubAck that only looked like one (a stream named "error")."""
+    if not data:
+        status = (headers or {}).get("Status", "")
         if status == "503":
             return DeliveryError(
-                f"no JetStream stream stores subject {msg.subject!r} (503 no responders); create "
+                f"no JetStream stream stores subject {subject!r} (503 no responders); create "
                 "one or pass create_stream=True"
             )
         return DeliveryError(f"empty PubAck (status {status or 'none'})")
-    if b'"error"' in msg.data:
-        try:
-            error = json.loads(msg.data)["error"]
-            code, description = error.get("err_code") or error.get("code"), error.get("description")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return DeliveryError(f"JetStream rejected the message: {msg.data[:200]!r}")
-        text = f"JetStream rejected the message: {description} (code {code})"
-        if "permission" in str(description).lower():
-            return AuthorizationError(text)
-        if "too large" in str(description).lower() or "maximum" in str(description).lower():
-            return MessageTooLarge(text)
-        return DeliveryError(text)
-    return None
+    try:
+        error = json.loads(data).get("error")
+        if error is None:
+            return None
+        code, description = error.get("err_code") or error.get("code"), error.get("description")
+    except (ValueError, TypeError, AttributeError):
+        return DeliveryError(f"JetStream rejected the message: {data[:200]!r}")
+    text = f"JetStream rejected the message: {description} (code {code})"
+    if "permission" in str(description).lower():
+        return AuthorizationError(text)
+    if "too large" in str(description).lower() or "maximum" in str(description).lower():
+        return MessageTooLarge(text)
+    return DeliveryError(text)
 
 
 class _DenyingSink:
