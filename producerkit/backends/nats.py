@@ -582,11 +582,11 @@ class _PubAckReader:
         head, sid, token_at, size = self._head, self._sid, self._token_at, len(data)
         acks: list[tuple[bytes, bytes]] = []
         position = payload_bytes = 0
+        incomplete = False  # the frame at position is a PubAck still arriving
         while data.startswith(head, position):
             line_end = data.find(b"\r\n", position, position + self._MAX_PARTIAL)
             if line_end < 0:
-                if size - position < self._MAX_PARTIAL:
-                    self._partial = data[position:]
+                incomplete = True
                 break
             fields = data[position:line_end].split(b" ")
             if len(fields) != 4 or fields[2] != sid or not fields[3].isdigit():
@@ -594,15 +594,17 @@ class _PubAckReader:
             start = line_end + 2
             end = start + int(fields[3])
             if end + 2 > size:
-                if size - position < self._MAX_PARTIAL:
-                    self._partial = data[position:]
+                incomplete = True
                 break
             acks.append((fields[1][token_at:], data[start:end]))
             payload_bytes += end - start
             position = end + 2
-        else:
-            if size - position < len(head) and head.startswith(data[position:]) and position < size:
-                self._partial = data[position:]
+        rest = size - position
+        # Kept for the next read: a PubAck cut short, or a read ending in the first bytes of one.
+        if (incomplete and rest < self._MAX_PARTIAL) or (
+            0 < rest < len(head) and head.startswith(data[position:])
+        ):
+            self._partial = data[position:]
         if acks:
             stats = self._stats
             stats["in_msgs"] += len(acks)
