@@ -19,6 +19,21 @@ from producerkit.brokers import LocalBroker, start_kafka, start_nats
 BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
 
 
+_REAL_BACKENDS = ("kafka", "jetstream", "nats")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``brokers`` every test that talks to a real broker through a client library: it asks
+    for a session broker, or for ``backend`` on kafka/jetstream/nats. ``pytest -m brokers`` runs
+    exactly these (CI runs them once more on the client libraries' public-API path)."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("backend") if callspec is not None else None
+        if "kafka_broker" in fixtures or "nats_broker" in fixtures or param in _REAL_BACKENDS:
+            item.add_marker(pytest.mark.brokers)
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[LocalBroker]:
     with start_kafka() as broker:

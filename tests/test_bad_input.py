@@ -245,6 +245,7 @@ def test_kafka_max_request_size_is_the_limit(kafka_broker: LocalBroker, topic: s
     asyncio.run(main())
 
 
+@pytest.mark.brokers  # starts a broker of its own
 @pytest.mark.parametrize("scheme", ["nats", "jetstream"])
 def test_nats_max_payload_comes_from_the_server(scheme: str, tmp_path: Any, topic: str) -> None:
     """A server configured with max_payload 4096: the producer reads it from INFO and refuses

@@ -299,6 +299,7 @@ def _wait_for_count(url: str, subject: str, expected: int, timeout: float = 30.0
     raise AssertionError(f"stream never reached {expected} messages")
 
 
+@pytest.mark.brokers  # starts a broker of its own
 def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
     """Done when: broker down for part of the run -> exit 1 + failures file -> replay -> all in."""
     half = 2000

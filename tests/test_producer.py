@@ -263,6 +263,7 @@ def test_close_flushes_and_rejects_further_produce(backend: BackendCase, topic: 
     asyncio.run(main())
 
 
+@pytest.mark.brokers  # starts a broker of its own
 def test_close_deadline_fails_what_is_left(tmp_path: Any, topic: str) -> None:
     with start_nats(workdir=tmp_path) as broker:
 
@@ -287,6 +288,7 @@ def test_close_deadline_fails_what_is_left(tmp_path: Any, topic: str) -> None:
         asyncio.run(main())
 
 
+@pytest.mark.brokers  # starts a broker of its own
 def test_flush_timeout_reports_in_flight(tmp_path: Any, topic: str) -> None:
     with start_nats(workdir=tmp_path) as broker:
 
