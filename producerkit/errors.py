@@ -5,6 +5,7 @@
     ProducerError                      base of everything below
     ├── ConfigurationError (ValueError)    bad URL, option or producer setting, at construction
     │   └── MissingDependencyError (ImportError)  a backend's extra is not installed
+    │       └── IncompatibleClientError           its client library is a version not supported
     ├── MessageError (ValueError)          a bad value/key/headers/topic/partition, at produce()
     │   └── MessageTooLarge                    larger than the backend accepts
     ├── BrokerUnavailable (ConnectionError)    cannot connect, or the connection is gone
@@ -37,6 +38,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigurationError",
     "DeliveryError",
+    "IncompatibleClientError",
     "MessageError",
     "MessageTooLarge",
     "MissingDependencyError",
@@ -58,6 +60,24 @@ class ConfigurationError(ProducerError, ValueError):
 
 class MissingDependencyError(ConfigurationError, ImportError):
     """A backend needs an optional dependency that is not installed."""
+
+
+class IncompatibleClientError(MissingDependencyError):
+    """The installed client library (aiokafka, nats-py) is a version producerkit does not support.
+
+    Raised by ``start()`` before anything connects. :attr:`package`, :attr:`version` (None if its
+    version cannot be read) and :attr:`supported` (a pip requirement range) say which.
+    """
+
+    def __init__(self, package: str, version: str | None, supported: str) -> None:
+        self.package = package
+        self.version = version
+        self.supported = supported
+        installed = f"{package} {version}" if version else f"{package} (version unknown)"
+        super().__init__(
+            f"{installed} is installed, but producerkit supports {package}{supported}: "
+            f'run  pip install "{package}{supported}"'
+        )
 
 
 class MessageError(ProducerError, ValueError):

@@ -16,46 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
-
 from producerkit import _fast
-from producerkit._types import DEADLINE, HEADERS, KEY, VALUE, Record
+from producerkit._types import Record
+from producerkit.backends import _aiokafka_compat
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
-
-#: Shared by every record without headers: aiokafka's encoder only reads it (and wants a list).
-_NO_HEADERS: list[tuple[str, bytes]] = []
-
-
-def append_records(
-    builder: DefaultRecordBatchBuilder, records: list[Record], start: int, time_shift: float
-) -> int:
-    """Append ``records[start:]`` to aiokafka's builder until it is full; return where it
-    stopped (the builder always takes the first)."""
-    append = builder.append
-    for end in range(start, len(records)):
-        record = records[end]
-        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
-        timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
-        if append(end - start, timestamp, record[KEY], record[VALUE], headers) is None:
-            return end
-    return len(records)
 
 
 def encode_batch_with_aiokafka(
     records: list[Record], start: int, max_bytes: int, time_shift: float, compression: int = 0
 ) -> tuple[bytes | bytearray, int]:
     """The same batch through aiokafka's builder: the fallback, and the one that compresses."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=max_bytes,
-    )
-    end = append_records(builder, records, start, time_shift)
+    builder = _aiokafka_compat.new_record_batch_builder(compression, max_bytes)
+    end = _aiokafka_compat.append_records(builder.append, records, start, time_shift)
     return builder.build(), end
 
 

@@ -47,6 +47,10 @@ class Backend(abc.ABC):
     HOLDS_RECORDS: ClassVar[bool] = True
     #: Largest message (value + key + headers) this backend accepts; set by ``connect()``.
     max_message_size: int = 1024 * 1024
+    #: ``"fast"`` or ``"public"``: how ``connect()`` chose to use the client library, and why
+    #: (see ``producerkit.backends._clients``); None for backends without one.
+    client_path: str | None = None
+    client_path_reason: str = ""
 
     def __init__(
         self,

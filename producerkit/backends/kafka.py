@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import re
 import ssl
-import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Mapping
@@ -28,14 +28,10 @@ from typing import Any, ClassVar
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka_errors
-from aiokafka.client import ConnectionGroup
-from aiokafka.conn import CloseReason
-from aiokafka.producer.message_accumulator import BatchBuilder
-from aiokafka.protocol.produce import ProduceRequest
 
 from producerkit import _fast, _security
 from producerkit._types import PARTITION, TOPIC, Record
-from producerkit.backends import _record_batch
+from producerkit.backends import _aiokafka_compat, _clients, _record_batch
 from producerkit.backends.base import Backend
 from producerkit.errors import (
     AuthenticationError,
@@ -51,6 +47,8 @@ from producerkit.errors import (
 )
 
 _monotonic = time.monotonic
+
+logger = logging.getLogger("producerkit.kafka")
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -92,13 +90,13 @@ class _Batch:
         self,
         queue: _PartitionQueue,
         number: int,
-        data: bytes | bytearray | BatchBuilder,
+        data: bytes | bytearray | Any,
         records: list[Record],
         expires: float,
     ) -> None:
         self.queue = queue
         self.number = number  # order within the partition: a retry goes back in its place
-        self.data = data  # the encoded batch (an aiokafka builder for the idempotent producer)
+        self.data = data  # the encoded batch, or an aiokafka BatchBuilder (sent through aiokafka)
         self.records = records
         self.expires = expires
         self.sent = False
@@ -153,12 +151,6 @@ class _Gathering:
         self.ship_due = False
 
 
-_INT16 = struct.Struct(">h")
-_INT32 = struct.Struct(">i")
-_REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
-_PARTITION_DATA = struct.Struct(">ii")  # partition, record batch size
-
-
 class KafkaBackend(Backend):
     DEFAULT_KEYLESS: ClassVar[str] = "sticky"
     OPTIONS: ClassVar[Mapping[str, type]] = {
@@ -192,6 +184,7 @@ class KafkaBackend(Backend):
         return checked
 
     async def connect(self) -> None:
+        _clients.check_client("aiokafka")
         settings = self._client_settings()
         self.max_message_size = settings.get("max_request_size", 1024 * 1024)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.url.server_strings(), **settings)
@@ -201,12 +194,16 @@ class KafkaBackend(Backend):
         self._request_timeout_ms = settings["request_timeout_ms"]
         self._request_timeout = self._request_timeout_ms / 1000
         self._retry_backoff = settings.get("retry_backoff_ms", 100) / 1000
-        # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
-        self._through_aiokafka = bool(settings["enable_idempotence"])
+        # The idempotent producer needs aiokafka's sender (producer id, sequence numbers); so
+        # does the public path. Both are decided once connected.
+        self._idempotent = bool(settings["enable_idempotence"])
+        self._through_aiokafka = True
+        self._fast_fill = False
+        self._wire: _aiokafka_compat.ProduceWire | None = None
         throughput = self.options.get("preset") == "throughput"
         self._max_in_flight = (
             1
-            if self._through_aiokafka
+            if self._idempotent
             else self.options.get("max_in_flight", THROUGHPUT_MAX_IN_FLIGHT if throughput else 1)
         )
         self._max_batch_size = settings["max_batch_size"]
@@ -216,9 +213,6 @@ class KafkaBackend(Backend):
             if compression
             else _record_batch.encode_batch
         )
-        client_id = (settings.get("client_id") or "producerkit").encode()
-        self._client_id_field = _INT16.pack(len(client_id)) + client_id
-        self._produce_request = ProduceRequest(None, self._acks, self._request_timeout_ms, [])
         self._queues: dict[str, dict[int, _PartitionQueue]] = {}
         if _fast.Gather is not None:
             # The C send appends when that is all there is to do, and calls this class's send
@@ -252,6 +246,22 @@ class KafkaBackend(Backend):
             if isinstance(exc, Exception):
                 raise _translate(exc) from exc
             raise
+        try:
+            self.client_path, self.client_path_reason = await _aiokafka_compat.choose_path(
+                self._producer, self._acks
+            )
+        except BaseException:
+            await self._producer.stop()
+            raise
+        self._fast_fill = self.client_path == _clients.FAST
+        self._through_aiokafka = self._idempotent or not self._fast_fill
+        if not self._through_aiokafka:
+            self._wire = _aiokafka_compat.ProduceWire(
+                self._producer,
+                self._acks,
+                self._request_timeout_ms,
+                settings.get("client_id") or "producerkit",
+            )
         self._client.cluster.add_listener(self._metadata_updated)
 
     def _client_settings(self) -> dict[str, Any]:
@@ -329,7 +339,8 @@ class KafkaBackend(Backend):
         return None
 
     def _seal(self, queue: _PartitionQueue) -> None:
-        """Encode the partition's open records as batches of at most ``max_batch_size``."""
+        """Encode the partition's open records as batches of at most ``max_batch_size``. If the
+        encoder raises, the records it could not seal fail with that error as their cause."""
         records, queue.records = queue.records, []
         now = _monotonic()
         expires = now + self._request_timeout
@@ -337,39 +348,36 @@ class KafkaBackend(Backend):
         # them back into wall-clock CreateTimes.
         time_shift = time.time() - now - self.timeout
         start = 0
-        while start < len(records):
-            if self._through_aiokafka:
-                data, end = self._fill_aiokafka_batch(records, start, time_shift)
-            else:
-                data, end = self._encode(records, start, self._max_batch_size, time_shift)
-            queue.sealed += 1
-            batch_records = records if start == 0 and end == len(records) else records[start:end]
-            queue.full.append(_Batch(queue, queue.sealed, data, batch_records, expires))
-            if not self._through_aiokafka:
+        try:
+            while start < len(records):
+                if self._through_aiokafka:
+                    builder = self._producer.create_batch()
+                    end = _aiokafka_compat.fill_builder(
+                        builder, records, start, time_shift, fast=self._fast_fill
+                    )
+                    data, size = builder, builder.size()
+                else:
+                    data, end = self._encode(records, start, self._max_batch_size, time_shift)
+                    size = len(data)
+                queue.sealed += 1
+                whole = start == 0 and end == len(records)
+                batch_records = records if whole else records[start:end]
+                queue.full.append(_Batch(queue, queue.sealed, data, batch_records, expires))
                 # Gather as many records as fill a batch at the sizes seen last.
                 self._gathering.batch_records = max(
-                    1, (end - start) * self._max_batch_size // len(data)
+                    1, (end - start) * self._max_batch_size // max(size, 1)
                 )
-            start = end
-
-    def _fill_aiokafka_batch(
-        self, records: list[Record], start: int, time_shift: float
-    ) -> tuple[BatchBuilder, int]:
-        """The idempotent producer's batch: aiokafka's sender numbers it when it sends it."""
-        builder = self._producer.create_batch()
-        end = _record_batch.append_records(builder._builder, records, start, time_shift)
-        builder._relative_offset = end - start  # what BatchBuilder.append would have counted
-        builder.close()
-        return builder, end
+                start = end
+        except Exception as exc:
+            self._fail_all(records[start:], exc)
 
     # ------------------------------------------------------------------ the sender
     #
-    # producerkit writes its own Produce requests on aiokafka's connection to each leader:
-    # aiokafka's encoder joins every batch into the request, the header onto that, and the size
-    # onto that, three fresh half-megabyte copies per request, which cost more than the whole
-    # rest of the Kafka path (docs/performance.md). Here the small framing is written, then each
-    # batch buffer as it is. aiokafka still owns connecting, SASL/TLS, version negotiation,
-    # metadata and reading responses (the request is queued on its connection like its own).
+    # On the fast path producerkit writes its own Produce requests on aiokafka's connection to
+    # each leader (_aiokafka_compat.ProduceWire); on the public path, and for the idempotent
+    # producer, each batch goes through aiokafka's send_batch(). Either way every batch ends
+    # acked, retried or failed: an exception anywhere in these callbacks fails the batches it
+    # concerns at once, with the exception as the cause, and the sender carries on.
 
     def _schedule_ship(self, delay: float = 0.0) -> None:
         """Ship at the end of this loop iteration, or after ``delay`` (the linger) if nothing is
@@ -404,8 +412,12 @@ class KafkaBackend(Backend):
                 ):
                     self._ship_next(queue, by_leader)
         for leader, batches in by_leader.items():
-            conn = self._client._conns.get((leader, ConnectionGroup.DEFAULT))
-            if conn is not None and conn.connected():
+            try:
+                conn = self._wire.ready_connection(leader)  # type: ignore[union-attr]
+            except Exception as exc:
+                self._retry_or_fail_all(batches, exc)
+                continue
+            if conn is not None:
                 self._write_request(conn, batches)
             else:
                 self._spawn(self._connect_then_write(leader, batches))
@@ -413,15 +425,24 @@ class KafkaBackend(Backend):
     def _ship_next(self, queue: _PartitionQueue, by_leader: dict[int, list[_Batch]]) -> None:
         if not queue.full:
             self._seal(queue)
+            if not queue.full:
+                return  # the encoder failed these records
         batch = queue.full.popleft()
         queue.in_flight += 1
         if not batch.sent:
             batch.sent = True
-            self.sink.batch_sent(queue.topic, queue.partition)
+            try:
+                self.sink.batch_sent(queue.topic, queue.partition)
+            except Exception:  # a keyless partitioner's trouble is not this batch's
+                logger.exception("error reporting a sent batch of %s", queue.key)
         if self._through_aiokafka:
             self._spawn(self._send_through_aiokafka(batch))
             return
-        leader = self._client.cluster.leader_for_partition(queue.key)
+        try:
+            leader = self._client.cluster.leader_for_partition(queue.key)
+        except Exception as exc:
+            self._retry_or_fail(batch, exc)
+            return
         if leader is None or leader < 0:
             self._client.force_metadata_update()
             self._retry_or_fail(batch, kafka_errors.LeaderNotAvailableError())
@@ -435,106 +456,76 @@ class KafkaBackend(Backend):
 
     async def _connect_then_write(self, leader: int, batches: list[_Batch]) -> None:
         try:
-            conn = await self._client._get_conn(leader)  # None if it cannot connect (logs why)
-        except Exception as exc:  # anything else: the batches still end, retried or failed
-            for batch in batches:
-                self._retry_or_fail(batch, exc)
+            conn = await self._wire.connect(leader)  # type: ignore[union-attr]
+        except Exception as exc:  # None if it cannot connect (aiokafka logs why); else this
+            self._retry_or_fail_all(batches, exc)
             return
         if conn is None or self._closing:
             error = kafka_errors.NodeNotReadyError(f"cannot connect to broker node {leader}")
-            for batch in batches:
-                self._retry_or_fail(batch, error)
+            self._retry_or_fail_all(batches, error)
             return
         self._write_request(conn, batches)
 
     def _write_request(self, conn: Any, batches: list[_Batch]) -> None:
-        """Frame one Produce request (v3+) around ``batches`` and write it without joining them."""
+        """One Produce request carrying ``batches``, written on ``conn`` by the fast path."""
         try:
-            request = self._produce_request.prepare(conn._versions)
-        except Exception as exc:  # a broker without Produce v3+: each record is told why
-            for batch in batches:
-                self._retry_or_fail(batch, exc)
+            response = self._wire.write(  # type: ignore[union-attr]
+                conn, [(batch.queue.topic, batch.queue.partition, batch.data) for batch in batches]
+            )
+        except Exception as exc:  # nothing was written: each batch retries or fails with it
+            self._retry_or_fail_all(batches, exc)
             return
-        correlation_id = conn._next_correlation_id()
-        by_topic: dict[str, list[_Batch]] = {}
-        for batch in batches:
-            by_topic.setdefault(batch.queue.topic, []).append(batch)
-        framing = [
-            _REQUEST_HEADER.pack(0, request.API_VERSION, correlation_id),
-            self._client_id_field,
-            b"\xff\xff",  # transactional_id: null
-            _INT16.pack(self._acks),
-            _INT32.pack(self._request_timeout_ms),
-            _INT32.pack(len(by_topic)),
-        ]
-        parts: list[bytes | bytearray] = []
-        for topic, topic_batches in by_topic.items():
-            name = topic.encode()
-            framing += (_INT16.pack(len(name)), name, _INT32.pack(len(topic_batches)))
-            for batch in topic_batches:
-                assert not isinstance(batch.data, BatchBuilder)
-                framing.append(_PARTITION_DATA.pack(batch.queue.partition, len(batch.data)))
-                parts.append(b"".join(framing))
-                parts.append(batch.data)
-                framing = []
-        writer = conn._writer
-        if writer is None:
-            error = kafka_errors.KafkaConnectionError("the connection closed")
-            for batch in batches:
-                self._retry_or_fail(batch, error)
-            return
-        writer.write(_INT32.pack(sum(map(len, parts))))
-        for part in parts:
-            # A memoryview: if the socket takes part of it, asyncio keeps the rest without a copy.
-            writer.write(memoryview(part))
-        if self._acks == 0:  # no response will come: written is all there is
+        if response is None:  # acks=0: no response will come, written is all there is
             for batch in batches:
                 self._acked(batch, None)
             return
-        response: asyncio.Future[Any] = self._loop.create_future()
-        conn._requests.append((correlation_id, request, response))
-        timer = self._loop.call_later(self._request_timeout, _time_out_request, conn, response)
-        response.add_done_callback(functools.partial(self._request_done, batches, timer))
+        response.add_done_callback(functools.partial(self._request_done, batches))
 
-    def _request_done(
-        self, batches: list[_Batch], timer: asyncio.TimerHandle, response: asyncio.Future[Any]
-    ) -> None:
-        timer.cancel()
+    def _request_done(self, batches: list[_Batch], response: asyncio.Future[Any]) -> None:
+        error: BaseException | None
         if response.cancelled():
-            error: BaseException | None = kafka_errors.KafkaConnectionError("request cancelled")
+            error = kafka_errors.KafkaConnectionError("request cancelled")
         else:
             error = response.exception()
+        results: dict[tuple[str, int], tuple[int, int]] = {}
+        if error is None:
+            try:
+                results = _aiokafka_compat.partition_results(response.result())
+            except Exception as exc:  # a response not shaped as expected
+                error = exc
         if error is not None:
             if getattr(error, "invalid_metadata", False):
                 self._client.force_metadata_update()
-            for batch in batches:
-                self._retry_or_fail(batch, error)
+            self._retry_or_fail_all(batches, error)
         else:
-            results = {
-                (topic, info[0]): (info[1], info[2])  # partition: (error_code, base_offset)
-                for topic, partitions in response.result().topics
-                for info in partitions
-            }
             for batch in batches:
-                queue = batch.queue
-                code, offset = results.get((queue.topic, queue.partition), (None, None))
-                if code == 0:
-                    self._acked(batch, offset)
-                    continue
-                if code is None:
-                    self._retry_or_fail(
-                        batch, DeliveryError(f"the broker did not answer for {queue.key}")
-                    )
-                    continue
-                broker_error = kafka_errors.for_code(code)()
-                if broker_error.invalid_metadata:
-                    self._client.force_metadata_update()
-                self._retry_or_fail(batch, broker_error)
+                try:
+                    self._settle(batch, results)
+                except Exception as exc:  # reported ones stay reported; the rest fail with it
+                    logger.exception("error settling a batch of %s", batch.queue.key)
+                    self._fail_all(batch.records, exc)
         self._schedule_ship()
+
+    def _settle(self, batch: _Batch, results: dict[tuple[str, int], tuple[int, int]]) -> None:
+        queue = batch.queue
+        code, offset = results.get((queue.topic, queue.partition), (None, None))
+        if code == 0:
+            self._acked(batch, offset)
+        elif code is None:
+            self._retry_or_fail(batch, DeliveryError(f"the broker did not answer for {queue.key}"))
+        else:
+            broker_error = kafka_errors.for_code(code)()
+            if broker_error.invalid_metadata:
+                self._client.force_metadata_update()
+            self._retry_or_fail(batch, broker_error)
 
     def _acked(self, batch: _Batch, offset: int | None) -> None:
         batch.queue.in_flight -= 1
         self.sink.acked_run(batch.records, offset)
+
+    def _retry_or_fail_all(self, batches: list[_Batch], error: BaseException) -> None:
+        for batch in batches:
+            self._retry_or_fail(batch, error)
 
     def _retry_or_fail(self, batch: _Batch, error: BaseException) -> None:
         """Retry a retriable error after the backoff while the batch has time; else fail it."""
@@ -557,7 +548,6 @@ class KafkaBackend(Backend):
     async def _send_through_aiokafka(self, batch: _Batch) -> None:
         queue = batch.queue
         try:
-            assert isinstance(batch.data, BatchBuilder)
             future = await self._producer.send_batch(
                 batch.data, queue.topic, partition=queue.partition
             )
@@ -565,11 +555,15 @@ class KafkaBackend(Backend):
         except Exception as exc:
             queue.in_flight -= 1
             self._fail_all(batch.records, exc)
-        else:
-            self._acked(batch, result.offset)
+        else:  # no RecordMetadata with acks=0: no response, no offset
+            self._acked(batch, None if result is None or self._acks == 0 else result.offset)
         self._schedule_ship()
 
     def _fail_all(self, records: list[Record], exc: BaseException) -> None:
+        if not isinstance(exc, kafka_errors.KafkaError | ProducerError | OSError):
+            # Not the broker's or the network's doing: producerkit's or aiokafka's. Say so once
+            # per batch, with the traceback; the records fail with it as their cause.
+            logger.error("%d message(s) failed on an unexpected error", len(records), exc_info=exc)
         error = _translate(exc)
         for record in records:
             self.sink.failed(record, error)
@@ -601,14 +595,6 @@ class KafkaBackend(Backend):
         await self._producer.stop()
 
 
-def _time_out_request(conn: Any, response: asyncio.Future[Any]) -> None:
-    """No response within request_timeout_ms: fail it, and drop the connection as aiokafka does
-    (a late answer would arrive on a connection nobody trusts to be in sync)."""
-    if not response.done():
-        response.set_exception(kafka_errors.RequestTimedOutError())
-        conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
-
-
 async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: float) -> None:
     """Handshake once with the first bootstrap server before aiokafka connects: aiokafka logs a
     TLS failure and reports only "Unable to bootstrap", and a plaintext listener may never
@@ -637,9 +623,16 @@ async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: 
 
 
 def _translate(exc: BaseException) -> ProducerError:
-    """aiokafka's exceptions -> producerkit's, at this backend's edge."""
+    """aiokafka's exceptions -> producerkit's, at this backend's edge; the original is kept as
+    the new error's ``__cause__``."""
     if isinstance(exc, ProducerError):
         return exc
+    error = _producerkit_error(exc)
+    error.__cause__ = exc
+    return error
+
+
+def _producerkit_error(exc: BaseException) -> ProducerError:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(
         exc, kafka_errors.MessageSizeTooLargeError | kafka_errors.RecordListTooLargeError

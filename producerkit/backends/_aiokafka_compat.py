@@ -1,0 +1,261 @@
+"""Every access to aiokafka's internals, in one module, behind one probe.
+
+The Kafka backend has two ways to move a sealed batch, chosen once per connection by
+:func:`choose_path` after aiokafka's client has started:
+
+- **fast**: producerkit frames its own Produce requests (versions 3 to 8, the non-flexible ones)
+  around its encoded batches and queues them on aiokafka's broker connections as aiokafka queues
+  its own (:class:`ProduceWire`). aiokafka still connects, authenticates, negotiates versions,
+  keeps metadata and reads the responses.
+- **public**: each batch is filled through aiokafka's public batch API (``create_batch()``,
+  ``BatchBuilder.append()``) and handed to ``send_batch()``, which owns retries and ordering.
+
+The probe checks every internal the fast path reads, on a real connection, and the Produce version
+aiokafka would negotiate with the broker; if anything is not as expected, or
+``PRODUCERKIT_CLIENT_PATH=public`` is set, the public path is used (see ``_clients``).
+Nothing outside this module reads a private name of aiokafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
+
+from producerkit._types import DEADLINE, HEADERS, KEY, VALUE, Record
+from producerkit.backends import _clients
+
+try:  # aiokafka modules the fast path needs; a release may move them
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.conn import CloseReason
+    from aiokafka.protocol.produce import ProduceRequest
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    _MISSING: str | None = None
+except ImportError as exc:  # pragma: no cover - depends on the installed aiokafka
+    _MISSING = f"{exc.name or 'a module'} cannot be imported ({exc})"
+
+#: Produce request versions whose framing :class:`ProduceWire` writes (v9 on are flexible).
+PRODUCE_VERSIONS: Final = range(3, 9)
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+_PARTITION_DATA = struct.Struct(">ii")  # partition, record batch size
+#: Shared by every record without headers: aiokafka's encoder only reads it (and wants a list).
+_NO_HEADERS: list[tuple[str, bytes]] = []
+
+
+async def choose_path(producer: AIOKafkaProducer, acks: int) -> tuple[str, str]:
+    """``(FAST or PUBLIC, why)`` for a started producer: probes a live broker connection."""
+    version = _clients.check_client("aiokafka")
+    if _clients.forced_path() == _clients.PUBLIC:
+        problem: str | None = "not probed"
+    elif _MISSING is not None:
+        problem = _MISSING
+    else:
+        try:
+            problem = await _probe(producer.client, acks)
+        except Exception as exc:  # a probe that cannot run says the internals are unexpected
+            problem = f"probing its internals raised {type(exc).__name__}: {exc}"
+    return _clients.resolve_path("aiokafka", version, problem)
+
+
+async def _probe(client: Any, acks: int) -> str | None:
+    """What the fast path cannot use on this client, or None if everything is as expected."""
+    brokers = sorted(client.cluster.brokers(), key=lambda broker: broker.nodeId)
+    if not brokers:
+        return "no broker in the cluster metadata"
+    node_id = brokers[0].nodeId
+    conn: Any = await client._get_conn(node_id)
+    if conn is None:
+        # Bootstrapping just worked, so this is a passing failure: the sender will report it if
+        # it lasts, and its guards fail any batch the internals mishandle. Take the fast path.
+        return None
+    for name, check in (
+        ("_requests", lambda value: isinstance(value, collections.deque)),
+        ("_writer", lambda value: hasattr(value, "write")),
+        ("_versions", lambda value: isinstance(value, dict)),
+        ("_next_correlation_id", callable),
+        ("connected", callable),
+        ("close", callable),
+    ):
+        if not check(getattr(conn, name, None)):
+            return f"AIOKafkaConnection.{name} is missing or not as expected"
+    versions: dict[int, tuple[int, int]] = conn._versions
+    conns = getattr(client, "_conns", None)
+    if not isinstance(conns, dict) or conns.get((node_id, ConnectionGroup.DEFAULT)) is not conn:
+        return "AIOKafkaClient._conns is not keyed by (node_id, ConnectionGroup.DEFAULT)"
+    request = ProduceRequest(None, acks, 30000, []).prepare(versions)
+    version = getattr(request, "API_VERSION", None)
+    if version not in PRODUCE_VERSIONS or getattr(request, "FLEXIBLE_VERSION", False):
+        return (
+            f"it negotiates Produce v{version} with the broker; producerkit frames "
+            f"v{PRODUCE_VERSIONS.start}-v{PRODUCE_VERSIONS.stop - 1}"
+        )
+    if not hasattr(request, "RESPONSE_TYPE"):
+        return "a prepared ProduceRequest has no RESPONSE_TYPE"
+    return None
+
+
+class ProduceWire:
+    """The fast path: Produce requests framed by producerkit on aiokafka's connections.
+
+    aiokafka's own encoder joins every batch into the request, the header onto that and the size
+    onto that: three copies of each batch per request. Here the small framing is written, then
+    each batch buffer as it is. The request is queued on the connection like aiokafka's own, so
+    aiokafka's reader matches the response to it by correlation id.
+    """
+
+    def __init__(
+        self, producer: AIOKafkaProducer, acks: int, request_timeout_ms: int, client_id: str
+    ) -> None:
+        self._client = producer.client
+        self._acks = acks
+        self._request_timeout_ms = request_timeout_ms
+        self._request_timeout = request_timeout_ms / 1000
+        self._request = ProduceRequest(None, acks, request_timeout_ms, [])
+        client_id_bytes = client_id.encode()
+        self._client_id_field = _INT16.pack(len(client_id_bytes)) + client_id_bytes
+        self._loop = asyncio.get_running_loop()
+
+    def ready_connection(self, node_id: int) -> Any | None:
+        """aiokafka's open connection to ``node_id``, or None if it has none right now."""
+        conn = self._client._conns.get((node_id, ConnectionGroup.DEFAULT))
+        return conn if conn is not None and conn.connected() else None
+
+    async def connect(self, node_id: int) -> Any | None:
+        """aiokafka's connection to ``node_id``, opened if needed; None if it cannot connect."""
+        return await self._client._get_conn(node_id)
+
+    def write(
+        self, conn: Any, batches: Sequence[tuple[str, int, bytes | bytearray]]
+    ) -> asyncio.Future[Any] | None:
+        """Write one Produce request carrying ``(topic, partition, batch)`` items (each partition
+        once). Returns the future of its response (failed with RequestTimedOutError after the
+        request timeout), or None with ``acks=0``, where no response comes.
+
+        Raises KafkaConnectionError (retriable) if the connection has closed, and whatever
+        else goes wrong before anything was written.
+        """
+        request = self._request.prepare(conn._versions)
+        version = request.API_VERSION
+        if version not in PRODUCE_VERSIONS or getattr(request, "FLEXIBLE_VERSION", False):
+            raise kafka_errors.UnsupportedVersionError(
+                f"the broker and aiokafka agreed on Produce v{version}; producerkit frames "
+                f"v{PRODUCE_VERSIONS.start}-v{PRODUCE_VERSIONS.stop - 1}"
+            )
+        writer = conn._writer
+        if writer is None:
+            raise kafka_errors.KafkaConnectionError("the connection closed")
+        correlation_id = conn._next_correlation_id()
+        by_topic: dict[str, list[tuple[int, bytes | bytearray]]] = {}
+        for topic, partition, data in batches:
+            by_topic.setdefault(topic, []).append((partition, data))
+        framing = [
+            _REQUEST_HEADER.pack(0, version, correlation_id),
+            self._client_id_field,
+            b"\xff\xff",  # transactional_id: null
+            _INT16.pack(self._acks),
+            _INT32.pack(self._request_timeout_ms),
+            _INT32.pack(len(by_topic)),
+        ]
+        parts: list[bytes | bytearray] = []
+        for topic, partitions in by_topic.items():
+            name = topic.encode()
+            framing += (_INT16.pack(len(name)), name, _INT32.pack(len(partitions)))
+            for partition, data in partitions:
+                framing.append(_PARTITION_DATA.pack(partition, len(data)))
+                parts.append(b"".join(framing))
+                parts.append(data)
+                framing = []
+        writer.write(_INT32.pack(sum(map(len, parts))))
+        for part in parts:
+            # A memoryview: if the socket takes part of it, asyncio keeps the rest without a copy.
+            writer.write(memoryview(part))
+        if self._acks == 0:
+            return None
+        response: asyncio.Future[Any] = self._loop.create_future()
+        conn._requests.append((correlation_id, request, response))
+        timer = self._loop.call_later(self._request_timeout, _time_out_request, conn, response)
+        response.add_done_callback(lambda _: timer.cancel())
+        return response
+
+
+def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int]]:
+    """A Produce response as ``{(topic, partition): (error_code, base_offset)}``."""
+    return {
+        (topic, info[0]): (info[1], info[2])
+        for topic, partitions in response.topics
+        for info in partitions
+    }
+
+
+def _time_out_request(conn: Any, response: asyncio.Future[Any]) -> None:
+    """No response within the request timeout: fail it, and drop the connection as aiokafka does
+    (a late answer would arrive on a connection nobody trusts to be in sync)."""
+    if not response.done():
+        response.set_exception(kafka_errors.RequestTimedOutError())
+        conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+
+
+# ---------------------------------------------------------------------- batches through aiokafka
+
+
+def fill_builder(
+    builder: Any, records: list[Record], start: int, time_shift: float, *, fast: bool
+) -> int:
+    """Append ``records[start:]`` to an aiokafka ``BatchBuilder`` from ``create_batch()`` until
+    it is full, close it, and return where it stopped (it always takes the first record).
+
+    ``fast`` appends to the record-batch builder inside it directly (no serializer calls, one
+    Python call less per record); otherwise through ``BatchBuilder.append()``, the public API.
+    """
+    if fast:
+        end = append_records(builder._builder.append, records, start, time_shift)
+        builder._relative_offset = end - start  # what BatchBuilder.append would have counted
+    else:
+
+        def append(offset: int, timestamp: int, key: Any, value: Any, headers: Any) -> Any:
+            return builder.append(timestamp=timestamp, key=key, value=value, headers=headers)
+
+        end = append_records(append, records, start, time_shift)
+    builder.close()
+    return end
+
+
+def append_records(
+    append: Callable[[int, int, bytes | None, bytes, list[tuple[str, bytes]]], object],
+    records: list[Record],
+    start: int,
+    time_shift: float,
+) -> int:
+    """Append ``records[start:]`` with a record-batch builder's ``append(offset, timestamp,
+    key, value, headers)`` until it returns None (full); return where it stopped (a builder
+    always takes the first record)."""
+    for end in range(start, len(records)):
+        record = records[end]
+        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
+        timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
+        if append(end - start, timestamp, record[KEY], record[VALUE], headers) is None:
+            return end
+    return len(records)
+
+
+def new_record_batch_builder(compression: int, max_bytes: int) -> Any:
+    """aiokafka's builder of one v2 record batch (no producer id): the fast path's fallback
+    encoder, and the one that compresses."""
+    return DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=max_bytes,
+    )
