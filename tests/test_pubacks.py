@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.protocol.parser import Parser
 
-from producerkit.backends.nats import _puback_error, _PubAckReader
+from producerkit.backends._natspy_compat import _PubAckReader
+from producerkit.backends.nats import _puback_error
 from producerkit.errors import DeliveryError, MessageTooLarge
 
 INBOX = "_INBOX.k3Jd9"

@@ -24,18 +24,17 @@ import re
 import ssl
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar
 
-import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
 from producerkit import _security
 from producerkit._types import DEADLINE, HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
+from producerkit.backends import _clients, _natspy_compat
 from producerkit.backends.base import Backend, DeliverySink
 from producerkit.errors import (
     AuthenticationError,
@@ -103,6 +102,7 @@ class _NatsConnection(Backend):
                 raise MessageError(f"NATS header {name!r} must not contain line breaks")
 
     async def connect(self) -> None:
+        _clients.check_client("nats-py")
         self._partitions: int | None = self.options.get("partitions")
         self._closing = False
         self._connected = False
@@ -132,8 +132,8 @@ class _NatsConnection(Backend):
             _security.nats_settings(
                 self.options,
                 # nats-py upgrades to TLS only when the server requires it: with TLS asked for,
-                # credentials go out only if it did (nats-py keeps no public flag for this).
-                secure=lambda: bool(getattr(client, "_server_info", {}).get("tls_required")),
+                # credentials go out only if it did.
+                secure=lambda: _natspy_compat.server_requires_tls(client),
             )
         )
         self._connect_errors: list[Exception] = []
@@ -148,11 +148,13 @@ class _NatsConnection(Backend):
             raise
         client.options["max_reconnect_attempts"] = -1
         self._nc = client
-        self._wake_scheduled = False
-        # The direct write path needs these nats-py internals; without them, publish() is used.
-        self._direct = all(
-            hasattr(client, name)
-            for name in ("_pending", "_pending_data_size", "_max_pending_size", "_flush_queue")
+        try:
+            self.client_path, self.client_path_reason = _natspy_compat.choose_path(client)
+        except BaseException:
+            await _close_client(client)
+            raise
+        self._direct_writer = (
+            _natspy_compat.DirectWriter(client) if self.client_path == _clients.FAST else None
         )
         self._connected = True
         self.max_message_size = client.max_payload
@@ -177,44 +179,29 @@ class _NatsConnection(Backend):
     def _publish(self, record: Record, reply: str = "") -> Awaitable[None] | None:
         """Hand the record to the connection's outgoing buffer.
 
-        While connected, the PUB/HPUB command is appended to nats-py's write buffer directly and
-        its flusher is woken once per event-loop iteration: no coroutine and no flusher wake-up per
-        message (nats-py's ``publish()`` does both). Reconnecting, or on a nats-py without those
-        internals, it is ``publish()`` itself, with nats-py's reconnect buffering rules. Either
-        way what it raises is translated through :meth:`translate_error`.
+        On the fast path, while connected, the PUB/HPUB command goes straight into nats-py's
+        write buffer (``_natspy_compat.DirectWriter``: no coroutine and no flusher wake-up per
+        message). Reconnecting, or on the public path, it is ``publish()`` itself, with nats-py's
+        reconnect buffering rules. Either way what it raises is translated through
+        :meth:`translate_error`.
         """
         client = self._nc
-        if not self._direct or not client.is_connected:
+        writer = self._direct_writer
+        if writer is None or not client.is_connected:
             return client.publish(
                 self.subject(record), record[VALUE], reply, self.nats_headers(record)
             )
         value = record[VALUE]
         if record[HEADERS] is None and record[MSG_ID] is None:
-            head = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
+            command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:
             block = _header_block(record)
-            head = (
+            command = (
                 f"HPUB {self.subject(record)} {reply} {len(block)} "
                 f"{len(block) + len(value)}\r\n".encode()
                 + block
             )
-        pending = client._pending
-        pending.append(head)
-        pending.append(value)
-        pending.append(b"\r\n")
-        client._pending_data_size += len(head) + len(value) + 2
-        if 0 < client._max_pending_size < client._pending_data_size:
-            return client._flush_pending(force_flush=True)
-        if not self._wake_scheduled:
-            self._wake_scheduled = True
-            asyncio.get_running_loop().call_soon(self._wake_flusher)
-        return None
-
-    def _wake_flusher(self) -> None:
-        self._wake_scheduled = False
-        queue = self._nc._flush_queue
-        if self._nc._pending_data_size and queue is not None and queue.empty():
-            queue.put_nowait(asyncio.get_running_loop().create_future())
+        return writer.write(command, value)
 
     @classmethod
     def translate_error(cls, exc: BaseException) -> ProducerError:
@@ -353,11 +340,13 @@ class NatsBackend(_NatsConnection):
         task.add_done_callback(self._confirming.discard)
 
     async def _ping_after(self, burst: list[Record]) -> None:
-        client = self._nc
-        pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        pong: asyncio.Future[Any]
         try:
-            await client._flush_pending(force_flush=True)
-            await client._send_ping(pong)
+            if self._direct_writer is not None:
+                pong = asyncio.get_running_loop().create_future()
+                await self._direct_writer.ping_after_buffer(pong)
+            else:
+                pong = asyncio.ensure_future(_natspy_compat.confirm_written(self._nc, self.timeout))
         except Exception as exc:
             error = _translate(exc)
             for record in burst:
@@ -365,7 +354,7 @@ class NatsBackend(_NatsConnection):
             return
         pong.add_done_callback(lambda done: self._burst_confirmed(done, burst))
 
-    def _burst_confirmed(self, pong: asyncio.Future[bool], burst: list[Record]) -> None:
+    def _burst_confirmed(self, pong: asyncio.Future[Any], burst: list[Record]) -> None:
         if pong.cancelled() or pong.exception() is not None:
             return  # left to the records' deadlines
         acked = self.sink.acked
@@ -396,12 +385,9 @@ class JetStreamBackend(_NatsConnection):
         subscription = await self._nc.subscribe(
             self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1, pending_bytes_limit=0
         )
-        if isinstance(getattr(subscription, "_pending_queue", None), asyncio.Queue):
-            subscription._pending_queue = _DirectDelivery(self._handle_ack)  # type: ignore[assignment]
-        parser = getattr(self._nc, "_ps", None)
-        if type(parser) is Parser and isinstance(getattr(subscription, "_id", None), int):
-            self._nc._ps = _PubAckReader(  # type: ignore[assignment]
-                parser, self._nc, subscription._id, self._inbox, self._settle_acks
+        if self.client_path == _clients.FAST:
+            _natspy_compat.deliver_pubacks_directly(
+                self._nc, subscription, self._inbox, self._handle_ack, self._settle_acks
             )
 
     async def prepare_topic(self, topic: str) -> int | None:
@@ -431,7 +417,7 @@ class JetStreamBackend(_NatsConnection):
         return self._publish(record, reply=f"{self._inbox}.{token}")
 
     async def _on_ack(self, msg: Msg) -> None:
-        self._handle_ack(msg)  # only if nats-py's internals change and _DirectDelivery is not used
+        self._handle_ack(msg)  # the public path: nats-py's subscription callback
 
     def _handle_ack(self, msg: Msg) -> None:
         """A PubAck that came through nats-py's parser (see _PubAckReader for the others)."""
@@ -496,124 +482,6 @@ def _header_block(record: Record) -> bytes:
         lines.append(b"Nats-Msg-Id: %s\r\n" % record[MSG_ID].encode())
     lines.append(b"\r\n")
     return b"".join(lines)
-
-
-class _DirectDelivery:
-    """Stands in for the PubAck subscription's ``asyncio.Queue``: nats-py's reader hands each
-    PubAck straight to the backend, sparing a queue hop, a task switch and a coroutine per ack
-    (a third of the JetStream ack path). The subscription's own task waits on :meth:`get`
-    forever and is cancelled with it. The subscription has ``pending_bytes_limit=0``: nothing
-    waits here, so nats-py's slow-consumer accounting must not count what passed through.
-    """
-
-    def __init__(self, handle: Callable[[Msg], None]) -> None:
-        self._handle = handle
-
-    def put_nowait(self, msg: Msg) -> None:
-        try:
-            self._handle(msg)
-        except Exception:  # never into nats-py's read loop: that would drop the connection
-            logger.exception("error handling a PubAck")
-
-    async def get(self) -> Msg:
-        await asyncio.get_running_loop().create_future()
-        raise AssertionError("unreachable")
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        pass
-
-
-class _PubAckReader:
-    """Stands in for nats-py's protocol parser on a JetStream connection, and reads the PubAcks
-    itself: a run of ``MSG <inbox>.<token> <sid> <length>`` frames at the head of what the
-    socket gave is settled in one call, with no regex, ``Msg`` or coroutine per ack and no
-    bytearray shifted per frame (nats-py's parser and dispatch were nearly half of the CPU
-    a JetStream publish cost). Anything else (PING, INFO, -ERR, a PubAck with headers, other
-    subscriptions) and everything after it in the same read goes to nats-py's parser, in order.
-    While that parser holds part of a frame, all input goes to it until it is back between frames.
-    """
-
-    # A partial frame kept for the next read is at most a control line and a PubAck.
-    _MAX_PARTIAL = 4096
-
-    def __init__(
-        self,
-        parser: Parser,
-        client: Client,
-        sid: int,
-        inbox: str,
-        settle: Callable[[list[tuple[bytes, bytes]]], None],
-    ) -> None:
-        self._parser = parser
-        self._stats = client.stats
-        self._head = b"MSG " + inbox.encode() + b"."
-        self._token_at = len(inbox) + 1  # in the subject
-        self._sid = b"%d" % sid
-        self._settle = settle
-        self._partial = b""
-
-    def reset(self) -> None:
-        self._partial = b""
-        self._parser.reset()
-
-    async def parse(self, data: bytes = b"") -> None:
-        if self._partial:
-            data, self._partial = self._partial + data, b""
-        parser = self._parser
-        if parser.buf or parser.state != AWAITING_CONTROL_LINE:
-            await parser.parse(data)
-            return
-        taken = self._take_acks(data)
-        if taken < len(data) and not self._partial:
-            await parser.parse(data[taken:])
-
-    def _take_acks(self, data: bytes) -> int:
-        """Settle the PubAck frames at the head of data; return where the rest starts. A partial
-        PubAck at the end is kept in ``_partial``."""
-        head, sid, token_at, size = self._head, self._sid, self._token_at, len(data)
-        acks: list[tuple[bytes, bytes]] = []
-        position = payload_bytes = 0
-        incomplete = False  # the frame at position is a PubAck still arriving
-        while data.startswith(head, position):
-            line_end = data.find(b"\r\n", position, position + self._MAX_PARTIAL)
-            if line_end < 0:
-                incomplete = True
-                break
-            fields = data[position:line_end].split(b" ")
-            if len(fields) != 4 or fields[2] != sid or not fields[3].isdigit():
-                break  # a reply subject, another subscription: nats-py's
-            start = line_end + 2
-            end = start + int(fields[3])
-            if end + 2 > size:
-                incomplete = True
-                break
-            acks.append((fields[1][token_at:], data[start:end]))
-            payload_bytes += end - start
-            position = end + 2
-        rest = size - position
-        # Kept for the next read: a PubAck cut short, or a read ending in the first bytes of one.
-        if (incomplete and rest < self._MAX_PARTIAL) or (
-            0 < rest < len(head) and head.startswith(data[position:])
-        ):
-            self._partial = data[position:]
-        if acks:
-            stats = self._stats
-            stats["in_msgs"] += len(acks)
-            stats["in_bytes"] += payload_bytes
-            try:
-                self._settle(acks)
-            except Exception:  # never into nats-py's read loop: that would drop the connection
-                logger.exception("error handling PubAcks")
-        return position
 
 
 _PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
@@ -707,9 +575,16 @@ async def _close_client(client: Client) -> None:
 
 
 def _translate(exc: BaseException) -> ProducerError:
-    """nats-py's exceptions -> producerkit's, at this backend's edge."""
+    """nats-py's exceptions -> producerkit's, at this backend's edge; the original is kept as
+    the new error's ``__cause__``."""
     if isinstance(exc, ProducerError):
         return exc
+    error = _producerkit_error(exc)
+    error.__cause__ = exc
+    return error
+
+
+def _producerkit_error(exc: BaseException) -> ProducerError:
     text = _security.redact(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, nats.errors.AuthorizationError):
         return AuthenticationError(text)
