@@ -1,0 +1,251 @@
+"""The client adapters: which path a connection takes through aiokafka or nats-py, and what
+happens when a client is too old, its internals are not as expected, or they fail mid-run.
+
+Every test here talks to the session's real brokers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+from conftest import read_jetstream, read_kafka
+
+import producerkit as pk
+from producerkit.backends import _clients
+from producerkit.brokers import LocalBroker
+
+SCHEMES = ["kafka", "jetstream", "nats"]
+
+
+def _url(
+    scheme: str, kafka_broker: LocalBroker, nats_broker: LocalBroker
+) -> tuple[str, dict[str, Any]]:
+    if scheme == "kafka":
+        return kafka_broker.url, {}
+    if scheme == "jetstream":
+        return f"jetstream://{nats_broker.host_port}", {"create_stream": True}
+    return f"nats://{nats_broker.host_port}", {}
+
+
+@pytest.fixture(params=SCHEMES)
+def target(
+    request: pytest.FixtureRequest, kafka_broker: LocalBroker, nats_broker: LocalBroker
+) -> tuple[str, str, dict[str, Any]]:
+    url, options = _url(request.param, kafka_broker, nats_broker)
+    return request.param, url, options
+
+
+async def _produce_some(producer: pk.Producer, count: int) -> None:
+    for i in range(count):
+        await producer.produce(b"%d" % i, key=b"k%d" % (i % 3), nonblocking=True)
+    await producer.flush()
+
+
+@pytest.mark.parametrize("forced", ["public", "fast"])
+def test_the_forced_path_is_taken_and_delivers(
+    target: tuple[str, str, dict[str, Any]],
+    topic: str,
+    forced: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, url, options = target
+    monkeypatch.setenv(_clients.PATH_VARIABLE, forced)
+
+    async def main() -> None:
+        async with pk.Producer(url, topic=topic, **options) as producer:
+            assert [backend.client_path for backend in producer.backends] == [forced]
+            await _produce_some(producer, 500)
+            assert (producer.stats.acked, producer.stats.failed) == (500, 0)
+
+    asyncio.run(main())
+
+
+def test_an_unknown_forced_path_is_a_configuration_error(
+    target: tuple[str, str, dict[str, Any]], topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url, options = target
+    monkeypatch.setenv(_clients.PATH_VARIABLE, "turbo")
+
+    async def main() -> None:
+        with pytest.raises(pk.ConfigurationError, match="'fast' or 'public'"):
+            await pk.Producer(url, topic=topic, **options).start()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("installed", ["older", "unreadable"])
+def test_a_client_older_than_supported_fails_start_at_once(
+    target: tuple[str, str, dict[str, Any]],
+    topic: str,
+    installed: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheme, url, options = target
+    package = "aiokafka" if scheme == "kafka" else "nats-py"
+    old = {"aiokafka": "0.12.0", "nats-py": "2.15.0"}[package] if installed == "older" else None
+    real = _clients.installed_version
+    monkeypatch.setattr(
+        _clients, "installed_version", lambda name: old if name == package else real(name)
+    )
+
+    async def main() -> None:
+        producer = pk.Producer(url, topic=topic, **options)
+        started = time.monotonic()
+        with pytest.raises(pk.IncompatibleClientError) as caught:
+            await producer.start()
+        assert time.monotonic() - started < 1.0
+        error = caught.value
+        assert isinstance(error, pk.ProducerError)
+        assert (error.package, error.version) == (package, old)
+        assert error.supported == _clients.supported_range(package)
+        assert package in str(error) and error.supported in str(error)
+        assert "not installed" not in str(error)
+
+    asyncio.run(main())
+
+
+def test_a_client_newer_than_tested_takes_the_fast_path_when_its_internals_match(
+    target: tuple[str, str, dict[str, Any]],
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scheme, url, options = target
+    package = "aiokafka" if scheme == "kafka" else "nats-py"
+    newer = _clients.SUPPORTED[package][1] + ".0"
+    real = _clients.installed_version
+    monkeypatch.setattr(
+        _clients, "installed_version", lambda name: newer if name == package else real(name)
+    )
+    monkeypatch.setattr(_clients, "_logged", set())
+
+    async def main() -> None:
+        async with pk.Producer(url, topic=topic, **options) as producer:
+            assert producer.backend.client_path == "fast"
+            assert "newer than tested" in producer.backend.client_path_reason
+            await _produce_some(producer, 100)
+
+    with caplog.at_level(logging.INFO, logger="producerkit.clients"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if "newer than tested" in r.getMessage()]
+
+
+def _break_internal(scheme: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make the probe find what a client release could bring: aiokafka negotiating a Produce
+    version producerkit does not frame, or nats-py without an internal the fast path uses.
+    Returns what the reason must name."""
+    if scheme == "kafka":
+        from producerkit.backends import _aiokafka_compat
+
+        monkeypatch.setattr(_aiokafka_compat, "PRODUCE_VERSIONS", range(3, 4))
+        return "producerkit frames v3-v3"
+    from producerkit.backends import _natspy_compat
+
+    internals = (*_natspy_compat._CLIENT_INTERNALS, ("_pending_renamed", callable))
+    monkeypatch.setattr(_natspy_compat, "_CLIENT_INTERNALS", internals)
+    return "Client._pending_renamed"
+
+
+def test_a_missing_internal_falls_back_to_the_public_path_and_says_why(
+    target: tuple[str, str, dict[str, Any]],
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scheme, url, options = target
+    monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
+    monkeypatch.setattr(_clients, "_logged", set())
+
+    async def main() -> list[dict[str, Any]]:
+        missing = _break_internal(scheme, monkeypatch)
+        async with pk.Producer(url, topic=topic, connections=2, **options) as producer:
+            for backend in producer.backends:
+                assert backend.client_path == "public"
+                assert missing in backend.client_path_reason
+            await _produce_some(producer, 300)
+            assert (producer.stats.acked, producer.stats.failed) == (300, 0)
+        monkeypatch.undo()
+        if scheme == "kafka":
+            return await read_kafka(url, topic, 300)
+        if scheme == "jetstream":
+            return await read_jetstream(url, topic, 300)
+        return [{}] * 300  # core NATS keeps nothing to read back
+
+    with caplog.at_level(logging.INFO, logger="producerkit.clients"):
+        records = asyncio.run(main())
+    assert len(records) == 300
+    said = [r for r in caplog.records if "public path" in r.getMessage()]
+    assert len(said) == 1, "logged once for both connections"
+    assert said[0].levelno == logging.WARNING
+
+
+def test_a_fast_path_failure_mid_run_fails_its_batch_at_once_with_the_cause(
+    kafka_broker: LocalBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An internal that breaks after the probe (here: the correlation id raising) fails exactly
+    the messages of the requests it concerns, at once and with the original exception as the
+    cause, instead of stalling the partition until the messages time out; the producer goes on
+    once the internal works again."""
+    from aiokafka.conn import AIOKafkaConnection
+
+    monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
+
+    async def main() -> None:
+        async with pk.Producer(kafka_broker.url, topic=topic, timeout=30) as producer:
+            assert producer.backend.client_path == "fast"
+            await producer.produce(b"warm", key=b"k")
+
+            def broken(self: Any) -> int:
+                raise RuntimeError("correlation ids are gone")
+
+            monkeypatch.setattr(AIOKafkaConnection, "_next_correlation_id", broken)
+            started = time.monotonic()
+            for i in range(200):
+                await producer.produce(b"%d" % i, key=b"k%d" % (i % 3), nonblocking=True)
+            with pytest.raises(pk.ProduceError) as caught:
+                await producer.flush(timeout=5)
+            assert time.monotonic() - started < 2, "failed at once, not at the deadline"
+            failures = caught.value.failures
+            assert sorted(int(failure.value) for failure in failures) == list(range(200))
+            for failure in failures:
+                assert isinstance(failure.exception, pk.DeliveryError)
+                assert isinstance(failure.exception.__cause__, RuntimeError)
+            monkeypatch.undo()
+            delivery = await producer.produce(b"after", key=b"k")
+            assert delivery is not None and delivery.offset is not None
+            stats = producer.stats
+            assert (stats.produced, stats.acked, stats.failed) == (202, 2, 200)
+
+    asyncio.run(main())
+
+
+def test_the_direct_nats_path_keeps_nats_py_stats(nats_broker: LocalBroker, topic: str) -> None:
+    async def main() -> None:
+        async with pk.Producer(f"nats://{nats_broker.host_port}", topic=topic) as producer:
+            assert producer.backend.client_path == "fast"
+            await _produce_some(producer, 250)
+            stats = producer.backend._nc.stats  # type: ignore[attr-defined]
+            assert stats["out_msgs"] == 250
+            assert stats["out_bytes"] == sum(len(b"%d" % i) for i in range(250))
+
+    asyncio.run(main())
+
+
+def test_errors_keep_the_client_exception_as_their_cause() -> None:
+    import nats.errors
+    from aiokafka import errors as kafka_errors
+
+    from producerkit.backends.kafka import KafkaBackend
+    from producerkit.backends.nats import NatsBackend
+
+    original = kafka_errors.RequestTimedOutError()
+    translated = KafkaBackend.translate_error(original)
+    assert isinstance(translated, pk.ProduceTimeout) and translated.__cause__ is original
+    nats_original = nats.errors.ConnectionClosedError()
+    nats_translated = NatsBackend.translate_error(nats_original)
+    assert isinstance(nats_translated, pk.BrokerUnavailable)
+    assert nats_translated.__cause__ is nats_original
