@@ -393,7 +393,7 @@ class Producer:
         self._backend_class.check_topic(topic)
         task = self._topic_tasks.get(topic)
         if task is None:
-            task = asyncio.ensure_future(self._connections[0].prepare_topic(topic))
+            task = asyncio.ensure_future(self._prepare_on_every_connection(topic))
             self._topic_tasks[topic] = task
         try:
             count = await asyncio.wait_for(asyncio.shield(task), self._timeout)
@@ -408,6 +408,15 @@ class Producer:
             raise
         self._topic_tasks.pop(topic, None)
         self._topics[topic] = count
+        return count
+
+    async def _prepare_on_every_connection(self, topic: str) -> int | None:
+        """The first connection prepares the topic (creating a stream, say) and gives its
+        partition count; then every other connection learns the topic too, so that each one
+        watches its metadata and reports a partition count that changes."""
+        first, *others = self._connections
+        count = await first.prepare_topic(topic)
+        await asyncio.gather(*(connection.prepare_topic(topic) for connection in others))
         return count
 
     # ------------------------------------------------------------------ outcomes (DeliverySink)

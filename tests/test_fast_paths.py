@@ -15,6 +15,7 @@ import producerkit as pk
 from producerkit.brokers import LocalBroker, start_kafka
 
 
+@pytest.mark.brokers  # starts a broker of its own
 def test_a_failing_kafka_batch_fails_each_of_its_messages(topic: str) -> None:
     """aiokafka fails the batch (request timeout) before the messages' own deadline: every
     message of it is reported once, with its value, and the counts stay exact."""
@@ -94,6 +95,9 @@ def test_kafka_per_key_order_through_batches_and_connections(
             await producer.flush()
             assert producer.stats.acked == count
             assert all(c.acked > 0 for c in producer.stats.connections)
+            # Every connection learned the topic, so each one reports a partition count change.
+            for backend in producer.backends:
+                assert backend._partition_counts == {topic: 4}  # type: ignore[attr-defined]
         return await read_kafka(kafka_broker.url, topic, count)
 
     records = asyncio.run(main())
