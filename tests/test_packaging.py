@@ -78,3 +78,24 @@ def _wheel_names(wheel: Path) -> list[str]:
 
     with zipfile.ZipFile(wheel) as archive:
         return archive.namelist()
+
+
+def test_declared_client_bounds_are_the_supported_ranges() -> None:
+    """Every extra that installs aiokafka or nats-py declares exactly the range producerkit
+    checks at start() (producerkit.backends._clients.SUPPORTED)."""
+    import re
+    import tomllib
+
+    from producerkit.backends import _clients
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    found: dict[str, set[str]] = {}
+    for requirements in extras.values():
+        for requirement in requirements:
+            named = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", requirement)
+            assert named is not None
+            if named[1] in _clients.SUPPORTED:
+                found.setdefault(named[1], set()).add(named[2].replace(" ", ""))
+    assert found == {name: {_clients.supported_range(name)} for name in _clients.SUPPORTED}

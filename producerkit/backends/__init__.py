@@ -5,7 +5,11 @@ from __future__ import annotations
 import importlib
 
 from producerkit.backends.base import Backend, DeliverySink
-from producerkit.errors import ConfigurationError, MissingDependencyError
+from producerkit.errors import (
+    ConfigurationError,
+    IncompatibleClientError,
+    MissingDependencyError,
+)
 
 __all__ = ["Backend", "DeliverySink", "load_backend"]
 
@@ -17,6 +21,8 @@ _BACKENDS: dict[str, tuple[str, str, str | None]] = {
     "memory": ("memory", "MemoryBackend", None),
     "null": ("null", "NullBackend", None),
 }
+#: extra -> the client library it installs (a distribution name).
+_CLIENTS = {"kafka": "aiokafka", "nats": "nats-py"}
 _loaded: dict[str, type[Backend]] = {}
 
 
@@ -33,6 +39,15 @@ def load_backend(scheme: str) -> type[Backend]:
     try:
         module = importlib.import_module(f"producerkit.backends.{module_name}")
     except ImportError as exc:
+        # Installed but not importable as expected: a version producerkit does not support.
+        from producerkit.backends import _clients
+
+        distribution = _CLIENTS.get(extra or "")
+        version = _clients.installed_version(distribution) if distribution else None
+        if distribution is not None and version is not None:
+            raise IncompatibleClientError(
+                distribution, version, _clients.supported_range(distribution)
+            ) from exc
         raise MissingDependencyError(
             f"the {scheme}:// backend needs {exc.name or 'a package'} which is not installed: "
             f'run  pip install "producerkit[{extra}]"'
