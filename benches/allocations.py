@@ -22,12 +22,14 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 import producerkit as pk
 from producerkit._types import Record
-from producerkit.backends.null import NullBackend
+from producerkit.backends.null import NULL, NullConnection
 
 
-class HeldNullBackend(NullBackend):
+class HeldNullConnection(NullConnection):
     """null:// that keeps acks back until released (measurement only)."""
 
     held: list[Record]
@@ -37,7 +39,7 @@ class HeldNullBackend(NullBackend):
 
     def release(self) -> None:
         for offset, record in enumerate(self.held):
-            self.sink.acked(record, offset)
+            self.reports.acked(record, offset)
         self.held.clear()
 
 
@@ -45,8 +47,8 @@ async def in_flight_blocks(count: int) -> dict[str, Any]:
     keys = [b"user-%d" % (i % 10_000) for i in range(count)]
     value = b"x" * 512
     producer = pk.Producer("null://?partitions=12", topic="alloc", concurrent_task_limit=count + 1)
-    # Before start(): the producer takes each connection's send() when it connects.
-    producer._backend_class = HeldNullBackend
+    # Before start(): the producer builds its connections from the spec when it starts.
+    producer._spec = attrs.evolve(NULL, connection=HeldNullConnection)
     async with producer:
         backend = producer.backend
         held: list[Record] = []

@@ -10,7 +10,7 @@
 
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
-from producerkit._types import ConnectionStats, Delivery, Failure, Stats
+from producerkit._types import ConnectionStats, Delivery, Failure, Outcome, Stats
 from producerkit.errors import (
     AuthenticationError,
     AuthorizationError,
@@ -43,6 +43,7 @@ __all__ = [
     "MessageError",
     "MessageTooLarge",
     "MissingDependencyError",
+    "Outcome",
     "ProduceError",
     "ProduceTimeout",
     "Producer",

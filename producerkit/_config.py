@@ -16,11 +16,11 @@ from urllib.parse import parse_qsl, unquote
 
 import attrs
 
+from producerkit import _schemes
 from producerkit._security import parse_bool, redact
 from producerkit.errors import ConfigurationError
 
-SCHEMES = ("jetstream", "kafka", "memory", "nats", "null")
-DEFAULT_PORTS = {"kafka": 9092, "nats": 4222, "jetstream": 4222}
+SCHEMES = tuple(sorted(_schemes.SCHEMES))
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re.DOTALL)
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
 
@@ -107,7 +107,9 @@ def _parse_server(part: str, scheme: str, url: str) -> tuple[str, int]:
     if not _HOST.match(host):
         raise ConfigurationError(f"invalid host {host!r} in {_redact(url)!r}")
     if not sep:
-        return host, DEFAULT_PORTS[scheme]
+        port = _schemes.SCHEMES[scheme].default_port
+        assert port is not None  # only schemes that name servers get here
+        return host, port
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ConfigurationError(
             f"invalid port {port_text!r} in {_redact(url)!r}: expected a number from 1 to 65535"

@@ -24,11 +24,12 @@ from producerkit._types import (
     Delivery,
     Failure,
     Headers,
+    Outcome,
     Record,
     Stats,
 )
 from producerkit._window import InFlightWindow
-from producerkit.backends import Backend, load_backend
+from producerkit.backends import Connection, spec_for
 from producerkit.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -85,6 +86,9 @@ class Producer:
             (Kafka's default: one partition until its batch is sent) or ``"round_robin"`` (the
             default on backends that do not batch).
         on_error: called with each :class:`~producerkit.Failure` as it happens.
+        on_outcome: the instrumentation hook: called with an :class:`~producerkit.Outcome` for
+            every group of messages that settle together (a batch acked, a message failed),
+            with their numbers and produce times; for metrics and benchmarks. No cost unset.
         on_stats: called with a :class:`~producerkit.Stats` snapshot every ``stats_interval``
             seconds while the producer runs.
         **options: backend options (``linger_ms``, ``acks``, ``partitions``, ...).
@@ -101,19 +105,20 @@ class Producer:
         partitioner: str | Partitioner = "xxhash",
         keyless: str | partitioners.KeylessPartitioner | None = None,
         on_error: ErrorCallback | None = None,
+        on_outcome: Callable[[Outcome], object] | None = None,
         on_stats: Callable[[Stats], object] | None = None,
         stats_interval: float = 5.0,
         **options: Any,
     ) -> None:
         self._url = parse_url(url)
-        self._backend_class = load_backend(self._url.scheme)
+        self._spec = spec_for(self._url.scheme)
         # Keywords beat URL query options, then the URL's user:password@, then the environment.
-        self._options = self._backend_class.check_options(
+        self._options = self._spec.checked_options(
             _security.merge_credentials(
                 self._url.username,
                 self._url.password,
                 {**self._url.options, **options},
-                self._backend_class.OPTIONS,
+                self._spec.options,
             )
         )
         self._limit = _positive_int("concurrent_task_limit", concurrent_task_limit)
@@ -122,7 +127,7 @@ class Producer:
         if topic is not None:
             _check_topic_type(topic, ConfigurationError)
             try:
-                self._backend_class.check_topic(topic)
+                self._spec.check_topic(topic)
             except MessageError as exc:  # a bad default topic is a bad setting: say so now
                 raise ConfigurationError(str(exc)) from None
         self._topic = topic
@@ -132,11 +137,13 @@ class Producer:
         self._partitioner: Partitioner = partitioners.resolve(partitioner)
         self._key_hash = partitioners.modulo_hash(self._partitioner)
         if keyless is None:
-            keyless = self._backend_class.DEFAULT_KEYLESS
+            keyless = self._spec.default_keyless
         self._keyless = partitioners.resolve_keyless(keyless)
         if on_error is not None and not callable(on_error):
             raise ConfigurationError("on_error must be a callable taking a producerkit.Failure")
         self._on_error = on_error
+        if on_outcome is not None and not callable(on_outcome):
+            raise ConfigurationError("on_outcome must be a callable taking a producerkit.Outcome")
         if on_stats is not None and not callable(on_stats):
             raise ConfigurationError("on_stats must be a callable taking a producerkit.Stats")
         self._on_stats = on_stats
@@ -146,16 +153,15 @@ class Producer:
         self._state = _NEW
         self._running = False  # the hot path's one-attribute view of _state == _RUNNING
         self._start_lock: asyncio.Lock | None = None
-        self._connections: list[Backend] = []
-        self._window = InFlightWindow(self._limit, self._timeout, self._connection_count, on_error)
-        # Backends report straight into the window: these are the DeliverySink's hot methods.
-        self.acked = self._window.acked
-        self.acked_run = self._window.acked_run
-        self.failed = self._window.failed
+        self._connections: list[Connection] = []
+        self._window = InFlightWindow(
+            self._limit, self._timeout, self._connection_count, on_error, on_outcome
+        )
+        self._reports = _Reports(self._window, self._topic_changed, self._batch_sent, on_outcome)
         self._pending = self._window.pending
         # Only for backends that hold records until a batch is acked: on null:// a record dies
         # at once, and the call would cost more than the collections it saves.
-        self._untracked = _fast.untracked if self._backend_class.HOLDS_RECORDS else None
+        self._untracked = _fast.untracked if self._spec.holds_records else None
         self._sends: list[Callable[[Record], Awaitable[None] | None]] = []
         self._seqs = itertools.count(1)  # record[SEQ]: the nth record admitted has n
         self._round_robin = 0
@@ -180,8 +186,8 @@ class Producer:
                 return
             self._loop = asyncio.get_running_loop()
             connections = [
-                self._backend_class(
-                    self._url, self._options, self, timeout=self._timeout, index=index
+                self._spec.connection(
+                    self._url, self._options, self._reports, timeout=self._timeout, index=index
                 )
                 for index in range(self._connection_count)
             ]
@@ -306,7 +312,7 @@ class Producer:
                 raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
             if headers is not None:
                 header_pairs = _normalize_headers(headers)
-                self._backend_class.check_headers(header_pairs)
+                self._spec.check_headers(header_pairs)
                 size += sum(len(name) + len(data) for name, data in header_pairs)
         if size > self._max_payload:
             raise MessageTooLarge(
@@ -369,7 +375,7 @@ class Producer:
 
     def _send_failed(self, record: Record, exc: Exception) -> None:
         # Translated at the backend's edge; the message is not lost, it fails.
-        self.failed(record, self._backend_class.translate_error(exc))
+        self._window.failed(record, self._spec.translate_error(exc))
 
     async def _hand_off(self, record: Record, handed_off: Awaitable[None]) -> None:
         try:
@@ -390,7 +396,7 @@ class Producer:
     async def _prepare_topic(self, topic: str) -> int | None:
         """First message to a topic: validate its name and learn its partition count (once)."""
         _check_topic_type(topic, MessageError)
-        self._backend_class.check_topic(topic)
+        self._spec.check_topic(topic)
         task = self._topic_tasks.get(topic)
         if task is None:
             task = asyncio.ensure_future(self._prepare_on_every_connection(topic))
@@ -419,12 +425,12 @@ class Producer:
         await asyncio.gather(*(connection.prepare_topic(topic) for connection in others))
         return count
 
-    # ------------------------------------------------------------------ outcomes (DeliverySink)
+    # ------------------------------------------------------------------ what connections report
 
-    def topic_changed(self, topic: str) -> None:
+    def _topic_changed(self, topic: str) -> None:
         self._topics.pop(topic, None)
 
-    def batch_sent(self, topic: str, partition: int) -> None:
+    def _batch_sent(self, topic: str, partition: int) -> None:
         num_partitions = self._topics.get(topic)
         if num_partitions:
             self._keyless.on_new_batch(topic, num_partitions, partition)
@@ -540,14 +546,15 @@ class Producer:
         )
 
     @property
-    def backend(self) -> Backend:
-        """The first connection's backend (``producer.backend.records`` on ``memory://``)."""
+    def backend(self) -> Connection:
+        """The first connection (``producer.backend.records`` on ``memory://``)."""
         if not self._connections:
             raise ProducerClosed("the producer is not started: use `async with` or await start()")
         return self._connections[0]
 
     @property
-    def backends(self) -> tuple[Backend, ...]:
+    def backends(self) -> tuple[Connection, ...]:
+        """Every connection, by index."""
         return tuple(self._connections)
 
     @property
@@ -661,8 +668,31 @@ def _positive_number(name: str, value: object) -> float:
     return float(value)
 
 
-async def _close_quietly(connection: Backend) -> None:
+async def _close_quietly(connection: Connection) -> None:
     try:
         await asyncio.wait_for(connection.close(), connection.timeout)
     except Exception:
         logger.debug("error closing %r", connection, exc_info=True)
+
+
+class _Reports:
+    """What the producer's connections report into (the seam's Reports): the window settles
+    each record, the producer's routing learns of topics and batches. With an ``on_outcome``
+    hook the window's observed twins stand in for acked and acked_run; without one, nothing is
+    added to the path of an ack."""
+
+    __slots__ = ("acked", "acked_run", "batch_sent", "failed", "topic_changed")
+
+    def __init__(
+        self,
+        window: InFlightWindow,
+        topic_changed: Callable[[str], None],
+        batch_sent: Callable[[str, int], None],
+        on_outcome: Callable[[Outcome], object] | None,
+    ) -> None:
+        observed = on_outcome is not None
+        self.acked = window.acked_observed if observed else window.acked
+        self.acked_run = window.acked_run_observed if observed else window.acked_run
+        self.failed = window.failed
+        self.topic_changed = topic_changed
+        self.batch_sent = batch_sent

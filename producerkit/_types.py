@@ -75,6 +75,31 @@ class Stats:
     connections: tuple[ConnectionStats, ...] = ()
 
 
+@attrs.frozen(slots=True)
+class Outcome:
+    """Messages that settled together: all acked (``error`` is None) or all failed with ``error``.
+
+    What ``Producer(on_outcome=...)`` is called with: one per Kafka batch acked, per JetStream
+    PubAck or core NATS message, and per failed message. Built only when a hook is set.
+    """
+
+    #: Each message's number: the n-th message the producer admitted is number n.
+    numbers: tuple[int, ...]
+    #: ``time.monotonic()`` when each message was produced, in the same order.
+    produced_at: tuple[float, ...]
+    #: ``time.monotonic()`` when they settled.
+    settled_at: float
+    topic: str
+    partition: int | None
+    #: Which of the producer's connections carried them.
+    connection: int
+    error: BaseException | None = None
+
+    @property
+    def acked(self) -> bool:
+        return self.error is None
+
+
 Record: TypeAlias = tuple[
     int,  # SEQ
     bytes,  # VALUE

@@ -33,6 +33,7 @@ from producerkit._types import (
     TOPIC,
     Delivery,
     Failure,
+    Outcome,
     Record,
     failure_of,
 )
@@ -41,6 +42,7 @@ from producerkit.errors import ProduceError, ProduceTimeout
 logger = logging.getLogger("producerkit")
 
 ErrorCallback = Callable[[Failure], object]
+OutcomeCallback = Callable[[Outcome], object]
 
 
 class InFlightWindow:
@@ -49,6 +51,7 @@ class InFlightWindow:
         "_failure_log",
         "_loop",
         "_on_error",
+        "_on_outcome",
         "_per_connection",
         "_room_waiters",
         "_waiting",
@@ -68,7 +71,12 @@ class InFlightWindow:
     )
 
     def __init__(
-        self, limit: int, timeout: float, connections: int, on_error: ErrorCallback | None
+        self,
+        limit: int,
+        timeout: float,
+        connections: int,
+        on_error: ErrorCallback | None,
+        on_outcome: OutcomeCallback | None = None,
     ) -> None:
         self.limit = limit
         self.low_water = limit // 2
@@ -85,6 +93,7 @@ class InFlightWindow:
         self.connection_failed = [0] * connections
         self.failures: list[Failure] = []
         self._on_error = on_error
+        self._on_outcome = on_outcome
         self._failure_log = _FailureLog()
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
@@ -184,6 +193,40 @@ class InFlightWindow:
             if self._waiting:
                 self._wake(len(self.pending))
 
+    def acked_observed(self, record: Record, offset: int | None) -> None:
+        """:meth:`acked`, and ``on_outcome`` told of it (used instead when a hook is set)."""
+        if record[SEQ] in self.pending:
+            self.acked(record, offset)
+            self._observe((record,), None)
+
+    def acked_run_observed(self, records: list[Record], first_offset: int | None) -> None:
+        """:meth:`acked_run`, and ``on_outcome`` told of the records it settled."""
+        pending = self.pending
+        settling = [record for record in records if record[SEQ] in pending]
+        self.acked_run(records, first_offset)
+        if settling:
+            self._observe(settling, None)
+
+    def _observe(
+        self, records: list[Record] | tuple[Record, ...], error: BaseException | None
+    ) -> None:
+        assert self._on_outcome is not None
+        first = records[0]
+        timeout = self.timeout
+        outcome = Outcome(
+            tuple(record[SEQ] for record in records),
+            tuple(record[DEADLINE] - timeout for record in records),
+            time.monotonic(),
+            first[TOPIC],
+            first[PARTITION],
+            first[CONNECTION],
+            error,
+        )
+        try:
+            self._on_outcome(outcome)
+        except Exception:
+            logger.exception("on_outcome callback raised")
+
     def failed(self, record: Record, exc: BaseException) -> None:
         pending = self.pending
         if pending.pop(record[SEQ], None) is None:
@@ -192,6 +235,8 @@ class InFlightWindow:
         self.connection_failed[record[CONNECTION]] += 1
         if self._waiting:
             self._wake(len(pending))
+        if self._on_outcome is not None:
+            self._observe((record,), exc)
         future = record[FUTURE]
         if future is not None and not future.done():
             future.set_exception(exc)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import producerkit as pk
 from producerkit import _fast
-from producerkit.backends.memory import MemoryBackend
+from producerkit.backends.memory import MemoryConnection
 
 needs_admission = pytest.mark.skipif(
     _fast.Admission is None, reason=f"producerkit._speedups: {_fast.SPEEDUPS}"
@@ -78,14 +78,14 @@ def test_a_send_that_raises_fails_its_message_on_the_c_path(
 ) -> None:
     """A backend's send() raising is reported as that message's failure (translated), once,
     and the producer goes on: on the C path as on the Python path."""
-    real_send = MemoryBackend.send
+    real_send = MemoryConnection.send
 
-    def send(self: MemoryBackend, record: Any) -> None:
+    def send(self: MemoryConnection, record: Any) -> None:
         if record[1].startswith(b"bad"):
             raise ConnectionError("the link dropped")
         real_send(self, record)
 
-    monkeypatch.setattr(MemoryBackend, "send", send)
+    monkeypatch.setattr(MemoryConnection, "send", send)
 
     async def main(fast: bool) -> tuple[list[bytes], pk.Stats]:
         async with pk.Producer("memory://", topic="t", partitions=3) as producer:

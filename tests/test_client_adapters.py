@@ -114,6 +114,7 @@ def test_a_client_newer_than_tested_takes_the_fast_path_when_its_internals_match
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
     scheme, url, options = target
     package = "aiokafka" if scheme == "kafka" else "nats-py"
     newer = _clients.SUPPORTED[package][1] + ".0"
@@ -139,11 +140,11 @@ def _break_internal(scheme: str, monkeypatch: pytest.MonkeyPatch) -> str:
     version producerkit does not frame, or nats-py without an internal the fast path uses.
     Returns what the reason must name."""
     if scheme == "kafka":
-        from producerkit.backends import _aiokafka_compat
+        from producerkit.backends.kafka import _aiokafka_compat
 
         monkeypatch.setattr(_aiokafka_compat, "PRODUCE_VERSIONS", range(3, 4))
         return "producerkit frames v3-v3"
-    from producerkit.backends import _natspy_compat
+    from producerkit.backends.nats import _natspy_compat
 
     internals = (*_natspy_compat._CLIENT_INTERNALS, ("_pending_renamed", callable))
     monkeypatch.setattr(_natspy_compat, "_CLIENT_INTERNALS", internals)
@@ -223,7 +224,10 @@ def test_a_fast_path_failure_mid_run_fails_its_batch_at_once_with_the_cause(
     asyncio.run(main())
 
 
-def test_the_direct_nats_path_keeps_nats_py_stats(nats_broker: LocalBroker, topic: str) -> None:
+def test_the_direct_nats_path_keeps_nats_py_stats(
+    nats_broker: LocalBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
     async def main() -> None:
         async with pk.Producer(f"nats://{nats_broker.host_port}", topic=topic) as producer:
             assert producer.backend.client_path == "fast"
@@ -239,13 +243,13 @@ def test_errors_keep_the_client_exception_as_their_cause() -> None:
     import nats.errors
     from aiokafka import errors as kafka_errors
 
-    from producerkit.backends.kafka import KafkaBackend
-    from producerkit.backends.nats import NatsBackend
+    from producerkit.backends.kafka import KAFKA
+    from producerkit.backends.nats import NATS
 
     original = kafka_errors.RequestTimedOutError()
-    translated = KafkaBackend.translate_error(original)
+    translated = KAFKA.translate_error(original)
     assert isinstance(translated, pk.ProduceTimeout) and translated.__cause__ is original
     nats_original = nats.errors.ConnectionClosedError()
-    nats_translated = NatsBackend.translate_error(nats_original)
+    nats_translated = NATS.translate_error(nats_original)
     assert isinstance(nats_translated, pk.BrokerUnavailable)
     assert nats_translated.__cause__ is nats_original

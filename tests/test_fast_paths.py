@@ -155,7 +155,7 @@ def test_kafka_batches_from_each_encoder_read_back(
 ) -> None:
     """The C encoder (default where it was built), aiokafka's builder (the fallback) and a
     compressed batch (always aiokafka's): keys, values, headers and CreateTimes read back."""
-    from producerkit.backends import _record_batch
+    from producerkit.backends.kafka import record_batch as _record_batch
 
     if encoder == "aiokafka":
         monkeypatch.setattr(_record_batch, "encode_batch", _record_batch.encode_batch_with_aiokafka)

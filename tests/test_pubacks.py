@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.protocol.parser import Parser
 
-from producerkit.backends._natspy_compat import _PubAckReader
-from producerkit.backends.nats import _puback_error
+from producerkit.backends.nats._natspy_compat import _PubAckReader
+from producerkit.backends.nats.pubacks import puback_error as _puback_error
 from producerkit.errors import DeliveryError, MessageTooLarge
 
 INBOX = "_INBOX.k3Jd9"

@@ -13,7 +13,7 @@ pytest.importorskip("aiokafka")
 from aiokafka.record.default_records import DefaultRecordBatch
 
 from producerkit._types import Record
-from producerkit.backends import _record_batch
+from producerkit.backends.kafka import record_batch as _record_batch
 
 try:
     from producerkit import _speedups

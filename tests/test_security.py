@@ -412,20 +412,20 @@ def test_kafka_without_credentials_on_authenticating_broker(sasl_kafka: LocalBro
 
 def test_kafka_settings_mapping(pki: Path):
     def settings(url: str, **options: Any) -> dict[str, Any]:
-        from producerkit.backends.kafka import KafkaBackend
+        from producerkit.backends.kafka import KAFKA
+        from producerkit.backends.kafka.options import client_settings
 
         parsed = parse_url(url)
-        checked = KafkaBackend.check_options(
+        checked = KAFKA.checked_options(
             _security.merge_credentials(
                 parsed.username,
                 parsed.password,
                 {**parsed.options, **options},
-                KafkaBackend.OPTIONS,
+                KAFKA.options,
                 environ={},
             )
         )
-        backend = KafkaBackend(parsed, checked, None, timeout=5)  # type: ignore[arg-type]
-        return backend._client_settings()
+        return client_settings(checked, timeout=5)
 
     plain = settings("kafka://h:9092")
     assert "security_protocol" not in plain and "sasl_plain_password" not in plain

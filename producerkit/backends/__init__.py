@@ -1,57 +1,53 @@
-"""Backends by URL scheme, imported on first use so that ``import producerkit`` stays light."""
+"""Backends by URL scheme, imported on first use so that ``import producerkit`` stays light.
+
+``spec_for(scheme)`` returns the backend's :class:`~producerkit.backends.base.BackendSpec`; the
+schemes, their modules and the extras that install their client libraries are listed once, in
+``producerkit._schemes``.
+"""
 
 from __future__ import annotations
 
 import importlib
 
-from producerkit.backends.base import Backend, DeliverySink
+from producerkit._schemes import SCHEMES
+from producerkit.backends.base import BackendSpec, Connection, Reports
 from producerkit.errors import (
     ConfigurationError,
     IncompatibleClientError,
     MissingDependencyError,
 )
 
-__all__ = ["Backend", "DeliverySink", "load_backend"]
+__all__ = ["BackendSpec", "Connection", "Reports", "spec_for"]
 
-# scheme -> (module, class, the extra that installs its client library)
-_BACKENDS: dict[str, tuple[str, str, str | None]] = {
-    "kafka": ("kafka", "KafkaBackend", "kafka"),
-    "jetstream": ("nats", "JetStreamBackend", "nats"),
-    "nats": ("nats", "NatsBackend", "nats"),
-    "memory": ("memory", "MemoryBackend", None),
-    "null": ("null", "NullBackend", None),
-}
-#: extra -> the client library it installs (a distribution name).
-_CLIENTS = {"kafka": "aiokafka", "nats": "nats-py"}
-_loaded: dict[str, type[Backend]] = {}
+_loaded: dict[str, BackendSpec] = {}
 
 
-def load_backend(scheme: str) -> type[Backend]:
+def spec_for(scheme: str) -> BackendSpec:
+    """The spec of the backend serving ``scheme``; ConfigurationError for an unknown scheme,
+    MissingDependencyError if its client library is not installed, IncompatibleClientError if
+    it is installed but cannot be imported as producerkit expects."""
     cached = _loaded.get(scheme)
     if cached is not None:
         return cached
-    try:
-        module_name, class_name, extra = _BACKENDS[scheme]
-    except KeyError:
+    entry = SCHEMES.get(scheme)
+    if entry is None:
         raise ConfigurationError(
-            f"unknown backend {scheme!r}: use one of {', '.join(sorted(_BACKENDS))}"
-        ) from None
+            f"unknown backend {scheme!r}: use one of {', '.join(sorted(SCHEMES))}"
+        )
     try:
-        module = importlib.import_module(f"producerkit.backends.{module_name}")
+        module = importlib.import_module(f"producerkit.backends.{entry.module}")
     except ImportError as exc:
-        # Installed but not importable as expected: a version producerkit does not support.
         from producerkit.backends import _clients
 
-        distribution = _CLIENTS.get(extra or "")
-        version = _clients.installed_version(distribution) if distribution else None
-        if distribution is not None and version is not None:
+        version = _clients.installed_version(entry.client) if entry.client else None
+        if entry.client is not None and version is not None:
             raise IncompatibleClientError(
-                distribution, version, _clients.supported_range(distribution)
+                entry.client, version, _clients.supported_range(entry.client)
             ) from exc
         raise MissingDependencyError(
             f"the {scheme}:// backend needs {exc.name or 'a package'} which is not installed: "
-            f'run  pip install "producerkit[{extra}]"'
+            f'run  pip install "producerkit[{entry.extra}]"'
         ) from exc
-    cls: type[Backend] = getattr(module, class_name)
-    _loaded[scheme] = cls
-    return cls
+    spec: BackendSpec = getattr(module, entry.spec)
+    _loaded[scheme] = spec
+    return spec

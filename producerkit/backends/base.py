@@ -1,27 +1,39 @@
-"""The seam: one small interface every backend implements.
+"""The seam between the producer and a broker: a static :class:`BackendSpec` and a
+:class:`Connection`.
 
-A backend is one connection to a broker. The producer above it owns everything else, written once:
-the in-flight window, deadlines, stats, partition choice, connection pooling and failure
-accounting. A backend only moves records and reports, for each record it was handed, exactly one
-outcome through its :class:`DeliverySink`: ``acked(record, offset)`` (offset may be None), or
-``acked_run(records, first_offset)`` for a batch stored at consecutive offsets, or
-``failed(record, exc)`` with a producerkit error. Late or duplicate reports are ignored above, so
-a backend need not track deadlines. A record is a plain tuple: read it as ``record[TOPIC]``,
-``record[VALUE]``... with the positions in ``producerkit._types``.
+A backend is chosen by URL scheme (``producerkit.backends.spec_for``). Its **spec** holds what the
+producer needs before anything connects: the options it accepts and how they are checked, how a
+topic and headers are checked, how keyless messages spread by default, whether records stay with
+a connection after ``send()`` returns, and how its client library's exceptions become
+producerkit's (the backend's one error edge).
+
+A **connection** is one link to the broker, built with all its state in ``__init__``. The
+producer owns everything else, written once: the in-flight window, deadlines, stats, routing,
+pooling and failure accounting. A connection moves records, and for each record it was handed
+reports exactly one outcome to the :class:`Reports` it was built with: ``acked(record, offset)``
+(offset may be None), ``acked_run(records, first_offset)`` for a batch stored at consecutive
+offsets, or ``failed(record, exc)`` with a producerkit error. Late or duplicate reports are
+ignored, so a connection need not track deadlines. A record is a plain tuple: read it as
+``record[TOPIC]``, ``record[VALUE]``... with the positions in ``producerkit._types``.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Mapping
-from typing import Any, ClassVar, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
 
 from producerkit._config import ParsedURL, coerce_option
 from producerkit._types import Headers, Record
 from producerkit.errors import ConfigurationError, DeliveryError, ProducerError
 
 
-class DeliverySink(Protocol):
+class Reports(Protocol):
+    """Where a connection reports what became of the records it was handed (the producer's
+    window and router behind it; nothing of it is public)."""
+
     def acked(self, record: Record, offset: int | None) -> None: ...
 
     def acked_run(self, records: list[Record], first_offset: int | None) -> None:
@@ -36,16 +48,10 @@ class DeliverySink(Protocol):
         """A batch for this partition left: sticky keyless partitioning may move on (KIP-480)."""
 
 
-class Backend(abc.ABC):
+class Connection(abc.ABC):
     """One connection to a broker (or to memory, or to nowhere)."""
 
-    #: Options this backend accepts (as keywords or URL query parameters) and their types.
-    OPTIONS: ClassVar[Mapping[str, type]] = {}
-    #: How keyless messages spread when the user does not say: sticky suits backends that batch.
-    DEFAULT_KEYLESS: ClassVar[str] = "round_robin"
-    #: Whether records stay with the backend after send() returns (batches, acks to come).
-    HOLDS_RECORDS: ClassVar[bool] = True
-    #: Largest message (value + key + headers) this backend accepts; set by ``connect()``.
+    #: Largest message (value + key + headers) this connection accepts; final after connect().
     max_message_size: int = 1024 * 1024
     #: ``"fast"`` or ``"public"``: how ``connect()`` chose to use the client library, and why
     #: (see ``producerkit.backends._clients``); None for backends without one.
@@ -56,47 +62,16 @@ class Backend(abc.ABC):
         self,
         url: ParsedURL,
         options: Mapping[str, Any],
-        sink: DeliverySink,
+        reports: Reports,
         *,
         timeout: float,
         index: int = 0,
     ) -> None:
         self.url = url
         self.options = dict(options)
-        self.sink = sink
+        self.reports = reports
         self.timeout = timeout
         self.index = index
-
-    @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Convert options to their declared types; unknown names are a ConfigurationError."""
-        checked: dict[str, Any] = {}
-        for name, value in options.items():
-            kind = cls.OPTIONS.get(name)
-            if kind is None:
-                known = ", ".join(sorted(cls.OPTIONS)) or "none"
-                raise ConfigurationError(
-                    f"unknown option {name!r} for {cls.__name__}; options it accepts: {known}"
-                )
-            checked[name] = coerce_option(name, value, kind)
-        if checked.get("partitions", 1) < 1:
-            raise ConfigurationError(f"partitions must be at least 1, got {checked['partitions']}")
-        return checked
-
-    @classmethod
-    def check_topic(cls, topic: str) -> None:
-        """Raise MessageError if ``topic`` is not valid on this backend (once per topic)."""
-
-    @classmethod
-    def check_headers(cls, headers: Headers) -> None:
-        """Raise MessageError if this backend cannot carry these headers."""
-
-    @classmethod
-    def translate_error(cls, exc: BaseException) -> ProducerError:
-        """The producerkit error for an exception raised by ``send()`` or its awaitable."""
-        if isinstance(exc, ProducerError):
-            return exc
-        return DeliveryError(f"{type(exc).__name__}: {exc}")
 
     @abc.abstractmethod
     async def connect(self) -> None:
@@ -108,16 +83,74 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def send(self, record: Record) -> Awaitable[None] | None:
-        """Hand a record off. Return None, or an awaitable when the backend needs the caller to
-        wait for buffer space (not for the ack). Report the outcome later through the sink."""
+        """Hand a record off. Return None, or an awaitable when the caller must wait for buffer
+        space (not for the ack). Report the outcome later through ``reports``. What it raises is
+        translated by the spec's ``translate_error`` and fails this record."""
 
     async def flush(self) -> None:
-        """Push out anything buffered; acks still arrive through the sink."""
+        """Push out anything buffered; acks still arrive through ``reports``."""
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Close the connection. Records not yet reported are failed by the producer above."""
+        """Close the connection, even if connect() failed or never ran. Records not yet reported
+        are failed by the producer above."""
 
     def __repr__(self) -> str:
         where = ",".join(self.url.server_strings()) or self.url.name
         return f"<{type(self).__name__} {self.url.scheme}://{where}>"
+
+
+def coerce_options(declared: Mapping[str, type], options: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert options to their declared types; an unknown name is a ConfigurationError."""
+    checked: dict[str, Any] = {}
+    for name, value in options.items():
+        kind = declared.get(name)
+        if kind is None:
+            known = ", ".join(sorted(declared)) or "none"
+            raise ConfigurationError(
+                f"unknown option {name!r} for this backend; options it accepts: {known}"
+            )
+        checked[name] = coerce_option(name, value, kind)
+    if checked.get("partitions", 1) < 1:
+        raise ConfigurationError(f"partitions must be at least 1, got {checked['partitions']}")
+    return checked
+
+
+def _accept(_: Any) -> None:
+    """A check that lets everything through."""
+
+
+def any_error(exc: BaseException) -> ProducerError:
+    """The error edge of a backend without a client library: anything is a DeliveryError."""
+    if isinstance(exc, ProducerError):
+        return exc
+    error = DeliveryError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+@attrs.frozen(slots=True)
+class BackendSpec:
+    """What the producer knows of a backend before connecting (one per URL scheme)."""
+
+    #: The connection class: one instance per ``connections=N``.
+    connection: type[Connection]
+    #: Options accepted as keywords or URL query parameters, with their types.
+    options: Mapping[str, type]
+    #: ``(options) -> checked options``: types converted, values validated, at construction.
+    check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    #: Raises MessageError if a topic is not valid here (called once per topic).
+    check_topic: Callable[[str], None] = _accept
+    #: Raises MessageError if this backend cannot carry these headers.
+    check_headers: Callable[[Headers], None] = _accept
+    #: ``(client exception) -> producerkit error``, keeping the original as ``__cause__``.
+    translate_error: Callable[[BaseException], ProducerError] = any_error
+    #: How keyless messages spread when the user does not say: sticky suits batching backends.
+    default_keyless: str = "round_robin"
+    #: Whether records stay with a connection after send() returns (batches, acks to come).
+    holds_records: bool = True
+
+    def checked_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        if self.check_options is not None:
+            return self.check_options(options)
+        return coerce_options(self.options, options)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any
 
 import attrs
 
+from producerkit import _deprecated
+from producerkit._config import ParsedURL
 from producerkit._types import HEADERS, KEY, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
-from producerkit.backends.base import Backend
+from producerkit.backends.base import BackendSpec, Connection, Reports
 
 
 @attrs.frozen(slots=True)
@@ -75,13 +77,25 @@ def get_store(name: str) -> MemoryStore:
         return store
 
 
-class MemoryBackend(Backend):
-    OPTIONS: ClassVar[Mapping[str, type]] = {"partitions": int, "max_message_size": int}
+class MemoryConnection(Connection):
+    """Appends each record to the named store and acks it at once with its offset there."""
 
-    async def connect(self) -> None:
-        self.store = get_store(self.url.name)
+    def __init__(
+        self,
+        url: ParsedURL,
+        options: Mapping[str, Any],
+        reports: Reports,
+        *,
+        timeout: float,
+        index: int = 0,
+    ) -> None:
+        super().__init__(url, options, reports, timeout=timeout, index=index)
+        self.store = get_store(url.name)
         self._partitions: int = self.options.get("partitions", 1)
         self.max_message_size = self.options.get("max_message_size", 1024 * 1024)
+
+    async def connect(self) -> None:
+        pass
 
     @property
     def records(self) -> list[StoredRecord]:
@@ -91,7 +105,17 @@ class MemoryBackend(Backend):
         return self._partitions
 
     def send(self, record: Record) -> None:
-        self.sink.acked(record, self.store.append(record))
+        self.reports.acked(record, self.store.append(record))
 
     async def close(self) -> None:
         pass
+
+
+MEMORY = BackendSpec(
+    connection=MemoryConnection, options={"partitions": int, "max_message_size": int}
+)
+
+
+__getattr__ = _deprecated.renamed(
+    __name__, {"MemoryBackend": ("MemoryConnection", lambda: MemoryConnection)}
+)

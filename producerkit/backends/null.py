@@ -8,19 +8,32 @@ stored, so a Delivery from null:// has no offset (None), as from core NATS.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any
 
+from producerkit import _deprecated
+from producerkit._config import ParsedURL
 from producerkit._types import Record
-from producerkit.backends.base import Backend
+from producerkit.backends.base import BackendSpec, Connection, Reports
 
 
-class NullBackend(Backend):
-    OPTIONS: ClassVar[Mapping[str, type]] = {"partitions": int}
-    HOLDS_RECORDS: ClassVar[bool] = False  # acked inside send()
+class NullConnection(Connection):
+    """Acks every record inside ``send()``, with no offset (nothing is stored)."""
+
+    def __init__(
+        self,
+        url: ParsedURL,
+        options: Mapping[str, Any],
+        reports: Reports,
+        *,
+        timeout: float,
+        index: int = 0,
+    ) -> None:
+        super().__init__(url, options, reports, timeout=timeout, index=index)
+        self._partitions: int | None = self.options.get("partitions")
+        self._acked = reports.acked
 
     async def connect(self) -> None:
-        self._partitions: int | None = self.options.get("partitions")
-        self._acked = self.sink.acked
+        pass
 
     async def prepare_topic(self, topic: str) -> int | None:
         return self._partitions
@@ -30,3 +43,10 @@ class NullBackend(Backend):
 
     async def close(self) -> None:
         pass
+
+
+NULL = BackendSpec(connection=NullConnection, options={"partitions": int}, holds_records=False)
+
+__getattr__ = _deprecated.renamed(
+    __name__, {"NullBackend": ("NullConnection", lambda: NullConnection)}
+)

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from producerkit._producer import Producer
-from producerkit._types import SEQ, Record, Stats
+from producerkit._types import Outcome, Stats
 
 __all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop", "warm_up"]
 
@@ -62,55 +62,41 @@ class Target(Protocol):
 
 
 class _Timing:
-    """Wraps a producer's outcome sinks (``producer.acked``/``acked_run``/``failed``, which its
-    backends bind when they connect) to time each outcome by message index. Cheap on the hot
-    path: one subtraction and two array stores per message."""
+    """Times each outcome by message index through the producer's ``on_outcome`` hook: one
+    subtraction and one call per message of a settled group."""
 
     __slots__ = ("base", "on_ack")
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self) -> None:
         self.base = 0
         self.on_ack: AckCallback = _ignore
-        acked, acked_run, failed = producer.acked, producer.acked_run, producer.failed
 
-        def timed_acked(record: Record, offset: int | None) -> None:
-            self.on_ack(record[SEQ] - self.base, True)
-            acked(record, offset)
-
-        def timed_acked_run(records: list[Record], first_offset: int | None) -> None:
-            base, on_ack = self.base, self.on_ack
-            for record in records:
-                on_ack(record[SEQ] - base, True)
-            acked_run(records, first_offset)
-
-        def timed_failed(record: Record, exc: BaseException) -> None:
-            self.on_ack(record[SEQ] - self.base, False)
-            failed(record, exc)
-
-        producer.acked = timed_acked
-        producer.acked_run = timed_acked_run
-        producer.failed = timed_failed
+    def observe(self, outcome: Outcome) -> None:
+        base, on_ack, ok = self.base, self.on_ack, outcome.error is None
+        for number in outcome.numbers:
+            on_ack(number - base, ok)
 
 
 class ProducerTarget:
     """producerkit itself: nonblocking produce, acks timed where the backends report them.
 
-    Messages the producer fails on its own (deadline passed, closed) never reach the sinks: they
-    stay "unacknowledged" in the result, and the producer's stats count them.
+    Every message ends in the hook, acked or failed (deadline passed, closed included).
     """
 
     name = "producerkit"
 
     def __init__(self, url: str, topic: str, **producer_kwargs: Any) -> None:
-        self.producer = Producer(url, topic=topic, **producer_kwargs)
+        self._timing = _Timing()
+        self.producer = Producer(
+            url, topic=topic, on_outcome=self._timing.observe, **producer_kwargs
+        )
         self.on_ack: AckCallback = _ignore
-        self._timing = _Timing(self.producer)  # before start(): backends bind the sinks then
 
     async def start(self) -> None:
         await self.producer.start()
 
     def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
-        # One sender produces in index order: the nth record admitted has record[SEQ] n.
+        # One sender produces in index order: the nth message admitted has number n.
         timing = self._timing
         timing.base = self.producer._window.produced + 1 - index
         timing.on_ack = self.on_ack

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from producerkit import _fast
 from producerkit._types import Record
-from producerkit.backends import _aiokafka_compat
+from producerkit.backends.kafka import _aiokafka_compat
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
 

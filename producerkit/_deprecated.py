@@ -1,0 +1,23 @@
+"""Old names kept importable for one release, with a DeprecationWarning naming the new one."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+def renamed(module: str, names: dict[str, tuple[str, Callable[[], Any]]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving ``names``: old name -> (new name, getter of the object)."""
+
+    def __getattr__(name: str) -> Any:
+        entry = names.get(name)
+        if entry is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new_name, get = entry
+        warnings.warn(
+            f"{module}.{name} is deprecated: use {new_name}", DeprecationWarning, stacklevel=2
+        )
+        return get()
+
+    return __getattr__

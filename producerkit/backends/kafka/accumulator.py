@@ -1,0 +1,183 @@
+"""Records gathered per partition and sealed into record batches.
+
+Instead of one ``send()`` (and one future) per message, records are appended to an open list per
+partition; a full list is encoded as record batches in one call (``record_batch``: C where it
+was built, else aiokafka's builder), or, on the public path and for the idempotent producer,
+filled into aiokafka's own ``BatchBuilder``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from aiokafka import TopicPartition
+
+from producerkit._types import PARTITION, TOPIC, Record
+from producerkit.backends.kafka import _aiokafka_compat
+from producerkit.backends.kafka.record_batch import Encoder
+
+_monotonic = time.monotonic
+
+#: Records gathered before the first seal measures their size (then it adapts to fill a batch).
+INITIAL_BATCH_RECORDS: Final = 256
+
+
+class Batch:
+    """A sealed record batch of one partition, with the records it carries in offset order.
+
+    ``expires`` is aiokafka's delivery timeout: a retriable error retries the batch only until
+    ``request_timeout_ms`` after it was sealed; the records' own deadlines are the window's.
+    """
+
+    __slots__ = ("data", "expires", "number", "queue", "records", "sent")
+
+    def __init__(
+        self,
+        queue: PartitionQueue,
+        number: int,
+        data: bytes | bytearray | Any,
+        records: list[Record],
+        expires: float,
+    ) -> None:
+        self.queue = queue
+        self.number = number  # order within the partition: a retry goes back in its place
+        self.data = data  # the encoded batch, or an aiokafka BatchBuilder (sent through aiokafka)
+        self.records = records
+        self.expires = expires
+        self.sent = False
+
+
+class PartitionQueue:
+    """One partition: the open records being gathered, and sealed batches waiting their turn.
+
+    ``in_flight`` counts this partition's batches in requests; ``backoff`` is set while a retry
+    waits. Capping batches in flight lets the open list grow as large as the broker's pace
+    requires, and with ``max_in_flight=1`` keeps per-key order even across retries.
+    """
+
+    __slots__ = ("backoff", "full", "in_flight", "key", "partition", "records", "sealed", "topic")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.key = TopicPartition(topic, partition)
+        self.records: list[Record] = []
+        self.full: deque[Batch] = deque()
+        self.in_flight = 0
+        self.backoff = False
+        self.sealed = 0
+
+    def requeue(self, batch: Batch) -> None:
+        """Put a batch back for a retry, ahead of every batch sealed after it."""
+        index = 0
+        for index, waiting in enumerate(self.full):  # noqa: B007 - the index is the result
+            if waiting.number > batch.number:
+                break
+        else:
+            index = len(self.full)
+        self.full.insert(index, batch)
+
+
+class Gathering:
+    """What a send reads besides the queue: whether a ship is due, and how many records fill a
+    batch. Where it was built, ``producerkit._speedups.Gather`` takes its place: the same two
+    attributes, and a C send() for when a record only has to be appended."""
+
+    __slots__ = ("batch_records", "ship_due")
+
+    def __init__(self) -> None:
+        self.batch_records = INITIAL_BATCH_RECORDS
+        self.ship_due = False  # a ship is due: soon, or when the linger timer fires
+
+
+class Accumulator:
+    """Every partition's queue, and the sealing of open records into batches."""
+
+    def __init__(
+        self,
+        *,
+        queues: dict[str, dict[int, PartitionQueue]],
+        encode: Encoder,
+        max_batch_size: int,
+        request_timeout: float,
+        timeout: float,
+        gathering: Gathering,
+        fail: Callable[[list[Record], BaseException], None],
+    ) -> None:
+        self.queues = queues  # also read by the C Gather's send
+        self.gathering = gathering
+        self._encode = encode
+        self._max_batch_size = max_batch_size
+        self._request_timeout = request_timeout
+        self._timeout = timeout
+        self._fail = fail
+        #: Set on the public path and for the idempotent producer: batches are aiokafka's
+        #: BatchBuilders from ``new_builder``, filled directly when ``fast_fill``.
+        self.new_builder: Callable[[], Any] | None = None
+        self.fast_fill = False
+
+    def queue_of(self, record: Record) -> PartitionQueue:
+        partitions = self.queues.get(record[TOPIC])
+        if partitions is None:
+            partitions = self.queues[record[TOPIC]] = {}
+        queue = partitions.get(record[PARTITION])  # type: ignore[arg-type]
+        if queue is None:
+            queue = partitions[record[PARTITION]] = PartitionQueue(  # type: ignore[index]
+                record[TOPIC],
+                record[PARTITION],  # type: ignore[arg-type]
+            )
+        return queue
+
+    def all_queues(self) -> list[PartitionQueue]:
+        return [queue for partitions in self.queues.values() for queue in partitions.values()]
+
+    def seal(self, queue: PartitionQueue) -> None:
+        """Encode the partition's open records as batches of at most ``max_batch_size``. If the
+        encoder raises, the records it could not seal fail with that error as their cause."""
+        records, queue.records = queue.records, []
+        now = _monotonic()
+        expires = now + self._request_timeout
+        # The records' deadlines are monotonic() + timeout at produce time: this shift turns
+        # them back into wall-clock CreateTimes.
+        time_shift = time.time() - now - self._timeout
+        start = 0
+        try:
+            while start < len(records):
+                data, end, size = self._encode_from(records, start, time_shift)
+                queue.sealed += 1
+                whole = start == 0 and end == len(records)
+                batch_records = records if whole else records[start:end]
+                queue.full.append(Batch(queue, queue.sealed, data, batch_records, expires))
+                # Gather as many records as fill a batch at the sizes seen last.
+                self.gathering.batch_records = max(
+                    1, (end - start) * self._max_batch_size // max(size, 1)
+                )
+                start = end
+        except Exception as exc:
+            self._fail(records[start:], exc)
+
+    def _encode_from(
+        self, records: list[Record], start: int, time_shift: float
+    ) -> tuple[Any, int, int]:
+        """One batch from ``records[start:]``: (data, where it stopped, its size in bytes)."""
+        if self.new_builder is None:
+            data, end = self._encode(records, start, self._max_batch_size, time_shift)
+            return data, end, len(data)
+        builder = self.new_builder()
+        end = _aiokafka_compat.fill_builder(
+            builder, records, start, time_shift, fast=self.fast_fill
+        )
+        return builder, end, builder.size()
+
+    def strand(self) -> list[Record]:
+        """Empty every queue; the records that were never sent, for the caller to fail."""
+        stranded: list[Record] = []
+        for queue in self.all_queues():
+            stranded += [record for batch in queue.full for record in batch.records]
+            stranded += queue.records
+            queue.full.clear()
+            queue.records = []
+        return stranded

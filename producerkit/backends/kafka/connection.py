@@ -1,0 +1,195 @@
+"""One Kafka connection: an aiokafka client, an accumulator of batches and a sender."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from producerkit import _fast
+from producerkit._config import ParsedURL
+from producerkit._types import Record
+from producerkit.backends import _clients
+from producerkit.backends.base import Connection, Reports
+from producerkit.backends.kafka import _aiokafka_compat, options, record_batch
+from producerkit.backends.kafka.accumulator import Accumulator, Gathering, PartitionQueue
+from producerkit.backends.kafka.errors import translate
+from producerkit.backends.kafka.sender import Sender
+from producerkit.errors import AuthenticationError, BrokerUnavailable, TLSError
+
+
+class KafkaConnection(Connection):
+    """A connection to a Kafka cluster through aiokafka (see the package docstring)."""
+
+    def __init__(
+        self,
+        url: ParsedURL,
+        checked_options: Mapping[str, Any],
+        reports: Reports,
+        *,
+        timeout: float,
+        index: int = 0,
+    ) -> None:
+        super().__init__(url, checked_options, reports, timeout=timeout, index=index)
+        _clients.check_client("aiokafka")
+        self._settings = settings = options.client_settings(self.options, timeout)
+        self.max_message_size = settings.get("max_request_size", 1024 * 1024)
+        self._producer = AIOKafkaProducer(bootstrap_servers=url.server_strings(), **settings)
+        self._acks: int = -1 if settings["acks"] == "all" else settings["acks"]
+        # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
+        self._idempotent = bool(settings["enable_idempotence"])
+        self._partition_counts: dict[str, int] = {}
+        codec = options.COMPRESSION_CODECS.get(settings.get("compression_type") or "", 0)
+        encode: record_batch.Encoder = (
+            functools.partial(record_batch.encode_batch_with_aiokafka, compression=codec)
+            if codec
+            else record_batch.encode_batch
+        )
+        queues: dict[str, dict[int, PartitionQueue]] = {}
+        gathering: Gathering
+        if _fast.Gather is not None:
+            # The C send appends when that is all there is to do, and calls append_or_ship
+            # for everything else.
+            c_gather = _fast.Gather(queues, self._append_or_ship)
+            c_gather.batch_records = Gathering().batch_records
+            c_gather.ship_due = False
+            self.send = c_gather.send  # type: ignore[method-assign]
+            gathering = c_gather
+        else:
+            gathering = Gathering()
+        self._accumulator = Accumulator(
+            queues=queues,
+            encode=encode,
+            max_batch_size=settings["max_batch_size"],
+            request_timeout=settings["request_timeout_ms"] / 1000,
+            timeout=timeout,
+            gathering=gathering,
+            fail=self._fail,
+        )
+        self._sender = Sender(
+            self._producer,
+            self._accumulator,
+            reports,
+            linger=settings["linger_ms"] / 1000,
+            acks=self._acks,
+            max_in_flight=options.batches_in_flight(self.options, self._idempotent),
+            retry_backoff=settings.get("retry_backoff_ms", 100) / 1000,
+        )
+
+    async def connect(self) -> None:
+        settings = self._settings
+        try:
+            if "ssl_context" in settings:
+                await _probe_tls(self.url.servers[0], settings["ssl_context"], self.timeout)
+            await self._producer.start()
+            self.client_path, self.client_path_reason = await _aiokafka_compat.choose_path(
+                self._producer, self._acks
+            )
+        except BaseException as exc:
+            await self._producer.stop()
+            if isinstance(exc, KeyError) and "sasl_mechanism" in settings:
+                # aiokafka's SCRAM reads the server's final message without checking for an
+                # error ("e=unknown-user"), so a refused login surfaces as KeyError('v').
+                raise AuthenticationError(
+                    f"{settings['sasl_mechanism']} authentication failed for user "
+                    f"{settings['sasl_plain_username']!r} (unknown user or wrong password)"
+                ) from exc
+            if isinstance(exc, Exception):
+                raise translate(exc) from exc
+            raise
+        fast = self.client_path == _clients.FAST
+        if self._idempotent or not fast:
+            self._accumulator.new_builder = self._producer.create_batch
+            self._accumulator.fast_fill = fast
+        else:
+            self._sender.wire = _aiokafka_compat.ProduceWire(
+                self._producer,
+                self._acks,
+                settings["request_timeout_ms"],
+                settings.get("client_id") or "producerkit",
+            )
+        self._producer.client.cluster.add_listener(self._metadata_updated)
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        try:
+            partitions = await self._producer.partitions_for(topic)
+        except Exception as exc:
+            raise translate(exc) from exc
+        self._partition_counts[topic] = len(partitions)
+        return len(partitions)
+
+    def _metadata_updated(self, cluster: Any) -> None:
+        for topic, known in list(self._partition_counts.items()):
+            partitions = cluster.partitions_for_topic(topic)
+            if partitions is not None and len(partitions) != known:
+                self._partition_counts[topic] = len(partitions)
+                self.reports.topic_changed(topic)
+
+    # ------------------------------------------------------------------ the hot path
+
+    def send(self, record: Record) -> Awaitable[None] | None:
+        return self._append_or_ship(record)
+
+    def _append_or_ship(self, record: Record) -> Awaitable[None] | None:
+        """Append ``record`` to its partition's open list (the C Gather's send does this itself
+        when that is all there is to do) and arrange for it to ship."""
+        queue = self._accumulator.queue_of(record)
+        records = queue.records
+        records.append(record)
+        sender = self._sender
+        if len(records) >= self._accumulator.gathering.batch_records:
+            # Enough for a full batch: encode it now and let the loop write it (and read acks)
+            # at once, not only when the window is full, so the broker works while the caller
+            # keeps producing.
+            self._accumulator.seal(queue)
+            sender.schedule_ship()
+            return asyncio.sleep(0)
+        if not self._accumulator.gathering.ship_due and queue.in_flight < sender.max_in_flight:
+            sender.schedule_ship(sender.linger)
+        return None
+
+    def _fail(self, records: list[Record], exc: BaseException) -> None:
+        self._sender.fail(records, exc)
+
+    async def flush(self) -> None:
+        # Start shipping what is open now; acks (or deadlines) end each record, not this call.
+        if any(queue.records or queue.full for queue in self._accumulator.all_queues()):
+            self._sender.ship_all()
+
+    async def close(self) -> None:
+        self._sender.stop()
+        error = BrokerUnavailable("the connection closed before this message was sent")
+        for record in self._accumulator.strand():
+            self.reports.failed(record, error)
+        await self._producer.stop()
+
+
+async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: float) -> None:
+    """Handshake once with the first bootstrap server before aiokafka connects: aiokafka logs a
+    TLS failure and reports only "Unable to bootstrap", and a plaintext listener may never
+    answer a ClientHello. Unreachable servers are left to aiokafka's own error."""
+    host, port = server
+    # A handshake takes round trips, not seconds; a plaintext listener reads the ClientHello as
+    # the start of a huge request and waits for the rest.
+    patience = min(timeout / 2, 5.0)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), patience)
+    except (OSError, TimeoutError):
+        return
+    try:
+        await asyncio.wait_for(
+            writer.start_tls(context, server_hostname=host.strip("[]")), patience
+        )
+    except TimeoutError as exc:
+        raise TLSError(
+            f"no TLS handshake from {host}:{port} within {patience}s: "
+            "is TLS enabled on this listener?"
+        ) from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise TLSError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
+    finally:
+        writer.transport.abort()

@@ -1,0 +1,106 @@
+"""The Kafka backend's options: which it accepts, how they are checked at construction, and the
+aiokafka settings they become."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from producerkit import _security
+from producerkit.backends.base import coerce_options
+from producerkit.errors import ConfigurationError, MessageError
+
+#: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
+AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
+    "acks": str,  # 0, 1, -1 or all; converted in check_options
+    "client_id": str,
+    "compression_type": str,
+    "connections_max_idle_ms": int,
+    "enable_idempotence": bool,
+    "linger_ms": int,
+    "max_batch_size": int,
+    "max_in_flight": int,
+    "max_request_size": int,
+    "metadata_max_age_ms": int,
+    "request_timeout_ms": int,
+    "retry_backoff_ms": int,
+    "send_backoff_ms": int,
+}
+OPTIONS: Final[dict[str, type]] = {**AIOKAFKA_OPTIONS, **_security.OPTIONS, "preset": str}
+
+#: Options for throughput over latency (``preset="throughput"``); see docs/tuning.md.
+THROUGHPUT_PRESET: Final[dict[str, Any]] = {"linger_ms": 5}
+#: Batches per partition in flight with ``preset="throughput"``: the Java client's default. As
+#: there (without idempotence) and in librdkafka, a retried batch may then land after a later one.
+THROUGHPUT_MAX_IN_FLIGHT: Final = 5
+#: Batches here grow only while the partition's previous batch is still with the broker, so a
+#: large ceiling costs no latency and saves a request per 16 KiB (aiokafka's default) under load.
+DEFAULT_MAX_BATCH_SIZE: Final = 512 * 1024
+#: compression_type -> the record batch's codec attribute.
+COMPRESSION_CODECS: Final = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Types converted and values checked; ConfigurationError names the first bad one."""
+    # Security options are checked apart, so that no message can print a password.
+    others, security = _security.check_options("kafka", options)
+    acks_given = others.get("acks")
+    if type(acks_given) is int:  # acks=1 as a keyword, "1" from a URL: both mean the same
+        others = {**others, "acks": str(acks_given)}
+    checked = coerce_options(OPTIONS, others)
+    checked.update(security)
+    if checked.get("preset") not in (None, "latency", "throughput"):
+        raise ConfigurationError(
+            f"unknown preset {checked['preset']!r}: use 'latency' or 'throughput'"
+        )
+    if checked.get("max_in_flight", 1) < 1:
+        raise ConfigurationError(
+            f"max_in_flight must be at least 1, got {checked['max_in_flight']}"
+        )
+    acks = checked.get("acks")
+    if acks is not None:
+        if acks not in ("0", "1", "-1", "all"):
+            raise ConfigurationError(f"acks must be 0, 1, -1 or 'all', got {acks!r}")
+        checked["acks"] = acks if acks == "all" else int(acks)
+    return checked
+
+
+def check_topic(topic: str) -> None:
+    if not _TOPIC.match(topic) or topic in (".", ".."):
+        raise MessageError(
+            f"invalid Kafka topic {topic!r}: use 1 to 249 of the characters a-z A-Z 0-9 . _ -"
+        )
+
+
+def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """The AIOKafkaProducer keyword arguments for checked ``options``."""
+    settings: dict[str, Any] = {
+        "linger_ms": 0,
+        "acks": 1,
+        "enable_idempotence": False,
+        "max_batch_size": DEFAULT_MAX_BATCH_SIZE,
+    }
+    given = {name: v for name, v in options.items() if name not in _security.OPTIONS}
+    preset = given.pop("preset", None)
+    given.pop("max_in_flight", None)  # producerkit's own sender setting, not aiokafka's
+    if preset == "throughput":
+        settings.update(THROUGHPUT_PRESET)
+    settings.update(given)
+    if settings["enable_idempotence"] and "acks" not in given:
+        settings["acks"] = "all"  # idempotence requires it; the Java client defaults the same
+    settings.update(_security.kafka_settings(options))
+    settings.setdefault("request_timeout_ms", int(timeout * 1000))
+    return settings
+
+
+def batches_in_flight(options: Mapping[str, Any], idempotent: bool) -> int:
+    """Batches per partition in flight: ``max_in_flight``, 5 with the throughput preset, else 1
+    (strict per-key order); always 1 for the idempotent producer."""
+    if idempotent:
+        return 1
+    throughput = options.get("preset") == "throughput"
+    default = THROUGHPUT_MAX_IN_FLIGHT if throughput else 1
+    return int(options.get("max_in_flight", default))

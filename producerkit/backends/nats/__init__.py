@@ -1,0 +1,50 @@
+"""``nats://`` (core NATS) and ``jetstream://`` (acked, stored) on nats-py.
+
+- ``options``: the options both accept and the subject and header checks;
+- ``connection``: the nats-py client both use (connecting, the publish path, refusals);
+- ``core``: core NATS, acknowledged a burst at a time by PING/PONG;
+- ``jetstream``: JetStream, PubAcks matched by reply subject;
+- ``pubacks``: reading a PubAck's sequence or refusal.
+
+``errors`` is the one place nats-py's exceptions become producerkit's, and ``_natspy_compat`` the
+one place nats-py's internals are touched (the fast path), behind a probe with nats-py's public
+API as the fallback.
+"""
+
+from __future__ import annotations
+
+from producerkit import _deprecated
+from producerkit.backends.base import BackendSpec
+from producerkit.backends.nats import errors, options
+from producerkit.backends.nats.core import NatsConnection
+from producerkit.backends.nats.jetstream import JetStreamConnection
+
+__all__ = ["JETSTREAM", "NATS", "JetStreamConnection", "NatsConnection"]
+
+NATS = BackendSpec(
+    connection=NatsConnection,
+    options=options.OPTIONS,
+    check_options=options.checker(options.OPTIONS),
+    check_topic=options.check_topic,
+    check_headers=options.check_headers,
+    translate_error=errors.translate,
+)
+JETSTREAM = BackendSpec(
+    connection=JetStreamConnection,
+    options=options.JETSTREAM_OPTIONS,
+    check_options=options.checker(options.JETSTREAM_OPTIONS),
+    check_topic=options.check_topic,
+    check_headers=options.check_headers,
+    translate_error=errors.translate,
+)
+
+__getattr__ = _deprecated.renamed(
+    __name__,
+    {
+        "NatsBackend": ("NatsConnection (and NATS, its spec)", lambda: NatsConnection),
+        "JetStreamBackend": (
+            "JetStreamConnection (and JETSTREAM, its spec)",
+            lambda: JetStreamConnection,
+        ),
+    },
+)

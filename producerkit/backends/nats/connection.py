@@ -1,0 +1,233 @@
+"""What core NATS and JetStream connections share: the nats-py client, connecting, subjects,
+headers, the publish path, refusals and reconnect logging."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+from nats.aio.client import Client
+
+from producerkit import _security
+from producerkit._config import ParsedURL
+from producerkit._types import HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Record
+from producerkit.backends import _clients
+from producerkit.backends.base import Connection, Reports
+from producerkit.backends.nats import _natspy_compat
+from producerkit.backends.nats.errors import is_refusal, translate
+from producerkit.errors import AuthorizationError, BrokerUnavailable
+
+logger = logging.getLogger("producerkit.nats")
+
+_PERMISSION_DENIED = re.compile(r'(?i)permissions violation for publish to "([^"]+)"')
+#: Seconds between log lines about one connection's errors (the rest are counted).
+_ERROR_LOG_INTERVAL = 5.0
+
+
+class NatsClientConnection(Connection):
+    """One nats-py client. Subclasses say what a publish is and how it is acknowledged."""
+
+    def __init__(
+        self,
+        url: ParsedURL,
+        options: Mapping[str, Any],
+        reports: Reports,
+        *,
+        timeout: float,
+        index: int = 0,
+    ) -> None:
+        super().__init__(url, options, reports, timeout=timeout, index=index)
+        _clients.check_client("nats-py")
+        self._partitions: int | None = self.options.get("partitions")
+        self._closing = False
+        self._connected = False
+        self._reconnects = 0
+        self._errors = 0  # connection errors not yet logged (one per failed reconnect attempt)
+        self._last_error_log = 0.0
+        self._down_since = 0.0
+        self._connect_errors: list[Exception] = []
+        self._refused = asyncio.Event()
+        self._nc = client = Client()
+        self._direct_writer: _natspy_compat.DirectWriter | None = None
+        self._settings: dict[str, Any] = {
+            "servers": [f"nats://{host}:{port}" for host, port in url.servers],
+            "name": self.options.get("name", "producerkit"),
+            "connect_timeout": min(timeout, 5.0),
+            "allow_reconnect": True,
+            # Fail the first connect fast (one pass over the servers); reconnect forever after.
+            "max_reconnect_attempts": 1,
+            "reconnect_time_wait": 0.25,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            # Topics are validated once each (check_topic); nats-py would run a regex per publish.
+            "skip_subject_validation": True,
+            **_security.nats_settings(
+                self.options,
+                # nats-py upgrades to TLS only when the server requires it: with TLS asked for,
+                # credentials go out only if it did.
+                secure=lambda: _natspy_compat.server_requires_tls(client),
+            ),
+        }
+        if "pending_size" in self.options:
+            self._settings["pending_size"] = self.options["pending_size"]
+
+    async def connect(self) -> None:
+        client = self._nc
+        try:
+            await self._connect_client(client, self._settings)
+            self.client_path, self.client_path_reason = _natspy_compat.choose_path(client)
+        except BaseException as exc:
+            await close_client(client)
+            if isinstance(exc, Exception):
+                raise translate(exc) from exc
+            raise
+        client.options["max_reconnect_attempts"] = -1
+        if self.client_path == _clients.FAST:
+            self._direct_writer = _natspy_compat.DirectWriter(client)
+        self._connected = True
+        self.max_message_size = client.max_payload
+
+    def subject(self, record: Record) -> str:
+        if self._partitions is None:
+            return record[TOPIC]
+        return f"{record[TOPIC]}.{record[PARTITION]}"
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        return self._partitions
+
+    def nats_headers(self, record: Record) -> dict[str, str] | None:
+        headers = None
+        if record[HEADERS]:
+            headers = {name: data.decode("utf-8") for name, data in record[HEADERS]}
+        if record[MSG_ID] is not None:
+            headers = headers or {}
+            headers["Nats-Msg-Id"] = record[MSG_ID]
+        return headers
+
+    def publish(self, record: Record, reply: str = "") -> Awaitable[None] | None:
+        """Hand the record to the connection's outgoing buffer.
+
+        On the fast path, while connected, the PUB/HPUB command goes straight into nats-py's
+        write buffer (``_natspy_compat.DirectWriter``: no coroutine and no flusher wake-up per
+        message). Reconnecting, or on the public path, it is ``publish()`` itself, with nats-py's
+        reconnect buffering rules. Either way what it raises fails this record.
+        """
+        client = self._nc
+        writer = self._direct_writer
+        if writer is None or not client.is_connected:
+            return client.publish(
+                self.subject(record), record[VALUE], reply, self.nats_headers(record)
+            )
+        value = record[VALUE]
+        if record[HEADERS] is None and record[MSG_ID] is None:
+            command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
+        else:
+            block = header_block(record)
+            command = (
+                f"HPUB {self.subject(record)} {reply} {len(block)} "
+                f"{len(block) + len(value)}\r\n".encode()
+                + block
+            )
+        return writer.write(command, value)
+
+    async def _connect_client(self, client: Client, settings: dict[str, Any]) -> None:
+        """``client.connect()``, but a refusal (credentials, TLS) reported to ``_on_error`` ends
+        it at once: nats-py would otherwise retry it, and after a failed TLS handshake it can
+        wait forever for the socket to close."""
+        connecting = asyncio.ensure_future(client.connect(**settings))
+        refused = asyncio.ensure_future(self._refused.wait())
+        try:
+            await asyncio.wait((connecting, refused), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            refused.cancel()
+            if not connecting.done():
+                connecting.cancel()
+                await asyncio.wait((connecting,))
+        failure = None if connecting.cancelled() else connecting.exception()
+        if not connecting.cancelled() and failure is None:
+            return
+        errors = self._connect_errors
+        refusal = next((error for error in reversed(errors) if is_refusal(error)), None)
+        # "No servers available" only says nats-py gave up; the last error says why.
+        raise (
+            refusal
+            or (errors[-1] if errors else None)
+            or failure
+            or BrokerUnavailable("the NATS connection attempt ended without a reason")
+        )
+
+    def refused(self, subject: str, error: AuthorizationError) -> None:
+        """The server refused one publish to ``subject`` (``-ERR 'Permissions Violation'``)."""
+        raise NotImplementedError
+
+    async def _on_error(self, exc: Exception) -> None:
+        if not self._connected:
+            self._connect_errors.append(exc)
+            if is_refusal(exc):
+                self._refused.set()
+            return
+        denied = _PERMISSION_DENIED.search(str(exc))
+        if denied is not None:
+            self.refused(
+                denied[1],
+                AuthorizationError(f"the server refused a publish: {_security.redact(str(exc))}"),
+            )
+            return
+        # nats-py reports every failed reconnect attempt (4 a second): log counts, not lines.
+        if self._closing:
+            return
+        self._errors += 1
+        now = time.monotonic()
+        if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
+            logger.warning(
+                "NATS connection %d: %s (%d error(s) since the last report)",
+                self.index,
+                exc,
+                self._errors,
+            )
+            self._errors = 0
+            self._last_error_log = now
+
+    async def _on_disconnected(self) -> None:
+        if self._connected and not self._closing:
+            self._down_since = time.monotonic()
+            logger.warning("NATS connection %d lost; reconnecting", self.index)
+
+    async def _on_reconnected(self) -> None:
+        self._reconnects += 1
+        logger.warning(
+            "NATS connection %d reconnected after %.1fs and %d more error(s) "
+            "(%d reconnects so far)",
+            self.index,
+            time.monotonic() - self._down_since,
+            self._errors,
+            self._reconnects,
+        )
+        self._errors = 0
+
+    async def close(self) -> None:
+        self._closing = True
+        await close_client(self._nc)
+
+
+def header_block(record: Record) -> bytes:
+    """The NATS/1.0 header block of a record (names and values checked by check_headers)."""
+    lines = [b"NATS/1.0\r\n"]
+    for name, data in record[HEADERS] or ():
+        lines.append(b"%s: %s\r\n" % (name.encode(), data))
+    if record[MSG_ID] is not None:
+        lines.append(b"Nats-Msg-Id: %s\r\n" % record[MSG_ID].encode())
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+async def close_client(client: Client) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 5)
+    except Exception:
+        logger.debug("error closing a NATS connection", exc_info=True)

@@ -1,0 +1,107 @@
+"""nats-py's exceptions -> producerkit's: the NATS backends' one error edge.
+
+:func:`translate` is the only place a nats-py (or socket, or TLS) exception becomes a producerkit
+error: by its class through :data:`TABLE` (the first entry it is an instance of wins), except
+for the server's ``-ERR`` lines, which nats-py raises as a plain ``nats.errors.Error`` carrying
+only the server's text (no code), read by :data:`SERVER_ERRORS`. The original is kept as the new
+error's ``__cause__``. JetStream's refusals carry codes and are read in ``pubacks``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import nats.errors
+import nats.js.errors
+
+from producerkit import _security
+from producerkit.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerUnavailable,
+    DeliveryError,
+    MessageTooLarge,
+    ProducerError,
+    ProduceTimeout,
+    TLSError,
+)
+
+#: (exception classes, producerkit error), in order of precedence.
+TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerError]], ...] = (
+    ((nats.errors.AuthorizationError,), AuthenticationError),
+    (
+        (
+            ssl.SSLError,
+            nats.errors.SecureConnRequiredError,
+            nats.errors.SecureConnWantedError,
+            nats.errors.SecureConnFailedError,
+        ),
+        TLSError,
+    ),
+    ((nats.errors.MaxPayloadError,), MessageTooLarge),
+    ((nats.errors.TimeoutError, asyncio.TimeoutError), ProduceTimeout),
+    (
+        (
+            nats.errors.NoServersError,
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionDrainingError,
+            nats.errors.OutboundBufferLimitError,
+            nats.errors.StaleConnectionError,
+            nats.errors.UnexpectedEOF,
+            ConnectionError,
+            OSError,
+        ),
+        BrokerUnavailable,
+    ),
+    ((nats.js.errors.APIError,), DeliveryError),
+)
+
+#: (words in a server -ERR line, producerkit error), in order of precedence.
+SERVER_ERRORS: tuple[tuple[tuple[str, ...], type[ProducerError]], ...] = (
+    (("authorization violation", "authentication"), AuthenticationError),
+    (("permissions violation",), AuthorizationError),
+    (("ssl context", "secure connection", "tls"), TLSError),
+)
+
+_UNTRUSTED = (
+    ": the broker's certificate is not trusted (tls_ca_file names the CA that signed it; "
+    "without TLS options the system CAs are used)"
+)
+
+
+def translate(exc: BaseException) -> ProducerError:
+    """The producerkit error for ``exc`` (itself if it already is one), with ``exc`` as its
+    ``__cause__``; anything not named here is a DeliveryError. Secrets are redacted."""
+    if isinstance(exc, ProducerError):
+        return exc
+    text = _security.redact(f"{type(exc).__name__}: {exc}")
+    error = _from_server_text(exc, text) or _from_class(exc, text)
+    error.__cause__ = exc
+    return error
+
+
+def _from_server_text(exc: BaseException, text: str) -> ProducerError | None:
+    if type(exc) is not nats.errors.Error:
+        return None
+    lowered = str(exc).lower()
+    for words, kind in SERVER_ERRORS:
+        if any(word in lowered for word in words):
+            if kind is AuthenticationError:
+                return kind(f"the server refused the credentials: {text}")
+            return kind(text)
+    return None
+
+
+def _from_class(exc: BaseException, text: str) -> ProducerError:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TLSError(text + _UNTRUSTED)
+    for classes, kind in TABLE:
+        if isinstance(exc, classes):
+            return kind(text)
+    return DeliveryError(text)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Credentials or TLS refused: retrying the same server cannot help."""
+    return isinstance(translate(exc), AuthenticationError | TLSError)

@@ -1,0 +1,153 @@
+"""JetStream: acked, stored publishes, pipelined with no future or task per message.
+
+Every publish carries a reply subject ``<inbox>.<n>`` and one wildcard subscription receives all
+the PubAcks. The PubAck's stream sequence becomes the Delivery offset. ``msg_id`` sets
+``Nats-Msg-Id``, which the server uses to drop duplicates within the stream's duplicate window.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from producerkit._config import ParsedURL
+from producerkit._types import DEADLINE, Record
+from producerkit.backends import _clients
+from producerkit.backends.base import Reports
+from producerkit.backends.nats import _natspy_compat
+from producerkit.backends.nats.connection import NatsClientConnection
+from producerkit.backends.nats.errors import translate
+from producerkit.backends.nats.pubacks import puback_error, puback_sequence
+from producerkit.errors import AuthorizationError, BrokerUnavailable, DeliveryError
+
+logger = logging.getLogger("producerkit.nats")
+
+
+class JetStreamConnection(NatsClientConnection):
+    """Pipelined publishes, PubAcks matched by reply subject on one subscription."""
+
+    def __init__(
+        self,
+        url: ParsedURL,
+        options: Mapping[str, Any],
+        reports: Reports,
+        *,
+        timeout: float,
+        index: int = 0,
+    ) -> None:
+        super().__init__(url, options, reports, timeout=timeout, index=index)
+        self._inbox = ""  # set once connected
+        self._inbox_prefix_length = 0
+        self._awaiting: dict[int, Record] = {}  # reply token -> the record awaiting its PubAck
+        self._next_token = 0
+        self._last_sweep = time.monotonic()
+
+    async def connect(self) -> None:
+        await super().connect()
+        self._js = self._nc.jetstream()
+        self._inbox = self._nc.new_inbox()
+        self._inbox_prefix_length = len(self._inbox) + 1
+        subscription = await self._nc.subscribe(
+            self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1, pending_bytes_limit=0
+        )
+        if self.client_path == _clients.FAST:
+            _natspy_compat.deliver_pubacks_directly(
+                self._nc, subscription, self._inbox, self._handle_ack, self._settle_acks
+            )
+
+    async def prepare_topic(self, topic: str) -> int | None:
+        if self.options.get("create_stream"):
+            await self._ensure_stream(topic)
+        return self._partitions
+
+    async def _ensure_stream(self, topic: str) -> None:
+        probe = topic if self._partitions is None else f"{topic}.0"
+        try:
+            await self._js.find_stream_name_by_subject(probe)
+            return
+        except nats.js.errors.NotFoundError:
+            pass
+        except Exception as exc:
+            raise translate(exc) from exc
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", topic)
+        storage = self.options.get("stream_storage", "memory")
+        try:
+            await self._js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage)
+        except Exception as exc:
+            raise translate(exc) from exc
+
+    def send(self, record: Record) -> Awaitable[None] | None:
+        token = self._next_token = self._next_token + 1
+        self._awaiting[token] = record
+        return self.publish(record, reply=f"{self._inbox}.{token}")
+
+    async def _on_ack(self, msg: Msg) -> None:
+        self._handle_ack(msg)  # the public path: nats-py's subscription callback
+
+    def _handle_ack(self, msg: Msg) -> None:
+        """A PubAck that came through nats-py's parser (see _PubAckReader for the others)."""
+        self._settle(msg.subject[self._inbox_prefix_length :], msg.data, msg.headers)
+        self._sweep()
+
+    def _settle_acks(self, acks: list[tuple[bytes, bytes]]) -> None:
+        """PubAcks read by _PubAckReader, as (token, payload), in the order they came."""
+        settle = self._settle
+        for token, data in acks:
+            try:
+                settle(token, data, None)
+            except Exception:  # one ack's trouble must not leave the others unsettled
+                logger.exception("error handling a PubAck")
+        self._sweep()
+
+    def _settle(self, token: str | bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
+        try:
+            record = self._awaiting.pop(int(token), None)
+        except ValueError:
+            return
+        if record is None:
+            return  # already timed out and forgotten
+        if not data or b'"error"' in data:
+            error = puback_error(self.subject(record), data, headers)
+            if error is not None:
+                self.reports.failed(record, error)
+                return
+        sequence = puback_sequence(data)
+        if sequence is None:
+            self.reports.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
+            return
+        self.reports.acked(record, sequence)
+
+    def _sweep(self) -> None:
+        """Forget records whose deadline passed (the producer failed them) and got no ack."""
+        now = time.monotonic()
+        if now - self._last_sweep < self.timeout:
+            return
+        self._last_sweep = now
+        expired = [token for token, record in self._awaiting.items() if record[DEADLINE] < now]
+        for token in expired:
+            del self._awaiting[token]
+
+    def refused(self, subject: str, error: AuthorizationError) -> None:
+        """The server answers in order, so the k-th refusal for a subject is its k-th oldest
+        record still awaiting a PubAck (which will never come)."""
+        for token, record in self._awaiting.items():
+            if self.subject(record) == subject:
+                del self._awaiting[token]
+                self.reports.failed(record, error)
+                return
+
+    async def flush(self) -> None:
+        pass  # publishes are written as they are made; PubAcks arrive on their own
+
+    async def close(self) -> None:
+        await super().close()
+        error = BrokerUnavailable("the connection closed before the PubAck")
+        awaiting, self._awaiting = self._awaiting, {}
+        for record in awaiting.values():
+            self.reports.failed(record, error)
