@@ -228,6 +228,7 @@ def test_the_direct_nats_path_keeps_nats_py_stats(
     nats_broker: LocalBroker, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
+
     async def main() -> None:
         async with pk.Producer(f"nats://{nats_broker.host_port}", topic=topic) as producer:
             assert producer.backend.client_path == "fast"
