@@ -231,30 +231,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         print(f"producerkit dev: {exc}", file=sys.stderr)
         return 1
+    if not args.detach:
+        return _run_until_interrupted(brokers, args.json, workdir if owns_workdir else None)
+
     described = [_describe(broker) | {"owns_workdir": owns_workdir} for broker in brokers]
-
-    if args.detach:
-        path = state_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"brokers": described}, indent=2))
-        _print_brokers(described, args.json)
-        if not args.json:
-            print(f"running in the background; stop with: producerkit dev stop   ({path})")
-        return 0
-
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"brokers": described}, indent=2))
     _print_brokers(described, args.json)
     if not args.json:
-        print("Ctrl-C stops them.", flush=True)
-    return _run_until_interrupted(brokers, workdir if owns_workdir else None)
+        print(f"running in the background; stop with: producerkit dev stop   ({path})")
+    return 0
 
 
-def _run_until_interrupted(brokers: list[LocalBroker], temporary: Path | None) -> int:
+def _run_until_interrupted(
+    brokers: list[LocalBroker], as_json: bool, temporary: Path | None
+) -> int:
+    """Print the brokers, then watch them until Ctrl-C (SIGINT) or SIGTERM, and stop them.
+
+    The brokers are printed only once both signals are handled and inside the ``try`` that stops
+    them: whoever waits for that line (a person, a script, the tests) may interrupt at once. A
+    SIGINT handler is installed even if SIGINT was inherited as ignored, as it is by a command
+    started with ``&`` from a script: ``kill -INT`` stops the brokers there too.
+    """
+
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {sig: signal.signal(sig, terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
+        owns_workdir = temporary is not None
+        _print_brokers([_describe(b) | {"owns_workdir": owns_workdir} for b in brokers], as_json)
+        if not as_json:
+            print("Ctrl-C stops them.", flush=True)
         while True:
             for broker in brokers:
                 if broker.process is None or broker.process.poll() is not None:
@@ -268,10 +278,12 @@ def _run_until_interrupted(brokers: list[LocalBroker], temporary: Path | None) -
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
         for broker in brokers:
             broker.stop()
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
         print("stopped", file=sys.stderr)
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, nothing to restore
+                signal.signal(sig, handler)
     return code

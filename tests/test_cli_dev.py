@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,28 +86,73 @@ def test_detach_status_stop(env: dict[str, str], tmp_path: Path) -> None:
     assert status.returncode == 1
 
 
-def test_foreground_until_ctrl_c(env: dict[str, str], tmp_path: Path) -> None:
-    port = free_port()
+def _foreground(
+    port: int, workdir: Path, env: dict[str, str], *, ignoring_sigint: bool = False
+) -> tuple[subprocess.Popen[str], list[dict[str, Any]]]:
+    """``producerkit dev nats`` in the foreground, and the brokers it printed: the line it prints
+    once Ctrl-C stops them (its readiness signal)."""
+    command = [*CLI, "nats", "--json", "--nats-port", str(port), "--workdir", str(workdir)]
+    if ignoring_sigint:  # as a command started with & from a script inherits it
+        command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
     process = subprocess.Popen(
-        [*CLI, "nats", "--json", "--nats-port", str(port), "--workdir", str(tmp_path / "w")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        pytest.fail(f"producerkit dev printed no brokers: {process.communicate()[1]}")
+    brokers: list[dict[str, Any]] = json.loads(line)["brokers"]
+    return process, brokers
+
+
+def _interrupt(process: subprocess.Popen[str], broker_pid: int) -> str:
+    """SIGINT, then wait for the command; if it hangs, kill it and its broker (own session)."""
+    process.send_signal(signal.SIGINT)
     try:
-        assert process.stdout is not None
-        brokers = json.loads(process.stdout.readline())["brokers"]
-        assert brokers[0]["urls"] == [f"jetstream://127.0.0.1:{port}", f"nats://127.0.0.1:{port}"]
-        assert publish_one(brokers[0]["url"], create_stream=True) is not None
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        return process.communicate(timeout=30)[1]
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()
+        if pid_alive(broker_pid):
+            os.killpg(broker_pid, signal.SIGKILL)
+
+
+def test_foreground_until_ctrl_c(env: dict[str, str], tmp_path: Path) -> None:
+    port = free_port()
+    process, brokers = _foreground(port, tmp_path / "w", env)
+    pid = brokers[0]["pid"]
+    try:
+        assert brokers[0]["urls"] == [f"jetstream://127.0.0.1:{port}", f"nats://127.0.0.1:{port}"]
+        assert publish_one(brokers[0]["url"], create_stream=True) is not None
+    finally:
+        stderr = _interrupt(process, pid)
     assert process.returncode == 0, stderr
-    assert not listening(port) and not pid_alive(brokers[0]["pid"])
+    assert not listening(port) and not pid_alive(pid)
     assert (tmp_path / "w" / "jetstream").is_dir()  # a --workdir is kept: JetStream data lives on
+
+
+@pytest.mark.parametrize(
+    "ignoring_sigint", [False, True], ids=["sigint", "sigint-inherited-ignored"]
+)
+def test_ctrl_c_as_soon_as_the_brokers_are_printed(
+    env: dict[str, str], tmp_path: Path, ignoring_sigint: bool
+) -> None:
+    """The brokers are printed once Ctrl-C stops them: a SIGINT sent the moment the line arrives
+    stops the broker and exits 0. (It used to come before the handler: 10 of 30 such runs ended
+    in a KeyboardInterrupt traceback, exit -2, and a nats-server left running.) A SIGINT
+    inherited as ignored (``producerkit dev &`` in a script) is handled too (it used to hang)."""
+    for attempt in range(5):
+        port = free_port()
+        process, brokers = _foreground(
+            port, tmp_path / f"w{attempt}", env, ignoring_sigint=ignoring_sigint
+        )
+        pid = brokers[0]["pid"]
+        stderr = _interrupt(process, pid)
+        assert process.returncode == 0, stderr
+        assert "stopped" in stderr
+        assert not pid_alive(pid) and not listening(port)
 
 
 def test_usage(env: dict[str, str]) -> None:
