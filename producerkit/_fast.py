@@ -48,7 +48,7 @@ def _load() -> tuple[ModuleType | None, str]:
         _speedups.RECORD_FUTURE,
     )
     expected = (SEQ, VALUE, KEY, TOPIC, PARTITION, HEADERS, MSG_ID, DEADLINE, CONNECTION, FUTURE)
-    if positions != expected or not hasattr(_speedups, "Gather"):
+    if positions != expected or not hasattr(_speedups, "WindowCore"):
         return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
     return _speedups, f"on (crc32c: {_speedups.CRC32C})"
 
@@ -62,7 +62,9 @@ untracked: Any = speedups.untracked if speedups is not None else None
 #: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
 pop_run: Any = speedups.pop_run if speedups is not None else None
 
-#: ``Admission(...)``, or None: Producer.produce's common case in one call (see _speedups.c).
+#: ``Admission(router, window, sends, send_failed, topics, default_topic, max_payload)``, or
+#: None: Producer.produce's common case in one call, composed of the C Router.route and
+#: WindowCore.admit (the twins of producerkit._routing and producerkit._window).
 Admission: Any = speedups.Admission if speedups is not None else None
 
 #: What ``Admission.admit`` returns when it leaves a message to the Python path.

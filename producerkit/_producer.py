@@ -10,7 +10,6 @@ not deliver.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _fast, _security
 from producerkit._config import parse_url
+from producerkit._routing import Router
 from producerkit._types import (
     CONNECTION,
     ConnectionStats,
@@ -155,16 +155,21 @@ class Producer:
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Connection] = []
         self._window = InFlightWindow(
-            self._limit, self._timeout, self._connection_count, on_error, on_outcome
+            self._limit,
+            self._timeout,
+            self._connection_count,
+            on_error,
+            on_outcome,
+            # Only where records wait for a batch's ack: on null:// a record dies at once, and
+            # untracking it would cost more than the collections it saves.
+            untrack=self._spec.holds_records,
         )
         self._reports = _Reports(self._window, self._topic_changed, self._batch_sent, on_outcome)
         self._pending = self._window.pending
-        # Only for backends that hold records until a batch is acked: on null:// a record dies
-        # at once, and the call would cost more than the collections it saves.
-        self._untracked = _fast.untracked if self._spec.holds_records else None
+        self._router = Router(
+            self._partitioner, self._key_hash, self._keyless, self._connection_count
+        )
         self._sends: list[Callable[[Record], Awaitable[None] | None]] = []
-        self._seqs = itertools.count(1)  # record[SEQ]: the nth record admitted has n
-        self._round_robin = 0
         self._topics: dict[str, int | None] = {}  # partition counts (None: unpartitioned)
         self._topic_tasks: dict[str, asyncio.Task[int | None]] = {}
         self._max_payload = 0
@@ -216,20 +221,13 @@ class Producer:
             self._running = True
             if _fast.Admission is not None:
                 self._admit = _fast.Admission(
-                    self._pending,
+                    self._router,
                     self._window,
-                    self._seqs,
-                    self._topics,
-                    self._topic,
-                    self._key_hash,
-                    self._partitioner,
-                    self._keyless.partition,
                     tuple(self._sends),
                     self._send_failed,
-                    self._limit,
+                    self._topics,
+                    self._topic,
                     self._max_payload,
-                    self._timeout,
-                    self._untracked is not None,
                 ).admit
             if self._on_stats is not None:
                 self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
@@ -271,7 +269,7 @@ class Producer:
         """
         admit = self._admit
         if admit is not None and nonblocking:
-            # The common case in C: the same steps as below, or DECLINED having done nothing.
+            # The common case in one C call (the same route and admit as below), or DECLINED.
             outcome = admit(value, key, topic, partition, headers, msg_id)
             if outcome is None:
                 return None
@@ -280,6 +278,35 @@ class Producer:
                 return None
         if not self._running:
             await self._ensure_running()
+        value, key, topic, header_pairs = self._validate(value, key, headers, topic, msg_id)
+        num_partitions = await self._partition_count(topic)
+        if partition is not None:
+            _check_partition(partition, num_partitions, topic)
+        partition, connection = self._router.route(topic, key, partition, num_partitions)
+        if len(self._pending) >= self._limit:
+            await self._wait_for_room()
+        future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
+        record = self._window.admit(
+            value, key, topic, partition, header_pairs, msg_id, connection, future
+        )
+        handed_off = self._send(record)
+        if handed_off is not None:
+            await self._hand_off(record, handed_off)
+        if future is None:
+            return None
+        delivery: Delivery = await future
+        return delivery
+
+    def _validate(
+        self,
+        value: object,
+        key: object,
+        headers: object,
+        topic: object,
+        msg_id: object,
+    ) -> tuple[bytes, bytes | None, str, Headers | None]:
+        """The message as the producer sends it: bytes, the topic to use, headers as pairs.
+        Raises MessageError (MessageTooLarge) for anything it cannot send."""
         if type(value) is not bytes:
             value = _to_bytes("value", value)
         if key is not None and type(key) is not bytes:
@@ -288,90 +315,43 @@ class Producer:
             topic = self._topic
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
+        header_pairs = None
+        size = len(value) if key is None else len(value) + len(key)
+        if msg_id is not None and (type(msg_id) is not str or not msg_id):
+            raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
+        if headers is not None:
+            header_pairs = _normalize_headers(headers)
+            self._spec.check_headers(header_pairs)
+            size += sum(len(name) + len(data) for name, data in header_pairs)
+        if size > self._max_payload:
+            raise MessageTooLarge(
+                f"message of {size} bytes (value, key and headers) is larger than "
+                f"{self._max_payload}, the most this {self._url.scheme}:// connection accepts"
+            )
+        return value, key, topic, header_pairs  # type: ignore[return-value]
+
+    async def _partition_count(self, topic: str) -> int | None:
+        """The topic's partition count (None: unpartitioned), learned once per topic."""
         try:
             num_partitions = self._topics.get(topic, -1)
         except TypeError:  # unhashable (a list...): _prepare_topic names the problem
             num_partitions = -1
         if num_partitions == -1:
             num_partitions = await self._prepare_topic(topic)
-        if partition is not None:
-            _check_partition(partition, num_partitions, topic)
-        elif num_partitions is not None:
-            if key is not None:
-                key_hash = self._key_hash
-                if key_hash is not None:
-                    partition = key_hash(key) % num_partitions
-                else:
-                    partition = self._partitioner(key, num_partitions)
-            else:
-                partition = self._keyless.partition(topic, num_partitions)
-        header_pairs = None
-        size = len(value) if key is None else len(value) + len(key)
-        if headers is not None or msg_id is not None:
-            if msg_id is not None and (type(msg_id) is not str or not msg_id):
-                raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
-            if headers is not None:
-                header_pairs = _normalize_headers(headers)
-                self._spec.check_headers(header_pairs)
-                size += sum(len(name) + len(data) for name, data in header_pairs)
-        if size > self._max_payload:
-            raise MessageTooLarge(
-                f"message of {size} bytes (value, key and headers) is larger than "
-                f"{self._max_payload}, the most this {self._url.scheme}:// connection accepts"
-            )
+        return num_partitions
 
-        pending = self._pending
-        in_flight = len(pending)
-        if in_flight >= self._limit:
-            await self._window.wait_for_room()
-            if not self._running:
-                raise ProducerClosed("the producer was closed while this produce waited")
-            in_flight = len(pending)
+    async def _wait_for_room(self) -> None:
+        await self._window.wait_for_room()
+        if not self._running:
+            raise ProducerClosed("the producer was closed while this produce waited")
 
-        # From here on the message is counted: it must end acked or failed.
-        count = self._connection_count
-        if count == 1:
-            index = 0
-        elif partition is not None:
-            index = partition % count
-        elif key is not None:  # unpartitioned NATS: one key, one connection, order kept
-            index = self._partitioner(key, count)
-        else:
-            index = self._round_robin = (self._round_robin + 1) % count
-        future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
-        seq = next(self._seqs)
-        record: Record = (
-            seq,
-            value,
-            key,
-            topic,
-            partition,
-            header_pairs,
-            msg_id,
-            _monotonic() + self._timeout,
-            index,
-            future,
-        )
-        if self._untracked is not None:
-            record = self._untracked(record)
-        # InFlightWindow admission, inlined here because it runs once per message.
-        pending[seq] = record
-        window = self._window
-        if in_flight >= window.max_in_flight:
-            window.max_in_flight = in_flight + 1
-        if not in_flight and window.timer is None:
-            window.watch(record)
+    def _send(self, record: Record) -> Awaitable[None] | None:
+        """Hand an admitted record to its connection; if that raises, the record fails."""
         try:
-            handed_off = self._sends[index](record)
+            return self._sends[record[CONNECTION]](record)
         except Exception as exc:
             self._send_failed(record, exc)
-        else:
-            if handed_off is not None:
-                await self._hand_off(record, handed_off)
-        if future is None:
             return None
-        delivery: Delivery = await future
-        return delivery
 
     def _send_failed(self, record: Record, exc: Exception) -> None:
         # Translated at the backend's edge; the message is not lost, it fails.

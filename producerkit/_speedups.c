@@ -8,9 +8,11 @@
  *
  * untracked: a record tuple the garbage collector stops tracking (see untracked_doc).
  * pop_run: settling a whole acked Kafka batch in the window's ledger (see pop_run_doc).
+ * Router and WindowCore: the C twins of producerkit._routing.PyRouter.route and
+ * producerkit._window.PyWindowCore.admit, the two steps of every produce.
  * Admission: Producer.produce's common case (nonblocking, plain bytes, a known topic) in one
- * call, where the Python path spends most of the producer's own time in bytecode between the
- * checks (see Admission_doc). It declines everything else, which the Python path then does.
+ * call, composed of those same route() and admit() (see Admission_doc). It declines everything
+ * else, which Producer.produce then does through the same Router and WindowCore.
  * Gather: the Kafka backend's send() when all it has to do is append (see Gather_doc).
  *
  * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
@@ -414,110 +416,245 @@ error:
     return NULL;
 }
 
-/* ------------------------------------------------------------------------------ admitting */
+/* ------------------------------------------------------------------------------ routing */
 
-PyDoc_STRVAR(Admission_doc,
-"Admission(pending, window, seqs, topics, default_topic, key_hash, partitioner, keyless,\n"
-"          sends, send_failed, limit, max_payload, timeout, untrack)\n\n"
-"Producer.produce's common case in C. admit(value, key, topic, partition, headers, msg_id)\n"
-"returns DECLINED, having done nothing, unless the message is nonblocking-ready: value bytes,\n"
-"key bytes or None, no partition, headers or msg_id, a topic whose partition count is known\n"
-"(in topics), room in the window and within max_payload. Otherwise it does what the Python\n"
-"path does, in the same order: partition (key_hash(key) % n, partitioner(key, n) or\n"
-"keyless(topic, n)), connection, record (seq from seqs, deadline monotonic() + timeout),\n"
-"untrack, pending[seq] = record, window.max_in_flight, window.watch() for an empty window\n"
-"without a timer, then sends[connection](record). A send raising an Exception is passed to\n"
-"send_failed(record, exc). Returns None, or (record, awaitable) when the send returned one.");
+PyDoc_STRVAR(Router_doc,
+"Router(partitioner, key_hash, keyless, connections)\n\n"
+"The C twin of producerkit._routing.PyRouter (same constructor, same route()).");
 
 typedef struct {
     PyObject_HEAD
-    PyObject *pending;       /* dict seq -> record: the window's ledger */
-    PyObject *window;        /* InFlightWindow: max_in_flight, timer, watch() */
-    PyObject *seqs;          /* itertools.count: the producer's sequence numbers */
-    PyObject *topics;        /* dict: validated topic -> partition count (None: unpartitioned) */
-    PyObject *default_topic; /* str or None */
-    PyObject *key_hash;      /* h with partition h(key) % n, or None */
-    PyObject *partitioner;   /* partitioner(key, n) */
-    PyObject *keyless;       /* keyless(topic, n) */
-    PyObject *sends;         /* tuple: each connection's send(record) */
-    PyObject *send_failed;   /* send_failed(record, exc) */
-    Py_ssize_t limit, max_payload;
-    Py_ssize_t max_in_flight; /* the window's, as last read: never above it, so a cheap test */
-    double timeout;
-    int untrack;
-} Admission;
+    PyObject *partitioner; /* partitioner(key, n) -> int */
+    PyObject *key_hash;    /* h with partition h(key) % n, or None */
+    PyObject *keyless;     /* KeylessPartitioner: keyless.partition(topic, n) */
+    Py_ssize_t connections;
+    Py_ssize_t round_robin;
+} Router;
 
-static PyObject *DECLINED;
-static PyObject *str_max_in_flight, *str_timer, *str_watch;
+static PyObject *str_partition;
 
-static int Admission_traverse(Admission *self, visitproc visit, void *arg) {
-    Py_VISIT(self->pending);
-    Py_VISIT(self->window);
-    Py_VISIT(self->seqs);
-    Py_VISIT(self->topics);
-    Py_VISIT(self->default_topic);
-    Py_VISIT(self->key_hash);
+static int Router_traverse(Router *self, visitproc visit, void *arg) {
     Py_VISIT(self->partitioner);
+    Py_VISIT(self->key_hash);
     Py_VISIT(self->keyless);
-    Py_VISIT(self->sends);
-    Py_VISIT(self->send_failed);
     return 0;
 }
 
-static int Admission_clear(Admission *self) {
-    Py_CLEAR(self->pending);
-    Py_CLEAR(self->window);
-    Py_CLEAR(self->seqs);
-    Py_CLEAR(self->topics);
-    Py_CLEAR(self->default_topic);
-    Py_CLEAR(self->key_hash);
+static int Router_clear(Router *self) {
     Py_CLEAR(self->partitioner);
+    Py_CLEAR(self->key_hash);
     Py_CLEAR(self->keyless);
-    Py_CLEAR(self->sends);
-    Py_CLEAR(self->send_failed);
     return 0;
 }
 
-static void Admission_dealloc(Admission *self) {
+static void Router_dealloc(Router *self) {
     PyObject_GC_UnTrack(self);
-    Admission_clear(self);
+    Router_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
-    PyObject *pending, *window, *seqs, *topics, *default_topic, *key_hash, *partitioner, *keyless,
-        *sends, *send_failed;
-    Py_ssize_t limit, max_payload;
-    double timeout;
-    int untrack;
-    static char *names[] = {"pending", "window", "seqs", "topics", "default_topic", "key_hash",
-                            "partitioner", "keyless", "sends", "send_failed", "limit",
-                            "max_payload", "timeout", "untrack", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOO!OOOOO!Onndp:Admission", names,
-                                     &PyDict_Type, &pending, &window, &seqs, &PyDict_Type, &topics,
-                                     &default_topic, &key_hash, &partitioner, &keyless,
-                                     &PyTuple_Type, &sends, &send_failed, &limit, &max_payload,
-                                     &timeout, &untrack))
+static int Router_init(Router *self, PyObject *args, PyObject *kwargs) {
+    PyObject *partitioner, *key_hash, *keyless;
+    Py_ssize_t connections;
+    static char *names[] = {"partitioner", "key_hash", "keyless", "connections", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOn:Router", names, &partitioner, &key_hash,
+                                     &keyless, &connections))
         return -1;
-    if (PyTuple_GET_SIZE(sends) < 1) {
-        PyErr_SetString(PyExc_ValueError, "Admission: sends is empty");
+    if (connections < 1) {
+        PyErr_SetString(PyExc_ValueError, "Router: connections must be at least 1");
         return -1;
     }
-    Admission_clear(self);
-#define KEEP(field) Py_INCREF(field), self->field = field
-    KEEP(pending);
-    KEEP(window);
-    KEEP(seqs);
-    KEEP(topics);
-    KEEP(default_topic);
-    KEEP(key_hash);
-    KEEP(partitioner);
-    KEEP(keyless);
-    KEEP(sends);
-    KEEP(send_failed);
-#undef KEEP
+    Router_clear(self);
+    self->partitioner = Py_NewRef(partitioner);
+    self->key_hash = Py_NewRef(key_hash);
+    self->keyless = Py_NewRef(keyless);
+    self->connections = connections;
+    self->round_robin = 0;
+    return 0;
+}
+
+/* The key's partition among n (n_obj), as PyRouter computes it. New reference. */
+static PyObject *key_partition(Router *self, PyObject *key, PyObject *n_obj) {
+    if (self->key_hash == Py_None) {
+        PyObject *call_args[2] = {key, n_obj};
+        return PyObject_Vectorcall(self->partitioner, call_args, 2, NULL);
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(n_obj);
+    if (n < 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no partitions");
+        return NULL;
+    }
+    /* key_hash is one of partitioners.modulo_hash's C hashes (xxh3_64, crc32): its value is an
+     * int in [0, 2**64), which the mask reads exactly and faster than the checked conversion. */
+    PyObject *hash = PyObject_Vectorcall(self->key_hash, &key, 1, NULL);
+    if (hash == NULL) return NULL;
+    unsigned long long h = PyLong_AsUnsignedLongLongMask(hash);
+    Py_DECREF(hash);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
+}
+
+/* Raise producerkit.errors.ConfigurationError for a partitioner's result that is no partition. */
+static void not_a_partition(PyObject *partition) {
+    PyObject *errors = PyImport_ImportModule("producerkit.errors");
+    PyObject *error = errors == NULL ? NULL : PyObject_GetAttrString(errors, "ConfigurationError");
+    Py_XDECREF(errors);
+    if (error == NULL) return;
+    PyErr_Format(error, "the partitioner returned %R, which is not a partition number (an int)",
+                 partition);
+    Py_DECREF(error);
+}
+
+/* A connection index from an int in [0, connections) or not: -1 with ConfigurationError set. */
+static Py_ssize_t connection_of(Router *self, PyObject *number) {
+    if (!PyLong_CheckExact(number)) {
+        not_a_partition(number);
+        return -1;
+    }
+    PyObject *count = PyLong_FromSsize_t(self->connections);
+    if (count == NULL) return -1;
+    PyObject *index = PyNumber_Remainder(number, count);
+    Py_DECREF(count);
+    if (index == NULL) return -1;
+    Py_ssize_t connection = PyLong_AsSsize_t(index);
+    Py_DECREF(index);
+    return connection;
+}
+
+/* route(): *partition_out gets a new reference (the partition, or None). 0, or -1 on error. */
+static int route(Router *self, PyObject *topic, PyObject *key, PyObject *partition,
+                 PyObject *n_obj, PyObject **partition_out, Py_ssize_t *connection_out) {
+    if (partition == Py_None && n_obj != Py_None) {
+        if (key != Py_None) {
+            partition = key_partition(self, key, n_obj);
+        } else {
+            PyObject *call_args[3] = {self->keyless, topic, n_obj};
+            partition = PyObject_VectorcallMethod(str_partition, call_args,
+                                                  3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        }
+        if (partition == NULL) return -1;
+    } else {
+        Py_INCREF(partition);
+    }
+    Py_ssize_t connection = 0;
+    if (self->connections > 1) {
+        if (partition != Py_None) {
+            connection = connection_of(self, partition);
+        } else if (key != Py_None) {
+            PyObject *count = PyLong_FromSsize_t(self->connections);
+            PyObject *call_args[2] = {key, count};
+            PyObject *chosen =
+                count == NULL ? NULL : PyObject_Vectorcall(self->partitioner, call_args, 2, NULL);
+            Py_XDECREF(count);
+            connection = chosen == NULL ? -1 : connection_of(self, chosen);
+            Py_XDECREF(chosen);
+        } else {
+            connection = self->round_robin = (self->round_robin + 1) % self->connections;
+        }
+        if (connection < 0) {
+            Py_DECREF(partition);
+            return -1;
+        }
+    }
+    *partition_out = partition;
+    *connection_out = connection;
+    return 0;
+}
+
+static PyObject *Router_route(Router *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "route(topic, key, partition, num_partitions) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *partition;
+    Py_ssize_t connection;
+    if (route(self, args[0], args[1], args[2], args[3], &partition, &connection) < 0) return NULL;
+    return Py_BuildValue("(Nn)", partition, connection);
+}
+
+static PyMethodDef Router_methods[] = {
+    {"route", (PyCFunction)(void (*)(void))Router_route, METH_FASTCALL,
+     "route(topic, key, partition, num_partitions) -> (partition, connection)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RouterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Router",
+    .tp_basicsize = sizeof(Router),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = Router_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Router_init,
+    .tp_dealloc = (destructor)Router_dealloc,
+    .tp_traverse = (traverseproc)Router_traverse,
+    .tp_clear = (inquiry)Router_clear,
+    .tp_methods = Router_methods,
+};
+
+/* ------------------------------------------------------------------------------ admitting */
+
+PyDoc_STRVAR(WindowCore_doc,
+"WindowCore(limit, timeout, untrack=False)\n\n"
+"The C twin of producerkit._window.PyWindowCore: the fields every message reads (pending,\n"
+"limit, max_in_flight, timeout, timer) and admit(), for InFlightWindow to build on.");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *pending; /* dict seq -> record: the ledger */
+    PyObject *seqs;    /* itertools.count(1): record[SEQ] */
+    PyObject *timer;   /* the deadline timer, or None */
+    Py_ssize_t limit, max_in_flight;
+    double timeout;
+    int untrack;
+} WindowCore;
+
+static PyObject *str_watch;
+
+static int WindowCore_traverse(WindowCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->pending);
+    Py_VISIT(self->seqs);
+    Py_VISIT(self->timer);
+    return 0;
+}
+
+static int WindowCore_clear(WindowCore *self) {
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->seqs);
+    Py_CLEAR(self->timer);
+    return 0;
+}
+
+static void WindowCore_dealloc(WindowCore *self) {
+    PyObject_GC_UnTrack(self);
+    WindowCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t limit;
+    double timeout;
+    int untrack = 0;
+    static char *names[] = {"limit", "timeout", "untrack", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nd|p:WindowCore", names, &limit, &timeout,
+                                     &untrack))
+        return -1;
+    PyObject *itertools = PyImport_ImportModule("itertools");
+    PyObject *count = itertools == NULL ? NULL : PyObject_GetAttrString(itertools, "count");
+    Py_XDECREF(itertools);
+    PyObject *seqs = count == NULL ? NULL : PyObject_CallFunction(count, "i", 1);
+    Py_XDECREF(count);
+    PyObject *pending = PyDict_New();
+    if (seqs == NULL || pending == NULL) {
+        Py_XDECREF(seqs);
+        Py_XDECREF(pending);
+        return -1;
+    }
+    WindowCore_clear(self);
+    self->pending = pending;
+    self->seqs = seqs;
+    self->timer = Py_NewRef(Py_None);
     self->limit = limit;
-    self->max_payload = max_payload;
     self->max_in_flight = 0;
     self->timeout = timeout;
     self->untrack = untrack;
@@ -535,50 +672,170 @@ static double monotonic(void) {
 #endif
 }
 
-/* The key's partition among n (n_obj): as Producer.produce computes it. New reference. */
-static PyObject *key_partition(Admission *self, PyObject *key, Py_ssize_t n, PyObject *n_obj) {
-    if (self->key_hash == Py_None) {
-        PyObject *call_args[2] = {key, n_obj};
-        return PyObject_Vectorcall(self->partitioner, call_args, 2, NULL);
+/* admit(): the record, built and in flight (new reference), or NULL with an exception set. */
+static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t connection) {
+    PyObject *seq = PyIter_Next(self->seqs);
+    PyObject *deadline = PyFloat_FromDouble(monotonic() + self->timeout);
+    PyObject *index = PyLong_FromSsize_t(connection);
+    PyObject *record = PyTuple_New(R_FIELDS);
+    if (seq == NULL || deadline == NULL || index == NULL || record == NULL) {
+        if (seq == NULL && !PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "WindowCore: seqs ran out");
+        Py_XDECREF(seq);
+        Py_XDECREF(deadline);
+        Py_XDECREF(index);
+        Py_XDECREF(record);
+        return NULL;
     }
-    /* key_hash is one of partitioners.modulo_hash's C hashes (xxh3_64, crc32): its value is an
-     * int in [0, 2**64), which the mask reads exactly and faster than the checked conversion. */
-    PyObject *hash = PyObject_Vectorcall(self->key_hash, &key, 1, NULL);
-    if (hash == NULL) return NULL;
-    unsigned long long h = PyLong_AsUnsignedLongLongMask(hash);
-    Py_DECREF(hash);
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
+    /* fields: value, key, topic, partition, headers, msg_id, future */
+    PyTuple_SET_ITEM(record, R_SEQ, seq); /* the tuple owns every new reference from here on */
+    PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(fields[0]));
+    PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(fields[1]));
+    PyTuple_SET_ITEM(record, R_TOPIC, Py_NewRef(fields[2]));
+    PyTuple_SET_ITEM(record, R_PARTITION, Py_NewRef(fields[3]));
+    PyTuple_SET_ITEM(record, R_HEADERS, Py_NewRef(fields[4]));
+    PyTuple_SET_ITEM(record, R_MSG_ID, Py_NewRef(fields[5]));
+    PyTuple_SET_ITEM(record, R_DEADLINE, deadline);
+    PyTuple_SET_ITEM(record, R_CONNECTION, index);
+    PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(fields[6]));
+    if (self->untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
+
+    /* From here on the message is counted: it must end acked or failed. */
+    Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
+    if (PyDict_SetItem(self->pending, seq, record) < 0) {
+        Py_DECREF(record);
+        return NULL;
+    }
+    if (in_flight >= self->max_in_flight) self->max_in_flight = in_flight + 1;
+    if (in_flight == 0 && self->timer == Py_None) {
+        PyObject *watched = PyObject_CallMethodOneArg((PyObject *)self, str_watch, record);
+        if (watched == NULL) {
+            Py_DECREF(record);
+            return NULL;
+        }
+        Py_DECREF(watched);
+    }
+    return record;
 }
 
-/* Keep window.max_in_flight at least in_flight + 1, reading it only when the cache says so. */
-static int raise_max_in_flight(Admission *self, Py_ssize_t in_flight) {
-    PyObject *current = PyObject_GetAttr(self->window, str_max_in_flight);
-    if (current == NULL) return -1;
-    Py_ssize_t seen = PyLong_AsSsize_t(current);
-    Py_DECREF(current);
-    if (seen == -1 && PyErr_Occurred()) return -1;
-    if (in_flight >= seen) {
-        PyObject *raised = PyLong_FromSsize_t(in_flight + 1);
-        if (raised == NULL) return -1;
-        int failed = PyObject_SetAttr(self->window, str_max_in_flight, raised);
-        Py_DECREF(raised);
-        if (failed < 0) return -1;
-        seen = in_flight + 1;
+static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "admit(value, key, topic, partition, headers, msg_id, connection, future) "
+                        "takes 8 arguments");
+        return NULL;
     }
-    self->max_in_flight = seen;
+    Py_ssize_t connection = PyLong_AsSsize_t(args[6]);
+    if (connection == -1 && PyErr_Occurred()) return NULL;
+    PyObject *fields[7] = {args[0], args[1], args[2], args[3], args[4], args[5], args[7]};
+    return admit(self, fields, connection);
+}
+
+static PyMethodDef WindowCore_methods[] = {
+    {"admit", (PyCFunction)(void (*)(void))WindowCore_admit, METH_FASTCALL,
+     "admit(value, key, topic, partition, headers, msg_id, connection, future) -> record"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef WindowCore_members[] = {
+    {"pending", T_OBJECT_EX, offsetof(WindowCore, pending), READONLY, "seq -> record in flight"},
+    {"timer", T_OBJECT, offsetof(WindowCore, timer), 0, "the deadline timer, or None"},
+    {"limit", T_PYSSIZET, offsetof(WindowCore, limit), 0, "most messages in flight"},
+    {"max_in_flight", T_PYSSIZET, offsetof(WindowCore, max_in_flight), 0,
+     "peak of messages in flight"},
+    {"timeout", T_DOUBLE, offsetof(WindowCore, timeout), READONLY, "seconds to each deadline"},
+    {NULL},
+};
+
+static PyTypeObject WindowCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.WindowCore",
+    .tp_basicsize = sizeof(WindowCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_doc = WindowCore_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)WindowCore_init,
+    .tp_dealloc = (destructor)WindowCore_dealloc,
+    .tp_traverse = (traverseproc)WindowCore_traverse,
+    .tp_clear = (inquiry)WindowCore_clear,
+    .tp_methods = WindowCore_methods,
+    .tp_members = WindowCore_members,
+};
+
+/* ------------------------------------------------------------------------------ produce */
+
+PyDoc_STRVAR(Admission_doc,
+"Admission(router, window, sends, send_failed, topics, default_topic, max_payload)\n\n"
+"Producer.produce's common case in one call, composed of the same C functions as\n"
+"Router.route and WindowCore.admit. admit(value, key, topic, partition, headers, msg_id)\n"
+"returns DECLINED, having done nothing, unless the message is nonblocking-ready: value bytes,\n"
+"key bytes or None, no partition, headers or msg_id, a topic whose partition count is known\n"
+"(in topics), room in the window and within max_payload. Otherwise it routes, admits and\n"
+"calls sends[connection](record), as Producer.produce does; a send raising an Exception is\n"
+"passed to send_failed(record, exc). Returns None, or (record, awaitable) when the send\n"
+"returned one.");
+
+typedef struct {
+    PyObject_HEAD
+    Router *router;
+    WindowCore *window;
+    PyObject *sends;         /* tuple: each connection's send(record) */
+    PyObject *send_failed;   /* send_failed(record, exc) */
+    PyObject *topics;        /* dict: validated topic -> partition count (None: unpartitioned) */
+    PyObject *default_topic; /* str or None */
+    Py_ssize_t max_payload;
+} Admission;
+
+static PyObject *DECLINED;
+
+static int Admission_traverse(Admission *self, visitproc visit, void *arg) {
+    Py_VISIT(self->router);
+    Py_VISIT(self->window);
+    Py_VISIT(self->sends);
+    Py_VISIT(self->send_failed);
+    Py_VISIT(self->topics);
+    Py_VISIT(self->default_topic);
     return 0;
 }
 
-/* Raise producerkit.errors.ConfigurationError for a partitioner's result that is no partition. */
-static void not_a_partition(PyObject *partition) {
-    PyObject *errors = PyImport_ImportModule("producerkit.errors");
-    PyObject *error = errors == NULL ? NULL : PyObject_GetAttrString(errors, "ConfigurationError");
-    Py_XDECREF(errors);
-    if (error == NULL) return;
-    PyErr_Format(error, "the partitioner returned %R, which is not a partition number (an int)",
-                 partition);
-    Py_DECREF(error);
+static int Admission_clear(Admission *self) {
+    Py_CLEAR(self->router);
+    Py_CLEAR(self->window);
+    Py_CLEAR(self->sends);
+    Py_CLEAR(self->send_failed);
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->default_topic);
+    return 0;
+}
+
+static void Admission_dealloc(Admission *self) {
+    PyObject_GC_UnTrack(self);
+    Admission_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
+    PyObject *router, *window, *sends, *send_failed, *topics, *default_topic;
+    Py_ssize_t max_payload;
+    static char *names[] = {"router", "window",        "sends",       "send_failed",
+                            "topics", "default_topic", "max_payload", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!OO!On:Admission", names, &RouterType,
+                                     &router, &WindowCoreType, &window, &PyTuple_Type, &sends,
+                                     &send_failed, &PyDict_Type, &topics, &default_topic,
+                                     &max_payload))
+        return -1;
+    if (PyTuple_GET_SIZE(sends) != ((Router *)router)->connections) {
+        PyErr_SetString(PyExc_ValueError, "Admission: one send per connection");
+        return -1;
+    }
+    Admission_clear(self);
+    self->router = (Router *)Py_NewRef(router);
+    self->window = (WindowCore *)Py_NewRef(window);
+    self->sends = Py_NewRef(sends);
+    self->send_failed = Py_NewRef(send_failed);
+    self->topics = Py_NewRef(topics);
+    self->default_topic = Py_NewRef(default_topic);
+    self->max_payload = max_payload;
+    return 0;
 }
 
 /* The exception being raised, now cleared. New reference. */
@@ -605,117 +862,42 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     PyObject *value = args[0], *key = args[1], *topic = args[2];
     if (!PyBytes_CheckExact(value) || args[3] != Py_None || args[4] != Py_None ||
         args[5] != Py_None || (key != Py_None && !PyBytes_CheckExact(key)))
-        goto declined;
+        return Py_NewRef(DECLINED);
     if (topic == Py_None) topic = self->default_topic;
-    if (!PyUnicode_CheckExact(topic)) goto declined;
+    if (!PyUnicode_CheckExact(topic)) return Py_NewRef(DECLINED);
     PyObject *n_obj = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
     if (n_obj == NULL) {
         if (PyErr_Occurred()) return NULL;
-        goto declined; /* first message to it: the Python path validates it and learns its count */
+        return Py_NewRef(DECLINED); /* first message to it: the Python path learns its count */
     }
     Py_ssize_t size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
-    Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
-    Py_ssize_t connections = PyTuple_GET_SIZE(self->sends);
-    if (size > self->max_payload || in_flight >= self->limit) goto declined;
-    PyObject *partition, *connection;
-    if (n_obj == Py_None) {
-        if (connections > 1) goto declined; /* unpartitioned over several connections */
-        partition = Py_NewRef(Py_None);
-    } else {
-        Py_ssize_t n = PyLong_AsSsize_t(n_obj);
-        if (n < 1) {
-            if (PyErr_Occurred()) return NULL;
-            goto declined;
-        }
-        partition = key == Py_None ? PyObject_CallFunctionObjArgs(self->keyless, topic, n_obj, NULL)
-                                   : key_partition(self, key, n, n_obj);
-        if (partition == NULL) return NULL;
-    }
-    if (connections == 1) {
-        connection = PyLong_FromLong(0);
-    } else {
-        PyObject *count = PyLong_FromSsize_t(connections);
-        if (count == NULL) {
-            Py_DECREF(partition);
-            return NULL;
-        }
-        connection = PyNumber_Remainder(partition, count);
-        Py_DECREF(count);
-    }
-    if (connection == NULL) {
-        Py_DECREF(partition);
-        return NULL;
-    }
-    Py_ssize_t index = PyLong_AsSsize_t(connection);
-    if (index < 0 || index >= connections) {
-        /* Only a partitioner of the user's can get here, by returning something other than an
-         * int: nothing is counted, and the call says what went wrong. */
-        PyErr_Clear();
-        not_a_partition(partition);
-        Py_DECREF(partition);
-        Py_DECREF(connection);
-        return NULL;
-    }
-    PyObject *seq = PyIter_Next(self->seqs);
-    PyObject *deadline = PyFloat_FromDouble(monotonic() + self->timeout);
-    PyObject *record = PyTuple_New(R_FIELDS);
-    if (seq == NULL || deadline == NULL || record == NULL) {
-        if (seq == NULL && !PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "Admission: seqs ran out");
-        Py_XDECREF(seq);
-        Py_XDECREF(deadline);
-        Py_XDECREF(record);
-        Py_DECREF(partition);
-        Py_DECREF(connection);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(record, R_SEQ, seq); /* the tuple owns every new reference from here on */
-    PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(value));
-    PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(key));
-    PyTuple_SET_ITEM(record, R_TOPIC, Py_NewRef(topic));
-    PyTuple_SET_ITEM(record, R_PARTITION, partition);
-    PyTuple_SET_ITEM(record, R_HEADERS, Py_NewRef(Py_None));
-    PyTuple_SET_ITEM(record, R_MSG_ID, Py_NewRef(Py_None));
-    PyTuple_SET_ITEM(record, R_DEADLINE, deadline);
-    PyTuple_SET_ITEM(record, R_CONNECTION, connection);
-    PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(Py_None));
-    /* Every field but the partition is bytes, str, int, float or None by now: see untracked. */
-    if (self->untrack && (partition == Py_None || PyLong_CheckExact(partition)))
-        PyObject_GC_UnTrack(record);
-
-    /* From here on the message is counted: it must end acked or failed. */
+    if (size > self->max_payload || PyDict_GET_SIZE(self->window->pending) >= self->window->limit)
+        return Py_NewRef(DECLINED);
+    PyObject *partition;
+    Py_ssize_t connection;
+    if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) return NULL;
+    PyObject *fields[7] = {value, key, topic, partition, Py_None, Py_None, Py_None};
+    PyObject *record = admit(self->window, fields, connection);
+    Py_DECREF(partition);
+    if (record == NULL) return NULL;
     PyObject *outcome = NULL;
-    if (PyDict_SetItem(self->pending, seq, record) < 0) goto done;
-    if (in_flight >= self->max_in_flight && raise_max_in_flight(self, in_flight) < 0) goto done;
-    if (in_flight == 0) {
-        PyObject *timer = PyObject_GetAttr(self->window, str_timer);
-        if (timer == NULL) goto done;
-        Py_DECREF(timer);
-        if (timer == Py_None) {
-            PyObject *watched = PyObject_CallMethodOneArg(self->window, str_watch, record);
-            if (watched == NULL) goto done;
-            Py_DECREF(watched);
-        }
-    }
-    PyObject *handed_off = PyObject_Vectorcall(PyTuple_GET_ITEM(self->sends, index), &record, 1,
-                                               NULL);
+    PyObject *handed_off =
+        PyObject_Vectorcall(PyTuple_GET_ITEM(self->sends, connection), &record, 1, NULL);
     if (handed_off == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done; /* CancelledError and kin */
-        PyObject *exc = raised_exception();
-        outcome = PyObject_CallFunctionObjArgs(self->send_failed, record, exc, NULL);
-        Py_DECREF(exc);
-        if (outcome != NULL) Py_SETREF(outcome, Py_NewRef(Py_None));
+        if (PyErr_ExceptionMatches(PyExc_Exception)) { /* CancelledError and kin propagate */
+            PyObject *exc = raised_exception();
+            outcome = PyObject_CallFunctionObjArgs(self->send_failed, record, exc, NULL);
+            Py_DECREF(exc);
+            if (outcome != NULL) Py_SETREF(outcome, Py_NewRef(Py_None));
+        }
     } else if (handed_off == Py_None) {
         outcome = handed_off;
     } else {
         outcome = PyTuple_Pack(2, record, handed_off);
         Py_DECREF(handed_off);
     }
-done:
     Py_DECREF(record);
     return outcome;
-declined:
-    return Py_NewRef(DECLINED);
 }
 
 static PyMethodDef Admission_methods[] = {
@@ -732,9 +914,9 @@ static PyTypeObject AdmissionType = {
     .tp_doc = Admission_doc,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Admission_init,
+    .tp_dealloc = (destructor)Admission_dealloc,
     .tp_traverse = (traverseproc)Admission_traverse,
     .tp_clear = (inquiry)Admission_clear,
-    .tp_dealloc = (destructor)Admission_dealloc,
     .tp_methods = Admission_methods,
 };
 
@@ -871,15 +1053,15 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_sse42;
 #endif
-    if (PyType_Ready(&AdmissionType) < 0 || PyType_Ready(&GatherType) < 0) return NULL;
+    if (PyType_Ready(&RouterType) < 0 || PyType_Ready(&WindowCoreType) < 0 ||
+        PyType_Ready(&AdmissionType) < 0 || PyType_Ready(&GatherType) < 0)
+        return NULL;
     if (DECLINED == NULL) {
         DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
-        str_max_in_flight = PyUnicode_InternFromString("max_in_flight");
-        str_timer = PyUnicode_InternFromString("timer");
+        str_partition = PyUnicode_InternFromString("partition");
         str_watch = PyUnicode_InternFromString("watch");
         str_records = PyUnicode_InternFromString("records");
-        if (!DECLINED || !str_max_in_flight || !str_timer || !str_watch || !str_records)
-            return NULL;
+        if (!DECLINED || !str_partition || !str_watch || !str_records) return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -896,6 +1078,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(module, "RECORD_CONNECTION", R_CONNECTION) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0 ||
         PyModule_AddObjectRef(module, "DECLINED", DECLINED) < 0 ||
+        PyModule_AddObjectRef(module, "Router", (PyObject *)&RouterType) < 0 ||
+        PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||
         PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
         PyModule_AddObjectRef(module, "Gather", (PyObject *)&GatherType) < 0) {
         Py_DECREF(module);

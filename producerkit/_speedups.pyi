@@ -23,23 +23,41 @@ def pop_run(pending: dict[int, Any], records: list[Any]) -> tuple[int, list[int]
 
 DECLINED: Final[object]
 
+class Router:
+    def __init__(self, partitioner: Any, key_hash: Any, keyless: Any, connections: int) -> None: ...
+    def route(
+        self, topic: str, key: bytes | None, partition: int | None, num_partitions: int | None
+    ) -> tuple[int | None, int]: ...
+
+class WindowCore:
+    pending: dict[int, Any]
+    timer: Any
+    limit: int
+    max_in_flight: int
+    timeout: float
+    def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None: ...
+    def admit(
+        self,
+        value: bytes,
+        key: bytes | None,
+        topic: str,
+        partition: int | None,
+        headers: Any,
+        msg_id: str | None,
+        connection: int,
+        future: Any,
+    ) -> tuple[Any, ...]: ...
+
 class Admission:
     def __init__(
         self,
-        pending: dict[int, Any],
-        window: Any,
-        seqs: Any,
-        topics: dict[str, int | None],
-        default_topic: str | None,
-        key_hash: Any,
-        partitioner: Any,
-        keyless: Any,
+        router: Router,
+        window: WindowCore,
         sends: tuple[Any, ...],
         send_failed: Any,
-        limit: int,
+        topics: dict[str, int | None],
+        default_topic: str | None,
         max_payload: int,
-        timeout: float,
-        untrack: bool,
     ) -> None: ...
     def admit(
         self,

@@ -1,28 +1,32 @@
 """The bounded in-flight window: the one place where messages in flight are counted and settled.
 
 A producer may have at most ``limit`` messages in flight. When a produce finds the window full it
-waits until completions have drained it to half the limit, then resumes (seed 000, lesson 2):
-waiting for half rather than for one free slot turns a stream of tiny wake-ups into a few large
-bursts, and gives a saturated link time to recover before it is filled again. Waiters are woken
-by completions, never by polling. Each waiter has its own future, so a cancelled caller cannot
-cancel anybody else's wait, and nothing is counted for a caller cancelled while it waits.
+waits until completions have drained it to half the limit, then resumes: waiting for half rather
+than for one free slot turns a stream of tiny wake-ups into a few large bursts, and gives a
+saturated link time to recover before it is filled again. Waiters are woken by completions, never
+by polling. Each waiter has its own future, so a cancelled caller cannot cancel anybody else's
+wait, and nothing is counted for a caller cancelled while it waits.
 
-Every admitted record sits in ``pending`` (insertion-ordered by send time, hence by deadline)
-until exactly one of :meth:`acked` / :meth:`failed` removes it. That single ledger gives
-``produced == acked + failed + in_flight`` at every moment, per-message deadlines with one timer
-for the whole window (no task or timer per message), and the list of what is left at close.
-Backends report into :meth:`acked` and :meth:`failed` directly: they are the hot path.
+:meth:`~PyWindowCore.admit` builds each message's record and puts it in ``pending``
+(insertion-ordered by admission, hence by deadline), where it stays until exactly one of
+:meth:`~InFlightWindow.acked` / :meth:`~InFlightWindow.failed` removes it. That single ledger
+gives ``produced == acked + failed + in_flight`` at every moment, per-message deadlines with one
+timer for the whole window (no task or timer per message), and the list of what is left at
+close. ``admit`` is written twice, here and as ``producerkit._speedups.WindowCore`` (used where
+it was built); the differential tests compare them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
+from producerkit import _fast
 from producerkit._fast import pop_run as _pop_run
 from producerkit._types import (
     CONNECTION,
@@ -45,7 +49,72 @@ ErrorCallback = Callable[[Failure], object]
 OutcomeCallback = Callable[[Outcome], object]
 
 
-class InFlightWindow:
+class PyWindowCore:
+    """What every message reads of the window, and :meth:`admit`. ``producerkit._speedups.
+    WindowCore`` is its C twin: the same fields and the same ``admit``."""
+
+    __slots__ = ("_seqs", "limit", "max_in_flight", "pending", "timeout", "timer", "untrack")
+
+    def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None:
+        self.limit = limit
+        self.timeout = timeout
+        self.untrack = untrack  # the C twin stops the GC tracking records: see _fast.untracked
+        self.pending: dict[int, Record] = {}
+        self.max_in_flight = 0
+        self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
+        self._seqs = itertools.count(1)  # record[SEQ]: the n-th record admitted has n
+
+    def admit(
+        self,
+        value: bytes,
+        key: bytes | None,
+        topic: str,
+        partition: int | None,
+        headers: Any,
+        msg_id: str | None,
+        connection: int,
+        future: asyncio.Future[Delivery] | None,
+    ) -> Record:
+        """Build the message's record and put it in flight: in ``pending``, counted in the
+        peak, its deadline watched if the window was empty. From here on it must end acked or
+        failed. The caller has made room (``len(pending) < limit``)."""
+        seq = next(self._seqs)
+        record: Record = (
+            seq,
+            value,
+            key,
+            topic,
+            partition,
+            headers,
+            msg_id,
+            time.monotonic() + self.timeout,
+            connection,
+            future,
+        )
+        pending = self.pending
+        in_flight = len(pending)
+        pending[seq] = record
+        if in_flight >= self.max_in_flight:
+            self.max_in_flight = in_flight + 1
+        if not in_flight and self.timer is None:
+            self.watch(record)
+        return record
+
+    def watch(self, record: Record) -> None:
+        """Arm the deadline timer for the first record into an empty window (the window's)."""
+        raise NotImplementedError
+
+
+#: The core this installation runs: the C twin where it was built.
+if TYPE_CHECKING:
+    _WindowCore = PyWindowCore
+else:
+    _WindowCore = _fast.speedups.WindowCore if _fast.speedups is not None else PyWindowCore
+
+
+class InFlightWindow(_WindowCore):
+    """The window: admission (its core), waiting for room, settling, deadlines, failures."""
+
     __slots__ = (
         "_empty_waiters",
         "_failure_log",
@@ -60,12 +129,7 @@ class InFlightWindow:
         "connection_failed",
         "failed_count",
         "failures",
-        "limit",
         "low_water",
-        "max_in_flight",
-        "pending",
-        "timeout",
-        "timer",
         "wait_seconds",
         "waits",
     )
@@ -77,12 +141,11 @@ class InFlightWindow:
         connections: int,
         on_error: ErrorCallback | None,
         on_outcome: OutcomeCallback | None = None,
+        *,
+        untrack: bool = False,
     ) -> None:
-        self.limit = limit
+        super().__init__(limit, timeout, untrack)
         self.low_water = limit // 2
-        self.timeout = timeout
-        self.pending: dict[int, Record] = {}
-        self.max_in_flight = 0
         self.waits = 0
         self.wait_seconds = 0.0
         self.acked_count = 0
@@ -98,7 +161,6 @@ class InFlightWindow:
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
         self._waiting = False  # either list has a waiter: one check per settled message
-        self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -137,11 +199,6 @@ class InFlightWindow:
         finally:
             if counted:
                 self.wait_seconds += time.perf_counter() - started
-
-    # Admission is the producer's, inlined in Producer.produce because it runs once per message:
-    # after checking for room (and waiting) it puts the record in ``pending`` under its sequence
-    # number, raises ``max_in_flight`` if passed, and when the window was empty and no ``timer``
-    # is armed calls this, so that the record's deadline is watched.
 
     def watch(self, record: Record) -> None:
         """Arm the timer for the first record into an empty window."""

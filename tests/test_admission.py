@@ -1,10 +1,14 @@
-"""The C admission (producerkit._speedups.Admission) does exactly what Producer.produce's Python
-path does: the same records, partitions, connections, counts and failures, message for message.
-Each case runs the same messages through both paths on memory:// and compares what was stored."""
+"""The C twins do exactly what their Python twins do: ``_speedups.Router.route`` what
+``_routing.PyRouter.route`` does, ``_speedups.WindowCore.admit`` what ``_window.PyWindowCore.admit``
+does, and the C admission (``_speedups.Admission``, made of those two) what Producer.produce's
+path through them does: the same records, partitions, connections, counts and failures, message
+for message. The produce cases run the same messages both ways on memory:// and compare what was
+stored."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
@@ -12,7 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import producerkit as pk
-from producerkit import _fast
+from producerkit import _fast, partitioners
+from producerkit._routing import PyRouter
+from producerkit._types import DEADLINE
+from producerkit._window import PyWindowCore
 from producerkit.backends.memory import MemoryConnection
 
 needs_admission = pytest.mark.skipif(
@@ -184,3 +191,113 @@ def test_a_partitioner_returning_no_int_is_named_at_the_call_over_several_connec
             assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
 
     asyncio.run(main())
+
+
+def _routers(partitioner: Any, keyless: str, connections: int) -> tuple[Any, Any]:
+    """A Python and a C router over the same partitioner, each with its own keyless state."""
+    resolved = partitioners.resolve(partitioner)
+    key_hash = partitioners.modulo_hash(resolved)
+    made = []
+    for kind in (PyRouter, _fast.speedups.Router):  # type: ignore[union-attr]
+        keyless_partitioner = partitioners.resolve_keyless(keyless)
+        if isinstance(keyless_partitioner, partitioners.StickyPartitioner):
+            keyless_partitioner = partitioners.StickyPartitioner(random.Random(7))
+        made.append(kind(resolved, key_hash, keyless_partitioner, connections))
+    return made[0], made[1]
+
+
+@needs_admission
+@settings(max_examples=80, deadline=None)
+@given(
+    routes=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.one_of(st.none(), st.binary(max_size=12)),
+            st.sampled_from([None, None, None, 0, 3]),
+            st.sampled_from([None, 1, 4, 7]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    connections=st.sampled_from([1, 2, 3]),
+    partitioner=st.sampled_from(["xxhash", "murmur2", "crc32", _custom_partitioner]),
+    keyless=st.sampled_from(["round_robin", "sticky"]),
+)
+def test_the_c_router_routes_as_the_python_router(
+    routes: list[tuple[str, bytes | None, int | None, int | None]],
+    connections: int,
+    partitioner: Any,
+    keyless: str,
+) -> None:
+    python, c = _routers(partitioner, keyless, connections)
+    for topic, key, partition, num_partitions in routes:
+        if partition is not None and (num_partitions is None or partition >= num_partitions):
+            continue  # the producer refuses these before routing
+        expected = python.route(topic, key, partition, num_partitions)
+        assert c.route(topic, key, partition, num_partitions) == expected
+
+
+@needs_admission
+def test_the_routers_refuse_a_partitioner_returning_no_int_alike() -> None:
+    def bad(key: bytes, num_partitions: int) -> Any:
+        return "three"
+
+    python, c = (
+        kind(bad, None, partitioners.RoundRobinPartitioner(), 2)
+        for kind in (PyRouter, _fast.speedups.Router)  # type: ignore[union-attr]
+    )
+    for router in (python, c):
+        with pytest.raises(pk.ConfigurationError, match="not a partition number"):
+            router.route("t", b"k", None, 4)
+        with pytest.raises(pk.ConfigurationError, match="not a partition number"):
+            router.route("t", b"k", None, None)  # unpartitioned: the key picks the connection
+
+
+class _Watched:
+    """A window core that records what it was asked to watch."""
+
+    def watch(self, record: Any) -> None:
+        self.watched.append(record)  # type: ignore[attr-defined]
+
+
+@needs_admission
+@settings(max_examples=40, deadline=None)
+@given(
+    admits=st.lists(
+        st.tuples(
+            st.binary(max_size=6),
+            st.one_of(st.none(), st.binary(max_size=4)),
+            st.sampled_from([None, 0, 2]),
+            st.sampled_from([None, (("h", b"1"),)]),
+            st.sampled_from([None, "id"]),
+            st.sampled_from([0, 1]),
+            st.booleans(),  # settle the oldest before this one
+        ),
+        max_size=30,
+    ),
+    untrack=st.booleans(),
+)
+def test_the_c_window_core_admits_as_the_python_one(
+    admits: list[tuple[Any, ...]], untrack: bool
+) -> None:
+    cores = []
+    for base in (PyWindowCore, _fast.speedups.WindowCore):  # type: ignore[union-attr]
+        core = type("Core", (_Watched, base), {"__slots__": ("watched",)})(100, 5.0, untrack)
+        core.watched = []
+        cores.append(core)
+    for value, key, partition, headers, msg_id, connection, settle in admits:
+        records = []
+        for core in cores:
+            if settle and core.pending:
+                del core.pending[next(iter(core.pending))]
+            records.append(
+                core.admit(value, key, "t", partition, headers, msg_id, connection, None)
+            )
+        python_record, c_record = records
+        assert python_record[:DEADLINE] == c_record[:DEADLINE]
+        assert python_record[DEADLINE + 1 :] == c_record[DEADLINE + 1 :]
+        assert abs(python_record[DEADLINE] - c_record[DEADLINE]) < 1.0
+    python, c = cores
+    assert list(python.pending) == list(c.pending)
+    assert python.max_in_flight == c.max_in_flight
+    assert [r[0] for r in python.watched] == [r[0] for r in c.watched]
