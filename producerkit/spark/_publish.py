@@ -297,8 +297,11 @@ def publish(
         id_col: column whose value becomes ``msg_id`` (JetStream ``Nats-Msg-Id``): a retried
             task republishes the same ids and the server drops duplicates, so the publish is
             exactly-once within the stream's duplicate window. Kafka and NATS: at-least-once.
-        concurrent_task_limit, connections, timeout, partitioner, keyless: per executor
-            producer settings (see :class:`producerkit.Producer`).
+        concurrent_task_limit: per executor producer setting (see :class:`producerkit.Producer`).
+        connections: likewise.
+        timeout: likewise.
+        partitioner: likewise.
+        keyless: likewise.
         idle_timeout: seconds a worker keeps an unused producer before closing it.
         **backend_options: backend options (``create_stream=True``, ``linger_ms=5``, ...).
     """
