@@ -144,31 +144,44 @@ def check_options(
     """Split ``options`` into (the others, the checked security options) for ``backend``
     (``"kafka"`` or ``"nats"``). Error messages name options, never their secret values."""
     rest: dict[str, Any] = {}
-    found: dict[str, Any] = {}
-    for name, value in options.items():
-        (found if name in OPTIONS else rest)[name] = value
     checked: dict[str, Any] = {}
-    for name, value in found.items():
-        only = _ONLY.get(name)
-        if only is not None and only[0] != backend:
-            raise ConfigurationError(f"option {name!r} is not used by {backend}: {only[1]}")
-        if name in _SECRETS:
-            if isinstance(value, Secret):
-                value = value.reveal()
-            if not isinstance(value, str) or not value:
-                raise ConfigurationError(f"option {name!r} must be a non-empty str")
-            checked[name] = Secret(value)
-        elif name == "tls_verify":
-            checked[name] = _bool(value)
-        elif not isinstance(value, (str, os.PathLike)) or not str(value):
-            raise ConfigurationError(f"option {name!r} must be a non-empty str")
+    for name, value in options.items():
+        if name in OPTIONS:
+            checked[name] = _checked_value(backend, name, value)
         else:
-            checked[name] = os.fspath(value) if isinstance(value, os.PathLike) else value
+            rest[name] = value
+    _check_files(checked)
+    _check_credentials(checked)
+    return rest, checked
+
+
+def _checked_value(backend: str, name: str, value: Any) -> Any:
+    only = _ONLY.get(name)
+    if only is not None and only[0] != backend:
+        raise ConfigurationError(f"option {name!r} is not used by {backend}: {only[1]}")
+    if name in _SECRETS:
+        if isinstance(value, Secret):
+            value = value.reveal()
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(f"option {name!r} must be a non-empty str")
+        return Secret(value)
+    if name == "tls_verify":
+        return _bool(value)
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ConfigurationError(f"option {name!r} must be a non-empty str")
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _check_files(checked: dict[str, Any]) -> None:
     for name in _FILES:
         if name in checked and not Path(checked[name]).expanduser().is_file():
             raise ConfigurationError(f"{name}: no such file {checked[name]!r}")
     if "tls_key_file" in checked and "tls_cert_file" not in checked:
         raise ConfigurationError("tls_key_file needs tls_cert_file (the client certificate)")
+
+
+def _check_credentials(checked: dict[str, Any]) -> None:
+    """Credentials that go together are all there; the SASL mechanism is named in upper case."""
     if "password" in checked and "username" not in checked:
         raise ConfigurationError(
             "a password needs a username: pass username=, put user:password@ in the URL or set "
@@ -190,7 +203,6 @@ def check_options(
             )
         if "username" not in checked:
             raise ConfigurationError("sasl_mechanism needs username and password")
-    return rest, checked
 
 
 def parse_bool(value: object) -> bool | None:
