@@ -1,10 +1,9 @@
 /* producerkit._speedups: optional C for the two costs Python cannot shed on the hot path.
  *
- * encode_batch: on the Kafka path, appending each record to aiokafka's batch builder (a method
- * call, a buffer resize and a metadata object per record) and its software CRC-32C took about a
- * third of the producer's CPU (docs/performance.md). Here a whole batch is encoded in one call:
- * the exact size is computed first, the bytes object is allocated once, and the CRC uses the
- * SSE4.2 instruction where the CPU has it.
+ * encode_batch: a whole Kafka record batch in one call, instead of aiokafka's builder's method
+ * call, buffer resize and metadata object per record and its software CRC-32C: the exact size is
+ * computed first, the bytes object is allocated once, and the CRC uses the SSE4.2 instruction
+ * where the CPU has it.
  *
  * untracked: a record tuple the garbage collector stops tracking (see untracked_doc).
  * pop_run: settling a whole acked Kafka batch in the window's ledger (see pop_run_doc).

@@ -16,10 +16,9 @@ name              behaviour
                   keyed messages (so confluent-kafka-python's): ``crc32(key) % n``.
 ================  ==========================================================================
 
-Why xxhash is the default: xxh3 runs in C, a few tens of nanoseconds per key for keys of
-usual sizes, and its 64-bit output is uniform enough that ``% n`` shows no measurable skew (see
-``benches/bench_partitioners.py``). murmur2 has to run in pure Python: about 1 µs for a short
-key, fifteen times the cost, growing with the key's length.
+Why xxhash is the default: xxh3 runs in C, and its 64-bit output is uniform enough that ``% n``
+shows no measurable skew. murmur2 runs in pure Python, many times the cost per key, growing with
+the key's length (docs/partitioning.md has the measurements).
 
 But **xxhash places keys differently from every other client**. When other producers write the
 same keyed topic (a Java service, Kafka Streams, ksqlDB, a Connect source), pick ``"murmur2"``

@@ -1,7 +1,7 @@
 """``null://``: acknowledges every message at once.
 
 It measures producerkit's own overhead (validation, partitioning, window, accounting) with no I/O,
-the way Tansu's null storage engine measures a broker's protocol path (seed 004). Nothing is
+the way Tansu's null storage engine measures a broker's protocol path. Nothing is
 stored, so a Delivery from null:// has no offset (None), as from core NATS.
 """
 

@@ -157,8 +157,8 @@ def deliver_pubacks_directly(
 
 class _DirectDelivery:
     """Stands in for the PubAck subscription's ``asyncio.Queue``: nats-py's reader hands each
-    PubAck straight to the backend, sparing a queue hop, a task switch and a coroutine per ack
-    (a third of the JetStream ack path). The subscription's own task waits on :meth:`get`
+    PubAck straight to the backend, sparing a queue hop, a task switch and a coroutine per ack.
+    The subscription's own task waits on :meth:`get`
     forever and is cancelled with it. The subscription has ``pending_bytes_limit=0``: nothing
     waits here, so nats-py's slow-consumer accounting must not count what passed through.
     """
@@ -193,8 +193,7 @@ class _PubAckReader:
     """Stands in for nats-py's protocol parser on a JetStream connection, and reads the PubAcks
     itself: a run of ``MSG <inbox>.<token> <sid> <length>`` frames at the head of what the
     socket gave is settled in one call, with no regex, ``Msg`` or coroutine per ack and no
-    bytearray shifted per frame (nats-py's parser and dispatch were nearly half of the CPU
-    a JetStream publish cost). Anything else (PING, INFO, -ERR, a PubAck with headers, other
+    bytearray shifted per frame. Anything else (PING, INFO, -ERR, a PubAck with headers, other
     subscriptions) and everything after it in the same read goes to nats-py's parser, in order.
     While that parser holds part of a frame, all input goes to it until it is back between frames.
     """
