@@ -1,10 +1,6 @@
-"""The asynchronous Producer: validate -> partition -> window -> backend, and the accounting.
-
-Every message handed to a backend is in ``_pending`` (insertion-ordered by send time, so also by
-deadline) until exactly one of ``acked``/``failed`` removes it. That single ledger gives the
-invariant ``produced == acked + failed + in_flight``, per-message timeouts with one timer for the
-whole producer (no task or timer handle per message), and a complete list of what close() could
-not deliver.
+"""The asynchronous Producer: each message is validated, routed (``_routing``), admitted into
+the in-flight window (``_window``, which owns the accounting and the deadlines) and sent on its
+connection (``backends``); the connections report every outcome back to the window.
 """
 
 from __future__ import annotations
