@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -328,6 +329,30 @@ spark.stop()
     assert (delivered, failed, executors) == (20000, 0, 2)
     records = asyncio.run(read_kafka(kafka_broker.url, topic, 20000))
     assert len(records) == 20000
+
+
+def test_streaming_rate_example() -> None:
+    """spark_examples/streaming_rate.py as its docstring says to run it, from the repository root
+    (it starts its own broker and Spark session, so in a subprocess), publishing for 3 seconds:
+    the per-batch reports add up to what the stream holds. It used to stop the query after a
+    fixed sleep counted from start(), which on a busy machine was before the first micro-batch
+    committed (no report file, no stream) or in the middle of one (rows in the stream that no
+    report counts)."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "spark_examples/streaming_rate.py", "3"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    summary = re.search(
+        r"^(\d+) micro-batches, (\d+) delivered; the stream holds (\d+)$", done.stdout, re.MULTILINE
+    )
+    assert summary is not None, done.stdout[-2000:]
+    batches, delivered, stored = map(int, summary.groups())
+    assert batches >= 2 and delivered == stored > 0
 
 
 def test_import_producerkit_does_not_import_pyspark() -> None:
