@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _fast, _security
-from producerkit._config import parse_url
 from producerkit._routing import Router
 from producerkit._types import (
     CONNECTION,
@@ -24,6 +23,7 @@ from producerkit._types import (
     Record,
     Stats,
 )
+from producerkit._urls import parse_url
 from producerkit._window import InFlightWindow
 from producerkit.backends import Connection, spec_for
 from producerkit.errors import (

@@ -28,7 +28,7 @@ import pytest
 
 import producerkit as pk
 from producerkit import _security
-from producerkit._config import parse_url
+from producerkit._urls import parse_url
 from producerkit.brokers import LocalBroker, free_port, start_nats, tansu_binary
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex[:10]  # alice's password: must never be printed

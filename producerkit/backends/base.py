@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from producerkit._config import ParsedURL, coerce_option
 from producerkit._types import Headers, Record
+from producerkit._urls import ParsedURL, coerce_option
 from producerkit.errors import ConfigurationError, DeliveryError, ProducerError
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 
 from producerkit import _deprecated
-from producerkit._config import ParsedURL
 from producerkit._types import HEADERS, KEY, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
+from producerkit._urls import ParsedURL
 from producerkit.backends.base import BackendSpec, Connection, Reports
 
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from producerkit import _deprecated
-from producerkit._config import ParsedURL
 from producerkit._types import Record
+from producerkit._urls import ParsedURL
 from producerkit.backends.base import BackendSpec, Connection, Reports
 
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from producerkit._config import parse_url
 from producerkit._security import redact
+from producerkit._urls import parse_url
 
 USAGE_EPILOG = """\
 --url may be embedded-kafka or embedded-nats: a local Tansu / nats-server (JetStream) is started

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from producerkit._config import parse_url
+from producerkit._urls import parse_url
 from producerkit.bench.openloop import AckCallback, RunTimings, Target, run_open_loop
 from producerkit.errors import ConfigurationError
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
-from producerkit._config import parse_url
+from producerkit._urls import parse_url
 from producerkit.errors import ConfigurationError
 
 __all__ = ["DelayProxy"]

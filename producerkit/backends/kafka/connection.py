@@ -11,8 +11,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from producerkit import _fast
-from producerkit._config import ParsedURL
 from producerkit._types import Record
+from producerkit._urls import ParsedURL
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection, Reports
 from producerkit.backends.kafka import _aiokafka_compat, options, record_batch

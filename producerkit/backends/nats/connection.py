@@ -13,8 +13,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from producerkit import _security
-from producerkit._config import ParsedURL
 from producerkit._types import HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Record
+from producerkit._urls import ParsedURL
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection, Reports
 from producerkit.backends.nats import _natspy_compat

@@ -12,8 +12,8 @@ from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from producerkit._config import ParsedURL
 from producerkit._types import Record
+from producerkit._urls import ParsedURL
 from producerkit.backends.base import Reports
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection

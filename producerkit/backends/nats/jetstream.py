@@ -16,8 +16,8 @@ from typing import Any
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from producerkit._config import ParsedURL
 from producerkit._types import DEADLINE, Record
+from producerkit._urls import ParsedURL
 from producerkit.backends import _clients
 from producerkit.backends.base import Reports
 from producerkit.backends.nats import _natspy_compat
