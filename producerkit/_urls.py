@@ -1,4 +1,4 @@
-"""Parsing a producer URL into a backend name, servers and options.
+"""Producer URLs: parsing one into a backend name, servers and options, and coercing options.
 
 ``kafka://h1:9092,h2:9092?linger_ms=5`` -> backend "kafka", servers [("h1", 9092), ("h2", 9092)],
 options {"linger_ms": "5"}. Query options are strings here; each backend converts the ones it knows
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -124,31 +124,44 @@ def _redact(url: str) -> str:
 
 def coerce_option(name: str, value: Any, kind: type) -> Any:
     """Convert an option (possibly a string from the URL query) to the type a backend declares."""
-    if kind is bool:
-        flag = parse_bool(value)
-        if flag is not None:
-            return flag
-    elif kind is int:
-        # Every int option is a size, a count or milliseconds: negative ones are mistakes.
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-        if isinstance(value, str) and re.fullmatch(r"\+?\d+", value.strip()):
-            return int(value)
-        raise ConfigurationError(f"option {name}={value!r} must be a non-negative int")
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-            else:
-                if math.isfinite(number):
-                    return number
-    elif kind is str:
-        if isinstance(value, str):
-            return value
-    else:
+    convert = _CONVERTERS.get(kind)
+    if convert is None:
         return value
-    raise ConfigurationError(f"option {name}={value!r} must be a {kind.__name__}")
+    converted = convert(value)
+    if converted is None:
+        expected = "non-negative int" if kind is int else kind.__name__
+        raise ConfigurationError(f"option {name}={value!r} must be a {expected}")
+    return converted
+
+
+def _to_int(value: object) -> int | None:
+    # Every int option is a size, a count or milliseconds: negative ones are mistakes.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\+?\d+", value.strip()):
+        return int(value)
+    return None
+
+
+def _to_float(value: object) -> float | None:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _to_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+# What coerce_option converts, by declared type: None from a converter means "not a valid one".
+_CONVERTERS: dict[type, Callable[[object], object | None]] = {
+    bool: parse_bool,
+    int: _to_int,
+    float: _to_float,
+    str: _to_str,
+}
