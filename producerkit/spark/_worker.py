@@ -322,35 +322,8 @@ def publish_task(config: SinkConfig, chunks: Iterable[Chunk]) -> TaskCounts:
     sync = entry.producer
     keep = True
     try:
-        pending: concurrent.futures.Future[None] | None = None
-        failed_before = sync.producer.stats.failed
-        for chunk in chunks:
-            if not len(chunk["value"]):
-                continue
-            if pending is not None:
-                pending.result()
-                if fail_fast and sync.producer.stats.failed > failed_before:
-                    break  # a message already failed: stop sending, flush reports it below
-            pending = asyncio.run_coroutine_threadsafe(
-                _send_chunk(sync.producer, chunk, tally, fail_fast), sync.loop
-            )
-        if pending is not None:
-            pending.result()
-        try:
-            sync.flush()
-        except ProduceError as exc:
-            for failure in exc.failures:
-                tally.fail(failure.exception)
-        except ProducerError as exc:  # flush itself timed out: close, which fails what is left
-            keep = False
-            _discard(entry)
-            try:
-                sync.close(timeout=1.0)
-            except ProduceError as close_exc:
-                for failure in close_exc.failures:
-                    tally.fail(failure.exception)
-            else:
-                raise exc from None
+        _send_chunks(sync, chunks, tally, fail_fast)
+        keep = _flush_counting(entry, tally)
     except BaseException:
         # the task dies mid-way: flush what was sent so the next task starts clean
         try:
@@ -369,6 +342,49 @@ def publish_task(config: SinkConfig, chunks: Iterable[Chunk]) -> TaskCounts:
             [], f"{counts.failed} of {counts.rows} message(s) failed; first: {counts.first_error}"
         )
     return counts
+
+
+def _send_chunks(
+    sync: SyncProducer, chunks: Iterable[Chunk], tally: _Tally, fail_fast: bool
+) -> None:
+    """Produce each chunk on the producer's loop while the next is converted here; with
+    ``fail_fast``, stop at the first chunk after a message failed."""
+    pending: concurrent.futures.Future[None] | None = None
+    failed_before = sync.producer.stats.failed
+    for chunk in chunks:
+        if not len(chunk["value"]):
+            continue
+        if pending is not None:
+            pending.result()
+            if fail_fast and sync.producer.stats.failed > failed_before:
+                break  # a message already failed: stop sending, flush reports it below
+        pending = asyncio.run_coroutine_threadsafe(
+            _send_chunk(sync.producer, chunk, tally, fail_fast), sync.loop
+        )
+    if pending is not None:
+        pending.result()
+
+
+def _flush_counting(entry: _Entry, tally: _Tally) -> bool:
+    """Flush, counting each failure; whether the cached producer may be kept. A flush that
+    itself times out closes the producer (failing what is left) and raises if nothing failed."""
+    sync = entry.producer
+    try:
+        sync.flush()
+    except ProduceError as exc:
+        for failure in exc.failures:
+            tally.fail(failure.exception)
+    except ProducerError as exc:
+        _discard(entry)
+        try:
+            sync.close(timeout=1.0)
+        except ProduceError as close_exc:
+            for failure in close_exc.failures:
+                tally.fail(failure.exception)
+        else:
+            raise exc from None
+        return False
+    return True
 
 
 def chunks_from_arrow(batches: Iterable[Any], columns: Mapping[str, str]) -> Iterator[Chunk]:
