@@ -23,7 +23,7 @@ import sys
 import time
 
 import producerkit as pk
-from producerkit.brokers import start_kafka
+from producerkit.testing.brokers import start_kafka
 
 _SPARK_RUN = """
 import json, os, sys

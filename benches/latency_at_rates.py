@@ -20,8 +20,8 @@ from typing import Any
 
 from producerkit.bench.command import measure
 from producerkit.bench.plot import plot_results
-from producerkit.bench.proxy import DelayProxy
-from producerkit.brokers import start_kafka, start_nats
+from producerkit.testing.brokers import start_kafka, start_nats
+from producerkit.testing.proxy import DelayProxy
 
 FRACTIONS = (0.25, 0.50, 0.75)
 

@@ -3,7 +3,7 @@
     python benches/rtt_sweep.py [--rtts 0,1,5,10,50] [--limits 100,1000] [--seconds 2]
                                 [--json rtt_sweep.json] [--markdown rtt_sweep.md]
 
-For each added round trip (a :class:`~producerkit.bench.proxy.DelayProxy` in front of each local
+For each added round trip (a :class:`~producerkit.testing.proxy.DelayProxy` in front of each local
 broker, its delay changed with ``set_rtt`` between runs) it runs producerkit as fast as it goes:
 
 - sync (``await produce()`` per message): lesson 1 says about 1/RTT messages/s;
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from producerkit.bench.command import measure
-from producerkit.bench.proxy import DelayProxy
-from producerkit.brokers import start_kafka, start_nats
+from producerkit.testing.brokers import start_kafka, start_nats
+from producerkit.testing.proxy import DelayProxy
 
 #: Before the RTT-0 run has measured the ceiling: only sizes that run.
 FIRST_GUESS = {"sync": 2_000.0, "nonblocking": 40_000.0}

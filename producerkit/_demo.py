@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import producerkit as pk
-from producerkit.brokers import start_kafka, start_nats
+from producerkit.testing.brokers import start_kafka, start_nats
 
 
 async def _rate(
@@ -94,7 +94,7 @@ class _maybe_delayed:
     def __enter__(self) -> str:
         if not self.rtt_ms:
             return self.url
-        from producerkit.bench.proxy import DelayProxy
+        from producerkit.testing.proxy import DelayProxy
 
         proxy = DelayProxy.for_url(self.url, rtt_ms=self.rtt_ms)
         self.proxy = proxy.start()

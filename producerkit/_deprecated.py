@@ -1,4 +1,6 @@
-"""Old names kept importable for one release, with a DeprecationWarning naming the new one."""
+"""Old names kept importable for one release, with a DeprecationWarning naming the new one:
+renamed attributes (:func:`renamed`) and moved modules (:func:`moved_module`).
+"""
 
 from __future__ import annotations
 
@@ -21,3 +23,12 @@ def renamed(module: str, names: dict[str, tuple[str, Callable[[], Any]]]) -> Cal
         return get()
 
     return __getattr__
+
+
+def moved_module(old: str, new: str) -> None:
+    """Warn that module ``old`` is now ``new``: called in the body of ``old``, so on its import.
+
+    ``stacklevel=3`` names the line importing ``old``: the warnings module skips the import
+    machinery's frames in between.
+    """
+    warnings.warn(f"{old} is deprecated: import {new}", DeprecationWarning, stacklevel=3)

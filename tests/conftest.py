@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from producerkit.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
 
 BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import producerkit as pk
-from producerkit.brokers import LocalBroker, start_nats
+from producerkit.testing.brokers import LocalBroker, start_nats
 
 # ---------------------------------------------------------------------- construction
 

@@ -14,7 +14,7 @@ from producerkit.bench import command
 from producerkit.bench.openloop import OK, ProducerTarget, run_open_loop
 from producerkit.bench.peers import run_peer
 from producerkit.bench.report import analyze
-from producerkit.brokers import LocalBroker
+from producerkit.testing.brokers import LocalBroker
 
 MESSAGES: list[tuple[bytes | None, bytes]] = [(b"k1", b"x" * 100), (None, b"y" * 100)]
 

@@ -15,7 +15,7 @@ import pytest
 
 import producerkit as pk
 from producerkit._cli_dev import _alive
-from producerkit.brokers import free_port
+from producerkit.testing.brokers import free_port
 
 CLI = [sys.executable, "-m", "producerkit", "dev"]
 

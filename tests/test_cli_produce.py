@@ -24,7 +24,7 @@ from conftest import read_jetstream, read_kafka
 
 from producerkit._cli_produce import main
 from producerkit.backends.memory import MemoryStore, get_store
-from producerkit.brokers import LocalBroker, start_nats
+from producerkit.testing.brokers import LocalBroker, start_nats
 
 CLI = [sys.executable, "-m", "producerkit", "produce"]
 
@@ -192,7 +192,7 @@ def test_no_broker_leaves_the_whole_input_to_send(tmp_path: Path) -> None:
 
 
 def _closed_port() -> int:
-    from producerkit.brokers import free_port
+    from producerkit.testing.brokers import free_port
 
     return free_port()
 

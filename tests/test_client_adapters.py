@@ -16,7 +16,7 @@ from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
 from producerkit.backends import _clients
-from producerkit.brokers import LocalBroker
+from producerkit.testing.brokers import LocalBroker
 
 SCHEMES = ["kafka", "jetstream", "nats"]
 

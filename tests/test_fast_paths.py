@@ -12,7 +12,7 @@ import pytest
 from conftest import read_kafka
 
 import producerkit as pk
-from producerkit.brokers import LocalBroker, start_kafka
+from producerkit.testing.brokers import LocalBroker, start_kafka
 
 
 @pytest.mark.brokers  # starts a broker of its own

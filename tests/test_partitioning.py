@@ -25,7 +25,7 @@ from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
 from producerkit import partitioners
-from producerkit.brokers import LocalBroker
+from producerkit.testing.brokers import LocalBroker
 
 # ---------------------------------------------------------------------- helpers
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import BackendCase, read_jetstream, read_kafka
 
 import producerkit as pk
-from producerkit.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
 
 
 def check_invariant(stats: pk.Stats) -> None:

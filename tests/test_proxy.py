@@ -12,9 +12,9 @@ import time
 import pytest
 
 import producerkit as pk
-from producerkit.bench import proxy as proxy_module
-from producerkit.bench.proxy import DelayProxy
-from producerkit.brokers import LocalBroker
+from producerkit.testing import proxy as proxy_module
+from producerkit.testing.brokers import LocalBroker
+from producerkit.testing.proxy import DelayProxy
 
 RTT_MS = 20.0
 

@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import producerkit as pk
-from producerkit.bench.proxy import DelayProxy
-from producerkit.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.proxy import DelayProxy
 
 REAL = ["kafka", "jetstream", "nats"]
 

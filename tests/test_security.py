@@ -29,7 +29,7 @@ import pytest
 import producerkit as pk
 from producerkit import _security
 from producerkit._urls import parse_url
-from producerkit.brokers import LocalBroker, free_port, start_nats, tansu_binary
+from producerkit.testing.brokers import LocalBroker, free_port, start_nats, tansu_binary
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex[:10]  # alice's password: must never be printed
 TOKEN = "tok-" + uuid.uuid4().hex[:12]

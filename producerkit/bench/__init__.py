@@ -1,8 +1,8 @@
 """``producerkit bench``: an open-loop benchmark harness (HDR histograms, coordinated omission,
-peers, plots) and the delay proxy it uses to emulate a WAN.
+peers, plots).
 
 Modules: :mod:`.command` (the CLI), :mod:`.openloop` (the schedule and timestamps),
 :mod:`.histograms` (HDR percentiles), :mod:`.peers` (raw-client runners), :mod:`.plot`,
-:mod:`.proxy` (:class:`~producerkit.bench.proxy.DelayProxy`). Nothing here is imported by
-``import producerkit``.
+:mod:`.report`. The delay proxy that emulates a WAN is
+:class:`producerkit.testing.proxy.DelayProxy`. Nothing here is imported by ``import producerkit``.
 """

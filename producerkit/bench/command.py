@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 asyncio.run(_create_kafka_topic(url, args.topic, args.partitions))
         target_url = url
         if args.rtt_ms:
-            from producerkit.bench.proxy import DelayProxy
+            from producerkit.testing.proxy import DelayProxy
 
             proxy = stack.enter_context(DelayProxy.for_url(url, args.rtt_ms))
             target_url = proxy.url
@@ -312,13 +312,13 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
 
 def _resolve_url(url: str, stack: contextlib.ExitStack, options: dict[str, Any]) -> str:
     if url == "embedded-kafka":
-        from producerkit.brokers import start_kafka
+        from producerkit.testing.brokers import start_kafka
 
         broker = stack.enter_context(start_kafka())
         print(f"started Tansu at {broker.url}", flush=True)
         return broker.url
     if url == "embedded-nats":
-        from producerkit.brokers import start_nats
+        from producerkit.testing.brokers import start_nats
 
         broker = stack.enter_context(start_nats(jetstream=True))
         print(f"started nats-server (JetStream) at {broker.url}", flush=True)

