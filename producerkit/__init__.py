@@ -25,6 +25,7 @@ from producerkit.errors import (
     ProducerClosed,
     ProducerError,
     ProduceTimeout,
+    SerializationError,
     TLSError,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "Producer",
     "ProducerClosed",
     "ProducerError",
+    "SerializationError",
     "Stats",
     "SyncProducer",
     "TLSError",

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from producerkit import _fast, _security
+from producerkit import _fast, _security, serializers
 from producerkit._routing import Router
 from producerkit._types import (
     CONNECTION,
@@ -35,10 +35,12 @@ from producerkit.errors import (
     ProducerClosed,
     ProducerError,
     ProduceTimeout,
+    SerializationError,
 )
 
 if TYPE_CHECKING:
     from producerkit import partitioners
+    from producerkit.serializers import Serializer
 
 __all__ = ["Producer"]
 
@@ -87,6 +89,11 @@ class Producer:
             with their numbers and produce times; for metrics and benchmarks. No cost unset.
         on_stats: called with a :class:`~producerkit.Stats` snapshot every ``stats_interval``
             seconds while the producer runs.
+        value_serializer: turns each value into bytes before it is produced: a callable
+            ``(obj) -> bytes`` or ``"json"``, ``"str"``, ``"bytes"`` (see
+            :mod:`producerkit.serializers`, which also makes Avro serializers). None (the
+            default): values must be bytes or str, and cost nothing more.
+        key_serializer: the same for keys (a None key stays None).
         **options: backend options (``linger_ms``, ``acks``, ``partitions``, ...).
     """
 
@@ -104,6 +111,8 @@ class Producer:
         on_outcome: Callable[[Outcome], object] | None = None,
         on_stats: Callable[[Stats], object] | None = None,
         stats_interval: float = 5.0,
+        value_serializer: str | Serializer | None = None,
+        key_serializer: str | Serializer | None = None,
         **options: Any,
     ) -> None:
         self._url = parse_url(url)
@@ -144,6 +153,11 @@ class Producer:
             raise ConfigurationError("on_stats must be a callable taking a producerkit.Stats")
         self._on_stats = on_stats
         self._stats_interval = _positive_number("stats_interval", stats_interval)
+        self._value_serializer = serializers.resolve(value_serializer, "value_serializer")
+        self._key_serializer = serializers.resolve(key_serializer, "key_serializer")
+        if self._value_serializer is not None or self._key_serializer is not None:
+            # Only then does produce() serialize: without serializers it costs nothing.
+            self.produce = self._produce_serialized  # type: ignore[method-assign]
         self._stats_timer: asyncio.TimerHandle | None = None
 
         self._state = _NEW
@@ -292,6 +306,51 @@ class Producer:
             return None
         delivery: Delivery = await future
         return delivery
+
+    async def _produce_serialized(
+        self,
+        value: Any,
+        *,
+        key: Any = None,
+        headers: Mapping[str, bytes | str] | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+        nonblocking: bool = False,
+        msg_id: str | None = None,
+    ) -> Delivery | None:
+        """:meth:`produce` with the value and key serialized first (see ``value_serializer``)."""
+        value, key = self._serialize(value, key, topic)
+        return await Producer.produce(
+            self,
+            value,
+            key=key,
+            headers=headers,
+            topic=topic,
+            partition=partition,
+            nonblocking=nonblocking,
+            msg_id=msg_id,
+        )
+
+    def _serialize(self, value: Any, key: Any, topic: str | None) -> tuple[Any, Any]:
+        """The value and key through their serializers; SerializationError naming the message
+        if one raises (nothing is counted)."""
+        for what, serializer in (("value", self._value_serializer), ("key", self._key_serializer)):
+            original = value if what == "value" else key
+            if serializer is None or original is None:
+                continue
+            try:
+                serialized = serializer(original)
+            except Exception as exc:
+                raise SerializationError(
+                    f"{what}_serializer failed on the message with key {_short(key)} to topic "
+                    f"{topic or self._topic!r} (value {_short(value)}): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if what == "value":
+                value = serialized
+            else:
+                key = serialized
+        return value, key
 
     def _validate(
         self,
@@ -569,6 +628,12 @@ def _to_bytes(what: str, data: object) -> bytes:
     raise MessageError(
         f"{what} must be bytes, bytearray, memoryview or str, not {type(data).__name__}"
     )
+
+
+def _short(obj: object) -> str:
+    """A repr that names a message without printing all of it."""
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _normalize_headers(headers: object) -> Headers:

@@ -7,7 +7,8 @@
     │   └── MissingDependencyError (ImportError)  a backend's extra is not installed
     │       └── IncompatibleClientError           its client library is a version not supported
     ├── MessageError (ValueError)          a bad value/key/headers/topic/partition, at produce()
-    │   └── MessageTooLarge                    larger than the backend accepts
+    │   ├── MessageTooLarge                    larger than the backend accepts
+    │   └── SerializationError                 a value_serializer/key_serializer raised
     ├── BrokerUnavailable (ConnectionError)    cannot connect, or the connection is gone
     │   ├── AuthenticationError                credentials refused
     │   └── TLSError                           handshake or certificate failure
@@ -46,6 +47,7 @@ __all__ = [
     "ProduceTimeout",
     "ProducerClosed",
     "ProducerError",
+    "SerializationError",
     "TLSError",
 ]
 
@@ -86,6 +88,10 @@ class MessageError(ProducerError, ValueError):
 
 class MessageTooLarge(MessageError):
     """The message is larger than the backend accepts."""
+
+
+class SerializationError(MessageError):
+    """A ``value_serializer`` or ``key_serializer`` raised; the original is the ``__cause__``."""
 
 
 class BrokerUnavailable(ProducerError, ConnectionError):

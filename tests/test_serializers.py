@@ -1,0 +1,137 @@
+"""Serializers: values and keys turned into bytes before they are produced, read back by other
+clients on real brokers; a serializer that raises fails only that call."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import struct
+from typing import Any
+
+import pytest
+from conftest import read_jetstream, read_kafka
+
+import producerkit as pk
+from producerkit import serializers
+
+ORDER_SCHEMA = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "user", "type": "string"},
+        {"name": "amount", "type": "double"},
+    ],
+}
+
+
+def test_built_in_serializers_on_memory() -> None:
+    async def main() -> list[Any]:
+        async with pk.Producer(
+            "memory://", topic="t", value_serializer="json", key_serializer="str"
+        ) as producer:
+            await producer.produce({"a": 1, "b": [1, 2], "c": "é"}, key="user-1")
+            await producer.produce([1, None, True], key=b"raw")
+            await producer.produce("text", nonblocking=True)
+            await producer.flush()
+            return [(r.key, r.value) for r in producer.backend.records]
+
+    assert asyncio.run(main()) == [
+        (b"user-1", '{"a":1,"b":[1,2],"c":"é"}'.encode()),
+        (b"raw", b"[1,null,true]"),
+        (None, b'"text"'),
+    ]
+
+
+def test_a_failing_serializer_fails_only_that_call() -> None:
+    def picky(obj: Any) -> bytes:
+        if obj == "bad":
+            raise ValueError("no bad values")
+        return str(obj).encode()
+
+    async def main() -> None:
+        async with pk.Producer("memory://", topic="t", value_serializer=picky) as producer:
+            await producer.produce("ok-1", key=b"k1")
+            for nonblocking in (False, True):
+                with pytest.raises(pk.SerializationError, match="value_serializer") as caught:
+                    await producer.produce("bad", key=b"k2", nonblocking=nonblocking)
+                assert isinstance(caught.value, pk.MessageError)
+                assert isinstance(caught.value.__cause__, ValueError)
+                assert "b'k2'" in str(caught.value) and "'t'" in str(caught.value)
+            with pytest.raises(pk.SerializationError, match="not JSON serializable"):
+                await pk.Producer("memory://", topic="t", value_serializer="json").produce(
+                    {1, 2}  # a set is not JSON
+                )
+            await producer.produce("ok-2", key=b"k3")
+            stats = producer.stats
+            assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
+            assert [r.value for r in producer.backend.records] == [b"ok-1", b"ok-2"]
+
+    asyncio.run(main())
+
+
+def test_bad_serializer_settings_are_configuration_errors() -> None:
+    with pytest.raises(pk.ConfigurationError, match="unknown value_serializer 'yaml'"):
+        pk.Producer("memory://", topic="t", value_serializer="yaml")
+    with pytest.raises(pk.ConfigurationError, match="key_serializer must be a callable"):
+        pk.Producer("memory://", topic="t", key_serializer=42)  # type: ignore[arg-type]
+    with pytest.raises(pk.ConfigurationError, match="schema_id"):
+        serializers.avro(ORDER_SCHEMA, schema_id=-1)
+    with pytest.raises(pk.ConfigurationError, match="invalid Avro schema"):
+        serializers.avro({"type": "no-such-type"}, schema_id=1)
+
+
+def test_no_serializer_keeps_the_plain_produce() -> None:
+    """Without serializers produce() is the method itself: nothing added to its path."""
+    plain = pk.Producer("memory://", topic="t")
+    assert plain.produce.__func__ is pk.Producer.produce  # type: ignore[attr-defined]
+    serializing = pk.Producer("memory://", topic="t", value_serializer="json")
+    assert serializing.produce.__func__ is not pk.Producer.produce  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scheme", ["kafka", "jetstream"])
+def test_json_dicts_read_back_by_another_client(
+    scheme: str, kafka_broker: Any, nats_broker: Any, topic: str
+) -> None:
+    orders = [{"id": i, "user": f"u{i % 3}", "items": [i, i + 1]} for i in range(200)]
+    if scheme == "kafka":
+        url, options = kafka_broker.url, {}
+    else:
+        url, options = f"jetstream://{nats_broker.host_port}", {"create_stream": True}
+
+    async def main() -> list[dict[str, Any]]:
+        async with pk.Producer(url, topic=topic, value_serializer="json", **options) as producer:
+            for order in orders:
+                await producer.produce(order, key=order["user"], nonblocking=True)
+            await producer.flush()
+        reader = read_kafka if scheme == "kafka" else read_jetstream
+        return await reader(url, topic, len(orders))
+
+    records = asyncio.run(main())
+    assert sorted((json.loads(r["value"]) for r in records), key=lambda o: o["id"]) == orders
+
+
+def test_avro_in_the_confluent_frame_read_back_by_fastavro(kafka_broker: Any, topic: str) -> None:
+    import fastavro
+
+    orders = [{"id": i, "user": f"u{i}", "amount": i / 4} for i in range(50)]
+
+    async def main() -> list[dict[str, Any]]:
+        async with pk.Producer(
+            kafka_broker.url,
+            topic=topic,
+            value_serializer=serializers.avro(ORDER_SCHEMA, schema_id=42),
+        ) as producer:
+            for order in orders:
+                await producer.produce(order, key=order["user"], nonblocking=True)
+            await producer.flush()
+        return await read_kafka(kafka_broker.url, topic, len(orders))
+
+    decoded = []
+    parsed = fastavro.parse_schema(ORDER_SCHEMA)
+    for record in asyncio.run(main()):
+        magic, schema_id = struct.unpack(">bI", record["value"][:5])
+        assert (magic, schema_id) == (0, 42)
+        decoded.append(fastavro.schemaless_reader(io.BytesIO(record["value"][5:]), parsed))
+    assert sorted(decoded, key=lambda o: o["id"]) == orders
