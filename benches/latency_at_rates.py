@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from producerkit.bench.command import measure
 from producerkit.bench.plot import plot_results
+from producerkit.cli.bench import measure
 from producerkit.testing.brokers import start_kafka, start_nats
 from producerkit.testing.proxy import DelayProxy
 

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from producerkit.bench.command import measure
+from producerkit.cli.bench import measure
 from producerkit.testing.brokers import start_kafka, start_nats
 from producerkit.testing.proxy import DelayProxy
 

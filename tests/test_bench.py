@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from producerkit.bench import command
 from producerkit.bench.openloop import OK, ProducerTarget, run_open_loop
 from producerkit.bench.peers import run_peer
 from producerkit.bench.report import analyze
+from producerkit.cli import bench as bench_command
 from producerkit.testing.brokers import LocalBroker
 
 MESSAGES: list[tuple[bytes | None, bytes]] = [(b"k1", b"x" * 100), (None, b"y" * 100)]
@@ -21,7 +21,7 @@ MESSAGES: list[tuple[bytes | None, bytes]] = [(b"k1", b"x" * 100), (None, b"y" *
 
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "result.json"
-    code = command.main([*args, "--json", str(out), "--quiet", "--warmup-records", "50"])
+    code = bench_command.main([*args, "--json", str(out), "--quiet", "--warmup-records", "50"])
     assert code == 0
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -67,7 +67,7 @@ def test_schedule_rate_2000_for_5_seconds(tmp_path: Path) -> None:
     other.write_text(json.dumps(result))
     overlay = tmp_path / "cmp.png"
     results = [str(tmp_path / "result.json"), str(other)]
-    assert command.main(["plot", *results, "-o", str(overlay)]) == 0
+    assert bench_command.main(["plot", *results, "-o", str(overlay)]) == 0
     assert overlay.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import producerkit as pk
-from producerkit._cli_dev import _alive
+from producerkit.cli.dev import _alive
 from producerkit.testing.brokers import free_port
 
 CLI = [sys.executable, "-m", "producerkit", "dev"]

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from conftest import read_jetstream, read_kafka
 
-from producerkit._cli_produce import main
 from producerkit.backends.memory import MemoryStore, get_store
+from producerkit.cli.produce import main
 from producerkit.testing.brokers import LocalBroker, start_nats
 
 CLI = [sys.executable, "-m", "producerkit", "produce"]

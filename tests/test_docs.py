@@ -169,15 +169,16 @@ def _commands(code: str) -> list[list[str]]:
 
 
 def _parse_command(argv: list[str], where: str) -> None:
-    from producerkit import _cli_dev, _cli_produce, cli
+    from producerkit import cli
+    from producerkit.cli import dev, produce
 
     if not argv or argv[0].startswith("-"):
         return
     name, rest = argv[0], argv[1:]
     assert name in cli._COMMANDS, f"{where}: unknown command producerkit {name}"
     parsers: dict[str, argparse.ArgumentParser] = {
-        "produce": _cli_produce.build_parser(),
-        "dev": _cli_dev.build_parser(),
+        "produce": produce.build_parser(),
+        "dev": dev.build_parser(),
     }
     parser = parsers.get(name)
     if parser is None:

@@ -62,7 +62,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     assert "produce" in help_text and "dev" in help_text
     # Every subpackage is in the wheel, not only the top-level ones.
     packaged = {name.split("/")[1] for name in _wheel_names(wheels[0]) if name.count("/") == 2}
-    assert {"backends", "bench", "spark"} <= packaged, packaged
+    assert {"backends", "bench", "cli", "spark", "testing"} <= packaged, packaged
     script = env_dir / "bin" / "producerkit"
     assert run(script, "--version", env=clean_env, cwd=tmp_path).stdout.strip() == version
 

@@ -1,7 +1,8 @@
 """The ``producerkit`` command: ``demo``, ``bench``, ``produce`` and ``dev``.
 
-Each subcommand lives in its own module, imported only when it runs, so ``producerkit --help``
-is quick and needs none of the optional dependencies.
+Each subcommand lives in its own module of this package (:mod:`.demo`, :mod:`.bench`,
+:mod:`.produce`, :mod:`.dev`), imported only when it runs, so ``producerkit --help`` is quick and
+needs none of the optional dependencies.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 _COMMANDS = {
-    "demo": ("producerkit._demo", "start local brokers and show sync vs nonblocking produce"),
-    "bench": ("producerkit.bench.command", "open-loop latency/throughput benchmark (HDR, plots)"),
-    "produce": ("producerkit._cli_produce", "publish each record of a file or stdin"),
-    "dev": ("producerkit._cli_dev", "start local Kafka (Tansu) and NATS brokers for development"),
+    "demo": ("producerkit.cli.demo", "start local brokers and show sync vs nonblocking produce"),
+    "bench": ("producerkit.cli.bench", "open-loop latency/throughput benchmark (HDR, plots)"),
+    "produce": ("producerkit.cli.produce", "publish each record of a file or stdin"),
+    "dev": ("producerkit.cli.dev", "start local Kafka (Tansu) and NATS brokers for development"),
 }
 
 
