@@ -128,21 +128,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plot_main(args_list[1:])
     args = build_parser().parse_args(args_list)
     options = _parse_options(args.option)
-    for name in ("rate", "record_size", "senders", "concurrent_task_limit", "connections"):
-        if getattr(args, name) < (0 if name == "rate" else 1):
-            print(f"producerkit bench: --{name.replace('_', '-')} is out of range", file=sys.stderr)
-            return 2
+    out_of_range = _out_of_range(args)
+    if out_of_range is not None:
+        print(f"producerkit bench: --{out_of_range} is out of range", file=sys.stderr)
+        return 2
     if args.duration is None and args.num_records is None:
         args.duration = 10.0
 
+    result = _run_against_url(args, options)
+    for line in _all_final_lines(result):
+        print(line)
+    _write_outputs(args, result)
+    return 0 if result["summary"]["failed"] == 0 and result["summary"]["unacknowledged"] == 0 else 1
+
+
+def _out_of_range(args: argparse.Namespace) -> str | None:
+    """The first numeric option out of range, as its flag name (``record-size``), or None."""
+    for name in ("rate", "record_size", "senders", "concurrent_task_limit", "connections"):
+        if getattr(args, name) < (0 if name == "rate" else 1):
+            return name.replace("_", "-")
+    return None
+
+
+def _run_against_url(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    """Run against ``--url``: the embedded broker it may name started for the run, the topic's
+    ``--partitions`` prepared, behind a delay proxy when ``--rtt-ms`` asks for one."""
     with contextlib.ExitStack() as stack:
         url = _resolve_url(args.url, stack, options)
         if args.partitions:
-            scheme = parse_url(url).scheme
-            if scheme in ("nats", "jetstream", "null", "memory"):
-                options["partitions"] = args.partitions
-            elif scheme == "kafka":
-                asyncio.run(_create_kafka_topic(url, args.topic, args.partitions))
+            _prepare_partitions(url, args.topic, args.partitions, options)
         target_url = url
         if args.rtt_ms:
             from producerkit.testing.proxy import DelayProxy
@@ -150,10 +164,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             proxy = stack.enter_context(DelayProxy.for_url(url, args.rtt_ms))
             target_url = proxy.url
         config = _config(args, url, options)
-        result = asyncio.run(_run_all(args, target_url, options, config))
+        return asyncio.run(_run_all(args, target_url, options, config))
 
-    for line in _all_final_lines(result):
-        print(line)
+
+def _prepare_partitions(url: str, topic: str, partitions: int, options: dict[str, Any]) -> None:
+    """NATS and the in-process backends take a ``partitions`` option; Kafka creates the topic."""
+    scheme = parse_url(url).scheme
+    if scheme in ("nats", "jetstream", "null", "memory"):
+        options["partitions"] = partitions
+    elif scheme == "kafka":
+        asyncio.run(_create_kafka_topic(url, topic, partitions))
+
+
+def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The files ``--json``, ``--hgrm`` and ``--plot`` ask for."""
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
@@ -165,7 +189,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         plot_results([(_label(result), result)], args.plot)
         print(f"wrote {args.plot}")
-    return 0 if result["summary"]["failed"] == 0 and result["summary"]["unacknowledged"] == 0 else 1
 
 
 async def _run_all(
