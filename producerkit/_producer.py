@@ -31,6 +31,7 @@ from producerkit.errors import (
     ConfigurationError,
     MessageError,
     MessageTooLarge,
+    MissingDependencyError,
     ProduceError,
     ProducerClosed,
     ProducerError,
@@ -94,6 +95,10 @@ class Producer:
             :mod:`producerkit.serializers`, which also makes Avro serializers). None (the
             default): values must be bytes or str, and cost nothing more.
         key_serializer: the same for keys (a None key stays None).
+        propagate_trace: inject the current OpenTelemetry context into each message's headers
+            (W3C ``traceparent``, and ``tracestate``/``baggage`` where set, through
+            OpenTelemetry's configured propagator), so consumers can continue the trace. Needs
+            ``producerkit[otel]``. Off by default.
         **options: backend options (``linger_ms``, ``acks``, ``partitions``, ...).
     """
 
@@ -113,6 +118,7 @@ class Producer:
         stats_interval: float = 5.0,
         value_serializer: str | Serializer | None = None,
         key_serializer: str | Serializer | None = None,
+        propagate_trace: bool = False,
         **options: Any,
     ) -> None:
         self._url = parse_url(url)
@@ -155,9 +161,10 @@ class Producer:
         self._stats_interval = _positive_number("stats_interval", stats_interval)
         self._value_serializer = serializers.resolve(value_serializer, "value_serializer")
         self._key_serializer = serializers.resolve(key_serializer, "key_serializer")
-        if self._value_serializer is not None or self._key_serializer is not None:
-            # Only then does produce() serialize: without serializers it costs nothing.
-            self.produce = self._produce_serialized  # type: ignore[method-assign]
+        self._inject_trace = _trace_injector() if propagate_trace else None
+        if self._value_serializer or self._key_serializer or self._inject_trace:
+            # Only then does produce() go through a wrapper: without them it costs nothing.
+            self.produce = self._produce_prepared  # type: ignore[method-assign]
         self._stats_timer: asyncio.TimerHandle | None = None
 
         self._state = _NEW
@@ -307,7 +314,7 @@ class Producer:
         delivery: Delivery = await future
         return delivery
 
-    async def _produce_serialized(
+    async def _produce_prepared(
         self,
         value: Any,
         *,
@@ -318,8 +325,11 @@ class Producer:
         nonblocking: bool = False,
         msg_id: str | None = None,
     ) -> Delivery | None:
-        """:meth:`produce` with the value and key serialized first (see ``value_serializer``)."""
+        """:meth:`produce` with the value and key serialized and the trace context added to the
+        headers first (see ``value_serializer`` and ``propagate_trace``)."""
         value, key = self._serialize(value, key, topic)
+        if self._inject_trace is not None:
+            headers = self._inject_trace(headers)
         return await Producer.produce(
             self,
             value,
@@ -628,6 +638,31 @@ def _to_bytes(what: str, data: object) -> bytes:
     raise MessageError(
         f"{what} must be bytes, bytearray, memoryview or str, not {type(data).__name__}"
     )
+
+
+def _trace_injector() -> Callable[[Any], Any]:
+    """``(headers) -> headers`` with the current OpenTelemetry context injected as headers, for
+    ``propagate_trace``; headers the caller gave win over injected ones of the same name."""
+    try:
+        from opentelemetry import propagate
+    except ImportError as exc:
+        raise MissingDependencyError(
+            'propagate_trace needs OpenTelemetry: run  pip install "producerkit[otel]"'
+        ) from exc
+    inject = propagate.inject
+
+    def with_trace(headers: Any) -> Any:
+        carrier: dict[str, str] = {}
+        inject(carrier)
+        if not carrier:
+            return headers  # no active span: nothing to propagate
+        if headers is None:
+            return carrier
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        given = {pair[0] for pair in pairs if isinstance(pair, tuple) and pair}
+        return pairs + [(name, data) for name, data in carrier.items() if name not in given]
+
+    return with_trace
 
 
 def _short(obj: object) -> str:
