@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import fcntl
@@ -62,9 +63,9 @@ DEFAULT_RANGES = {"aiokafka": ">=0.13,<0.15", "nats-py": ">=2.16,<2.17"}
 DEFAULT_NEWEST = {"aiokafka": "0.14.0", "nats-py": "2.16.0"}
 BROKER_MARK = "brokers and not slow and not spark"
 CORE_MARK = "not brokers and not slow and not spark"
-#: pyproject extras the tests import (no spark: pyspark is huge and no backend test needs it;
-#: docs only for test_docs's mkdocs build). An extra pyproject does not have is skipped.
-EXTRAS = ("kafka", "nats", "brokers", "cli", "peers", "docs")
+#: Every pyproject extra is installed but these: spark (pyspark is huge and no backend test
+#: needs it) and the aggregates (their own parts are installed one by one, spark excepted).
+SKIP_EXTRAS = frozenset({"spark", "all", "dev"})
 #: Entries of the ``dev`` extra that no test imports.
 DEV_SKIP = frozenset({"mypy", "ruff", "pyinstrument"})
 #: What goes into the wheel (and into the source hash).
@@ -338,6 +339,66 @@ def plan(
 # ---------------------------------------------------------------------------- processes
 
 
+class Stopping(Exception):
+    """The run was interrupted: start nothing new."""
+
+
+_stopping = threading.Event()
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux /proc; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            text = Path(stat).read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        parents.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_group(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """SIGINT first, so pytest tears its session down and stops the brokers it started; SIGKILL
+    after ``grace``. The brokers run in sessions of their own, so whatever is still alive below
+    pytest at that point is stopped by itself."""
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=grace)
+        return
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    below = descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pid:  # a broker leads its own group: stop all of it
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop_everything() -> None:
+    _stopping.set()
+    with _running_lock:
+        running = list(_running)
+    for process in running:
+        stop_group(process)
+
+
 def run_logged(
     command: Sequence[str],
     log_path: Path,
@@ -346,8 +407,10 @@ def run_logged(
     cwd: Path | None = None,
     timeout: float | None = None,
 ) -> tuple[int, float]:
-    """Run ``command`` with its output in ``log_path``; (exit code, seconds). A timeout kills
-    its whole process group (pytest's brokers included) and returns -9."""
+    """Run ``command`` with its output in ``log_path``; (exit code, seconds). A timeout stops
+    its process group (see stop_group) and returns -9."""
+    if _stopping.is_set():
+        raise Stopping
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log_path.open("w") as out:
@@ -361,17 +424,22 @@ def run_logged(
             cwd=cwd,
             start_new_session=True,
         )
+        with _running_lock:
+            _running.add(process)
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            out.write(f"\n[client_matrix] killed after {timeout}s\n")
+            stop_group(process)
+            out.write(f"\n[client_matrix] stopped after {timeout}s\n")
             code = -9
         except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            stop_group(process)
             raise
+        finally:
+            with _running_lock:
+                _running.discard(process)
+    if _stopping.is_set():
+        raise Stopping
     return code, time.monotonic() - started
 
 
@@ -525,13 +593,15 @@ def prune(root: Path, keep: int) -> None:
 
 
 def requirements(source: Path, aiokafka: str, nats_py: str) -> list[str]:
-    """pyproject's runtime deps, the EXTRAS and the dev test tools, with the two clients pinned
+    """pyproject's runtime deps, its extras but SKIP_EXTRAS and the dev extra's test tools (but
+    DEV_SKIP), with the two clients pinned
     (every other requirement on them is dropped: a raised lower bound must not block a pin)."""
     project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
     optional: dict[str, list[str]] = project.get("optional-dependencies", {})
     wanted = list(project.get("dependencies", []))
-    for extra in EXTRAS:
-        wanted += optional.get(extra, [])
+    for extra, extra_requirements in optional.items():
+        if extra not in SKIP_EXTRAS:
+            wanted += extra_requirements
     wanted += [r for r in optional.get("dev", []) if _req_name(r) not in DEV_SKIP]
     out: list[str] = ["pip"]  # uv's venvs have none; test_packaging builds a wheel with it
     for requirement in wanted:
@@ -1102,8 +1172,13 @@ def resolve_ranges(args: argparse.Namespace, source: Path) -> tuple[dict[str, st
     return ranges, origin
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: stop the tests and their brokers
     began = time.monotonic()
     cache: Path = args.cache_dir.resolve()
     if args.fresh:
@@ -1177,10 +1252,17 @@ def main(argv: Sequence[str]) -> int:
             jobs.append((Combo(interp, *newest), True))
             core_done.add(interp.version)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    try:
         futures = [pool.submit(run_combo, ctx, combo, core) for combo, core in jobs]
         for future in futures:
             rows.extend(future.result())
+    except (KeyboardInterrupt, Stopping):
+        log("interrupted: stopping the running tests and their brokers")
+        stop_everything()
+        pool.shutdown(wait=True, cancel_futures=True)
+        return 130
+    pool.shutdown()
 
     rows.sort(
         key=lambda r: (
