@@ -2,26 +2,29 @@
 """Run producerkit's broker tests against a matrix of aiokafka / nats-py / Python versions.
 
 One venv per (Python, aiokafka, nats-py) combination, kept under ``--cache-dir`` (default
-``.matrix/``) and reused while its versions and dependency list still match. producerkit is
-built once per Python as a wheel from a snapshot of the working tree (C speedups included when
-they compile) and reinstalled only when its sources change.
+``.matrix/``) and reused while its Python and dependency list still match. The tests run from a
+snapshot of the working tree (or of ``--source REV``), from which producerkit's wheel is built
+once per Python (C speedups included when they compile) and reinstalled when it changes.
 
-For a combination whose clients are both inside producerkit's supported ranges, it runs
-``pytest -m "brokers and not slow and not spark"`` twice: on the fast path (the clients' private
-internals) and with ``PRODUCERKIT_CLIENT_PATH=public``. For a combination outside them, it checks
-that ``Producer(url, topic="t").start()`` raises ``producerkit.errors.IncompatibleClientError``
-within 1 s, and records the message. Every combination is probed, so a supported version that
-raises the typed error fails too.
+A combination whose clients are inside producerkit's supported ranges (or newer) runs
+``pytest -m "brokers and not slow and not spark"`` twice: on the fast path (the clients'
+private internals) and with ``PRODUCERKIT_CLIENT_PATH=public``. A combination with a client
+older than its range must make ``Producer(url, topic="t").start()`` raise
+``producerkit.errors.IncompatibleClientError`` within 1 s, its message naming the package, its
+version and the range; the message is recorded. Every combination is probed, so a supported
+version that raises the typed error fails too. Exit status 1 if anything failed.
 
 Examples::
 
-    python scripts/client_matrix.py --aiokafka 0.11.0 0.12.0 0.13.0 0.14.0 \\
-        --nats-py 2.9.1 2.16.0 --python 3.11 3.13 --markdown matrix.md --json matrix.json
-    python scripts/client_matrix.py --pair 0.13.0,2.16.0@3.11 --pair 0.14.0,2.16.0@3.13
-    python scripts/client_matrix.py --pair 0.14.0,2.16.0 -k kafka -- -x
+    python scripts/client_matrix.py --pair oldest,oldest@3.11 --pair newest,newest@3.13
+    python scripts/client_matrix.py --python 3.11 3.12 3.13 \\
+        --aiokafka 0.11.0 0.12.0 0.13.0 0.14.0 --nats-py 2.9.1 2.15.0 2.16.0 \\
+        --core --no-speedups --jobs 2 --markdown matrix.md --json matrix.json
+    python scripts/client_matrix.py --pair 0.14.0,2.16.0 --paths fast -k kafka -- -x
 
 Stdlib only. Uses ``uv`` (PATH, next to this interpreter, or installed with pip into
-``<cache-dir>/tools``) and falls back to ``python -m venv`` + pip.
+``<cache-dir>/tools``) and falls back to ``python -m venv`` + pip. docs/compatibility.md has
+the results and the options.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = ("aiokafka", "nats-py")
-#: The supported ranges when producerkit/backends/_client_versions.py does not state them.
+#: The supported ranges when producerkit does not state them in one of RANGE_MODULES.
 DEFAULT_RANGES = {"aiokafka": ">=0.13,<0.15", "nats-py": ">=2.16,<2.17"}
 #: The newest supported releases, if the index cannot be asked (--aiokafka/--nats-py/--pair
 #: take ``newest``: the newest release inside the range, and ``oldest``: its lower bound).
