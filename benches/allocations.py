@@ -46,7 +46,7 @@ class HeldNullConnection(NullConnection):
 async def in_flight_blocks(count: int) -> dict[str, Any]:
     keys = [b"user-%d" % (i % 10_000) for i in range(count)]
     value = b"x" * 512
-    producer = pk.Producer("null://?partitions=12", topic="alloc", concurrent_task_limit=count + 1)
+    producer = pk.Producer("null://?partitions=12", topic="alloc", max_in_flight_messages=count + 1)
     # Before start(): the producer builds its connections from the spec when it starts.
     producer._spec = attrs.evolve(NULL, connection=HeldNullConnection)
     async with producer:
@@ -79,7 +79,7 @@ async def growth_after_warmup(count: int) -> dict[str, Any]:
     value = b"x" * 512
     keys = [b"user-%d" % (i % 10_000) for i in range(10_000)]
     async with pk.Producer(
-        "null://?partitions=12", topic="alloc", concurrent_task_limit=10_000
+        "null://?partitions=12", topic="alloc", max_in_flight_messages=10_000
     ) as producer:
         for i in range(100_000):
             await producer.produce(value, key=keys[i % 10_000], nonblocking=True)

@@ -39,7 +39,7 @@ df = spark.range(int(rows), numPartitions=int(partitions)).select(
     F.lpad(F.col("id").cast("string"), int(size), "x").alias("value"),
 ).cache()
 df.count()
-kwargs = dict(topic="bench-spark", concurrent_task_limit=int(limit))
+kwargs = dict(topic="bench-spark", max_in_flight_messages=int(limit))
 publish(df.limit(10000), url, **kwargs)  # warm-up: workers start, producers connect
 best = None
 for _ in range(int(repeat)):
@@ -68,7 +68,7 @@ async def _create_topics(url: str, partitions: int) -> None:
 async def _single_process(url: str, rows: int, size: int, limit: int) -> float:
     keys = [b"%08d" % i for i in range(rows)]
     values = [(b"%d" % i).rjust(size, b"x") for i in range(rows)]
-    async with pk.Producer(url, topic="bench-single", concurrent_task_limit=limit) as producer:
+    async with pk.Producer(url, topic="bench-single", max_in_flight_messages=limit) as producer:
         for i in range(min(rows, 10000)):  # warm-up: connection, metadata
             await producer.produce(values[i], key=keys[i], nonblocking=True)
         await producer.flush()
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="Spark partitions")
     parser.add_argument("--topic-partitions", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2, help="timed Spark runs (best kept)")
-    parser.add_argument("--limit", type=int, default=10_000, help="concurrent_task_limit")
+    parser.add_argument("--limit", type=int, default=10_000, help="max_in_flight_messages")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 

@@ -58,7 +58,7 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                             rate=0,
                             count=count,
                             mode=mode,
-                            concurrent_task_limit=max(limit, 1),
+                            max_in_flight_messages=max(limit, 1),
                             warmup=min(limit, 200),
                             **options,
                         )
@@ -76,7 +76,7 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                             "expected_msgs_per_s": expected if rtt else None,
                             "ack_p50_ms": latency.get("p50_ms"),
                             "ack_p99_ms": latency.get("p99_ms"),
-                            "max_in_flight": result["window"]["max_in_flight"],
+                            "peak_in_flight": result["window"]["peak_in_flight"],
                             "window_waits": result["window"].get("window_waits"),
                         }
                         rows.append(row)
@@ -97,7 +97,7 @@ def format_row(row: dict[str, Any]) -> str:
     return (
         f"| {row['backend']} | {row['rtt_ms']:g} | {row['mode']} | {row['limit'] or '-'} "
         f"| {row['msgs_per_s']:,.0f} | {f'{expected:,.0f}' if expected else '-'} | {ratio} "
-        f"| {row['ack_p50_ms']:.2f} | {row['ack_p99_ms']:.2f} | {row['max_in_flight']} "
+        f"| {row['ack_p50_ms']:.2f} | {row['ack_p99_ms']:.2f} | {row['peak_in_flight']} "
         f"| {row['window_waits']} |"
     )
 

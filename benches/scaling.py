@@ -6,7 +6,7 @@
                               [--markdown results/scaling.md]
 
 The seed's lessons "embrace partitions" and "use more than one connection", on this machine. Each
-cell runs one ``Producer(connections=C, concurrent_task_limit=L)`` as fast as it goes
+cell runs one ``Producer(connections=C, max_in_flight_messages=L)`` as fast as it goes
 (nonblocking, 100-byte values, keys cycling over ``--keys`` distinct keys so that messages spread
 over the partitions) through a :class:`~producerkit.testing.proxy.DelayProxy` adding ``--rtt-ms``
 of round trip, then flushes; msgs/s is acked messages over the time from the first produce to the
@@ -155,7 +155,7 @@ async def run_cell(
                     url,
                     topic=topic,
                     connections=connections,
-                    concurrent_task_limit=args.limit,
+                    max_in_flight_messages=args.limit,
                     **options,
                 )
             )
@@ -277,7 +277,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rtt-ms", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per cell")
-    parser.add_argument("--limit", type=int, default=1000, help="concurrent_task_limit")
+    parser.add_argument("--limit", type=int, default=1000, help="max_in_flight_messages")
     parser.add_argument("--keys", type=int, default=1024)
     parser.add_argument("--record-size", type=int, default=100)
     parser.add_argument(
@@ -322,7 +322,7 @@ def main() -> int:
     settings = {
         "rtt_ms": args.rtt_ms,
         "seconds": args.seconds,
-        "concurrent_task_limit": args.limit,
+        "max_in_flight_messages": args.limit,
         "keys": args.keys,
         "record_size": args.record_size,
         "kafka_storage": args.kafka_storage,

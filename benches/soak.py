@@ -3,7 +3,7 @@
     python benches/soak.py [--null 5000000] [--real 1000000] [--limit 10000]
                            [--backends null,kafka,jetstream,nats] [--json soak.json]
 
-Each backend gets one ``Producer`` with ``concurrent_task_limit=--limit`` publishing keyed
+Each backend gets one ``Producer`` with ``max_in_flight_messages=--limit`` publishing keyed
 100-byte values, nonblocking, as fast as it goes: ``--null`` messages through ``null://`` and
 ``--real`` through each real broker, started here: Tansu with memory storage (its ``null://``
 storage serves no topic metadata) and nats-server with JetStream on file storage in a temp dir.
@@ -84,7 +84,7 @@ async def soak(
     snapshots: list[tracemalloc.Snapshot] = []
     marks: dict[str, float] = {}
     async with pk.Producer(
-        url, topic=topic, concurrent_task_limit=limit, timeout=60, **options
+        url, topic=topic, max_in_flight_messages=limit, timeout=60, **options
     ) as producer:
         await producer.produce(b"first")
         sampler.start()
@@ -124,7 +124,7 @@ async def soak(
         "msgs_per_s": round(count / elapsed),
         "acked": stats.acked,
         "failed": stats.failed,
-        "max_in_flight": stats.max_in_flight,
+        "peak_in_flight": stats.peak_in_flight,
         "rss_warm_mb": round(marks["rss_warm"], 1),
         "rss_max_after_warm_mb": round(rss_after, 1),
         "rss_growth_mb": round(rss_after - marks["rss_warm"], 1),
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--null", type=int, default=5_000_000, help="messages via null://")
     parser.add_argument("--real", type=int, default=1_000_000, help="messages per real broker")
-    parser.add_argument("--limit", type=int, default=10_000, help="concurrent_task_limit")
+    parser.add_argument("--limit", type=int, default=10_000, help="max_in_flight_messages")
     parser.add_argument("--backends", default="null,kafka,jetstream,nats")
     parser.add_argument("--json", default="soak.json", help="where to write the results")
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ VALUE = b"x" * 512
 #: The window and batch size were chosen by interleaved runs (docs/tuning.md): every record in
 #: flight is a cache miss when its ack comes back, so more than the broker's pace needs costs CPU.
 KAFKA_SETTINGS: dict[str, Any] = {
-    "concurrent_task_limit": 15_000,
+    "max_in_flight_messages": 15_000,
     "preset": "throughput",
     "max_batch_size": 256 * 1024,
 }
@@ -399,10 +399,10 @@ def null_runners(count: int) -> dict[str, Runner]:
             "", "bench", keyed
         ),
         "producerkit null:// keyed": lambda: producerkit_run(
-            "null://?partitions=12", "bench", keyed, concurrent_task_limit=10_000
+            "null://?partitions=12", "bench", keyed, max_in_flight_messages=10_000
         ),
         "producerkit null:// keyless": lambda: producerkit_run(
-            "null://?partitions=12", "bench", keyless, concurrent_task_limit=10_000
+            "null://?partitions=12", "bench", keyless, max_in_flight_messages=10_000
         ),
     }
 

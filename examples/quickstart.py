@@ -22,7 +22,7 @@ async def main() -> None:
         delivery = await producer.produce(b'{"order": 1}', key=b"user-1")
         print("stored at", delivery)
 
-        # Nonblocking: up to concurrent_task_limit in flight, outcomes counted.
+        # Nonblocking: up to max_in_flight_messages in flight, outcomes counted.
         for i in range(10_000):
             await producer.produce(
                 b'{"order": %d}' % i, key=b"user-%d" % (i % 100), nonblocking=True

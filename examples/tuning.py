@@ -76,14 +76,14 @@ def recipe_window(kafka: LocalBroker, nats: LocalBroker) -> None:
                     url,
                     100_000,
                     nonblocking=True,
-                    concurrent_task_limit=limit,
+                    max_in_flight_messages=limit,
                     timeout=0.25,
                     create_stream=True,
                     topic=f"window{limit}",
                 )
             )
             print(
-                f"{limit:>7} {rate:>9,.0f} {stats.failed:>7,} {stats.max_in_flight:>14,} "
+                f"{limit:>7} {rate:>9,.0f} {stats.failed:>7,} {stats.peak_in_flight:>14,} "
                 f"{stats.window_waits:>13,}"
             )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -74,7 +75,7 @@ class Producer:
         url: ``kafka://host:port[,host:port]``, ``jetstream://host:port``, ``nats://host:port``,
             ``memory://[name]`` or ``null://``; query parameters are backend options.
         topic: default topic (Kafka topic, NATS subject) for ``produce()`` calls that name none.
-        concurrent_task_limit: most messages in flight at once; a produce that finds the window
+        max_in_flight_messages: most messages in flight at once; a produce that finds the window
             full waits until it has drained to half the limit.
         timeout: seconds a message may stay unacknowledged before it fails with
             :class:`~producerkit.ProduceTimeout`; also bounds connecting.
@@ -95,6 +96,7 @@ class Producer:
             :mod:`producerkit.serializers`, which also makes Avro serializers). None (the
             default): values must be bytes or str, and cost nothing more.
         key_serializer: the same for keys (a None key stays None).
+        concurrent_task_limit: the deprecated name of ``max_in_flight_messages``.
         propagate_trace: inject the current OpenTelemetry context into each message's headers
             (W3C ``traceparent``, and ``tracestate``/``baggage`` where set, through
             OpenTelemetry's configured propagator), so consumers can continue the trace. Needs
@@ -107,7 +109,7 @@ class Producer:
         url: str,
         *,
         topic: str | None = None,
-        concurrent_task_limit: int = 1000,
+        max_in_flight_messages: int | None = None,
         timeout: float = 30.0,
         connections: int = 1,
         partitioner: str | Partitioner = "xxhash",
@@ -119,6 +121,7 @@ class Producer:
         value_serializer: str | Serializer | None = None,
         key_serializer: str | Serializer | None = None,
         propagate_trace: bool = False,
+        concurrent_task_limit: int | None = None,
         **options: Any,
     ) -> None:
         self._url = parse_url(url)
@@ -132,7 +135,7 @@ class Producer:
                 self._spec.options,
             )
         )
-        self._limit = _positive_int("concurrent_task_limit", concurrent_task_limit)
+        self._limit = _window_limit(max_in_flight_messages, concurrent_task_limit)
         self._connection_count = _positive_int("connections", connections)
         self._timeout = _positive_number("timeout", timeout)
         if topic is not None:
@@ -584,7 +587,7 @@ class Producer:
             acked=window.acked_count,
             failed=window.failed_count,
             in_flight=len(window.pending),
-            max_in_flight=window.max_in_flight,
+            peak_in_flight=window.peak_in_flight,
             window_waits=window.waits,
             window_wait_seconds=window.wait_seconds,
             connections=connections,
@@ -725,6 +728,29 @@ def _check_partition(partition: object, num_partitions: int | None, topic: str) 
             f"partition {partition} is out of range for topic {topic!r} "
             f"with {num_partitions} partition(s)"
         )
+
+
+#: Messages in flight at once when the producer is not told otherwise.
+DEFAULT_MAX_IN_FLIGHT_MESSAGES: Final = 1000
+
+
+def _window_limit(max_in_flight_messages: object, concurrent_task_limit: object) -> int:
+    """``max_in_flight_messages``, or its deprecated name ``concurrent_task_limit``."""
+    if concurrent_task_limit is not None:
+        if max_in_flight_messages is not None:
+            raise ConfigurationError(
+                "give max_in_flight_messages only (concurrent_task_limit is its old name)"
+            )
+        warnings.warn(
+            "concurrent_task_limit is deprecated: use max_in_flight_messages (it limits "
+            "messages in flight, not tasks)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return _positive_int("concurrent_task_limit", concurrent_task_limit)
+    if max_in_flight_messages is None:
+        return DEFAULT_MAX_IN_FLIGHT_MESSAGES
+    return _positive_int("max_in_flight_messages", max_in_flight_messages)
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -596,14 +596,14 @@ static PyTypeObject RouterType = {
 PyDoc_STRVAR(WindowCore_doc,
 "WindowCore(limit, timeout, untrack=False)\n\n"
 "The C twin of producerkit._window.PyWindowCore: the fields every message reads (pending,\n"
-"limit, max_in_flight, timeout, timer) and admit(), for InFlightWindow to build on.");
+"limit, peak_in_flight, timeout, timer) and admit(), for InFlightWindow to build on.");
 
 typedef struct {
     PyObject_HEAD
     PyObject *pending; /* dict seq -> record: the ledger */
     PyObject *seqs;    /* itertools.count(1): record[SEQ] */
     PyObject *timer;   /* the deadline timer, or None */
-    Py_ssize_t limit, max_in_flight;
+    Py_ssize_t limit, peak_in_flight;
     double timeout;
     int untrack;
 } WindowCore;
@@ -654,7 +654,7 @@ static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
     self->seqs = seqs;
     self->timer = Py_NewRef(Py_None);
     self->limit = limit;
-    self->max_in_flight = 0;
+    self->peak_in_flight = 0;
     self->timeout = timeout;
     self->untrack = untrack;
     return 0;
@@ -705,7 +705,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t con
         Py_DECREF(record);
         return NULL;
     }
-    if (in_flight >= self->max_in_flight) self->max_in_flight = in_flight + 1;
+    if (in_flight >= self->peak_in_flight) self->peak_in_flight = in_flight + 1;
     if (in_flight == 0 && self->timer == Py_None) {
         PyObject *watched = PyObject_CallMethodOneArg((PyObject *)self, str_watch, record);
         if (watched == NULL) {
@@ -740,7 +740,7 @@ static PyMemberDef WindowCore_members[] = {
     {"pending", T_OBJECT_EX, offsetof(WindowCore, pending), READONLY, "seq -> record in flight"},
     {"timer", T_OBJECT, offsetof(WindowCore, timer), 0, "the deadline timer, or None"},
     {"limit", T_PYSSIZET, offsetof(WindowCore, limit), 0, "most messages in flight"},
-    {"max_in_flight", T_PYSSIZET, offsetof(WindowCore, max_in_flight), 0,
+    {"peak_in_flight", T_PYSSIZET, offsetof(WindowCore, peak_in_flight), 0,
      "peak of messages in flight"},
     {"timeout", T_DOUBLE, offsetof(WindowCore, timeout), READONLY, "seconds to each deadline"},
     {NULL},

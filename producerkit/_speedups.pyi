@@ -33,7 +33,7 @@ class WindowCore:
     pending: dict[int, Any]
     timer: Any
     limit: int
-    max_in_flight: int
+    peak_in_flight: int
     timeout: float
     def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None: ...
     def admit(

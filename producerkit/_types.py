@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Mapping
 from typing import Any, Final, TypeAlias
 
@@ -69,10 +70,21 @@ class Stats:
     acked: int
     failed: int
     in_flight: int
-    max_in_flight: int
+    #: The most messages that were in flight at once.
+    peak_in_flight: int
     window_waits: int
     window_wait_seconds: float = 0.0
     connections: tuple[ConnectionStats, ...] = ()
+
+    @property
+    def max_in_flight(self) -> int:
+        """Deprecated: :attr:`peak_in_flight`."""
+        warnings.warn(
+            "Stats.max_in_flight is deprecated: use Stats.peak_in_flight",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.peak_in_flight
 
 
 @attrs.frozen(slots=True)

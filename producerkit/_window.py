@@ -53,14 +53,14 @@ class PyWindowCore:
     """What every message reads of the window, and :meth:`admit`. ``producerkit._speedups.
     WindowCore`` is its C twin: the same fields and the same ``admit``."""
 
-    __slots__ = ("_seqs", "limit", "max_in_flight", "pending", "timeout", "timer", "untrack")
+    __slots__ = ("_seqs", "limit", "peak_in_flight", "pending", "timeout", "timer", "untrack")
 
     def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None:
         self.limit = limit
         self.timeout = timeout
         self.untrack = untrack  # the C twin stops the GC tracking records: see _fast.untracked
         self.pending: dict[int, Record] = {}
-        self.max_in_flight = 0
+        self.peak_in_flight = 0
         self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self._seqs = itertools.count(1)  # record[SEQ]: the n-th record admitted has n
 
@@ -94,8 +94,8 @@ class PyWindowCore:
         pending = self.pending
         in_flight = len(pending)
         pending[seq] = record
-        if in_flight >= self.max_in_flight:
-            self.max_in_flight = in_flight + 1
+        if in_flight >= self.peak_in_flight:
+            self.peak_in_flight = in_flight + 1
         if not in_flight and self.timer is None:
             self.watch(record)
         return record

@@ -8,7 +8,7 @@ Precedence, highest first (a layer only supplies the settings it names):
 
 1. keyword overrides passed to :func:`load` (the CLI passes its flags here; ``None`` means unset)
 2. environment variables: ``PRODUCERKIT_URL``, ``PRODUCERKIT_TOPIC``,
-   ``PRODUCERKIT_CONCURRENT_TASK_LIMIT``, ``PRODUCERKIT_TIMEOUT``, ``PRODUCERKIT_CONNECTIONS``,
+   ``PRODUCERKIT_MAX_IN_FLIGHT_MESSAGES``, ``PRODUCERKIT_TIMEOUT``, ``PRODUCERKIT_CONNECTIONS``,
    ``PRODUCERKIT_PARTITIONER``, ``PRODUCERKIT_KEYLESS``, ``PRODUCERKIT_STATS_INTERVAL``; and a
    backend option ``NAME`` as ``PRODUCERKIT_OPTION_NAME`` (``PRODUCERKIT_OPTION_LINGER_MS=5``)
 3. a TOML file: ``config=`` (the CLI's ``--config``), else ``$PRODUCERKIT_CONFIG``, else
@@ -17,7 +17,7 @@ Precedence, highest first (a layer only supplies the settings it names):
 
        url = "kafka://127.0.0.1:9092"
        topic = "orders"
-       concurrent_task_limit = 500
+       max_in_flight_messages = 500
 
        [options]
        linger_ms = 5
@@ -32,7 +32,8 @@ like URL query parameters, and each backend converts and checks them.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,7 +49,7 @@ DEFAULT_CONFIG_FILE: Final = "producerkit.toml"
 SETTINGS: Final[Mapping[str, type]] = {
     "url": str,
     "topic": str,
-    "concurrent_task_limit": int,
+    "max_in_flight_messages": int,
     "timeout": float,
     "connections": int,
     "partitioner": str,
@@ -57,6 +58,9 @@ SETTINGS: Final[Mapping[str, type]] = {
 }
 
 _OPTION_ENV_PREFIX: Final = ENV_PREFIX + "OPTION_"
+#: Settings renamed: old name -> new name. The old names are still read, with a warning.
+RENAMED: Final = {"concurrent_task_limit": "max_in_flight_messages"}
+_READ: Final = {**SETTINGS, **{old: SETTINGS[new] for old, new in RENAMED.items()}}
 
 
 def load(
@@ -115,14 +119,26 @@ def find_config_file(
 
 def _from_environ(env: Mapping[str, str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for name, kind in SETTINGS.items():
+    for name, kind in _READ.items():
         text = env.get(ENV_PREFIX + name.upper())
         if text is not None and text.strip():
             found[name] = _convert(name, text.strip(), kind, ENV_PREFIX + name.upper())
+    _rename(found, lambda name: ENV_PREFIX + name.upper())
     for variable, text in env.items():
         if variable.startswith(_OPTION_ENV_PREFIX) and len(variable) > len(_OPTION_ENV_PREFIX):
             found[variable[len(_OPTION_ENV_PREFIX) :].lower()] = text
     return found
+
+
+def _rename(found: dict[str, Any], source: Callable[[str], str]) -> None:
+    """Old setting names read: warn, and use them under the new name unless it is also set."""
+    for old, new in RENAMED.items():
+        if old in found:
+            warnings.warn(
+                f"{source(old)} is deprecated: use {source(new)}", DeprecationWarning, stacklevel=4
+            )
+            value = found.pop(old)
+            found.setdefault(new, value)
 
 
 def _convert(name: str, text: str, kind: type, source: str) -> Any:
@@ -148,8 +164,8 @@ def _from_toml(path: Path) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise ConfigurationError(f"{path}: [options] must be a table of backend options")
             found.update(value)
-        elif name in SETTINGS:
-            kind = SETTINGS[name]
+        elif name in _READ:
+            kind = _READ[name]
             # TOML has its own types; accept an int where a float is expected, nothing looser.
             ok = isinstance(value, kind) or (kind is float and type(value) is int)
             if not ok or isinstance(value, bool):
@@ -159,4 +175,5 @@ def _from_toml(path: Path) -> dict[str, Any]:
             # A typo here would otherwise be silently ignored, and the default used instead.
             known = ", ".join([*SETTINGS, "[options]"])
             raise ConfigurationError(f"{path}: unknown setting {name!r}; known: {known}")
+    _rename(found, lambda name: f"{path}: {name}")
     return found

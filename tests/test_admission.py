@@ -299,5 +299,5 @@ def test_the_c_window_core_admits_as_the_python_one(
         assert abs(python_record[DEADLINE] - c_record[DEADLINE]) < 1.0
     python, c = cores
     assert list(python.pending) == list(c.pending)
-    assert python.max_in_flight == c.max_in_flight
+    assert python.peak_in_flight == c.peak_in_flight
     assert [r[0] for r in python.watched] == [r[0] for r in c.watched]

@@ -73,7 +73,7 @@ def test_schedule_rate_2000_for_5_seconds(tmp_path: Path) -> None:
 
 def test_every_message_timed_by_index_on_memory() -> None:
     async def run() -> Any:
-        target = ProducerTarget("memory://", "t", concurrent_task_limit=64)
+        target = ProducerTarget("memory://", "t", max_in_flight_messages=64)
         await target.start()
         try:
             timings = await run_open_loop(target, MESSAGES, rate=0, count=3000, warmup=10)

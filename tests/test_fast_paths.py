@@ -88,7 +88,7 @@ def test_kafka_per_key_order_through_batches_and_connections(
 
     async def main() -> list[dict[str, Any]]:
         async with pk.Producer(
-            kafka_broker.url, topic=topic, connections=2, concurrent_task_limit=5000
+            kafka_broker.url, topic=topic, connections=2, max_in_flight_messages=5000
         ) as producer:
             for i in range(count):
                 await producer.produce(b"%d" % i, key=b"k%d" % (i % keys), nonblocking=True)
@@ -110,9 +110,9 @@ def test_kafka_per_key_order_through_batches_and_connections(
         assert sequence == sorted(sequence)
 
 
-@pytest.mark.parametrize("max_in_flight", [1, 3])
+@pytest.mark.parametrize("max_batches_in_flight", [1, 3])
 def test_kafka_own_produce_requests_round_trip(
-    kafka_broker: LocalBroker, topic: str, max_in_flight: int
+    kafka_broker: LocalBroker, topic: str, max_batches_in_flight: int
 ) -> None:
     """producerkit frames its own Produce requests: with one and with several batches per
     partition in flight, every record is stored once, in per-key order, and each blocking
@@ -123,8 +123,8 @@ def test_kafka_own_produce_requests_round_trip(
         async with pk.Producer(
             kafka_broker.url,
             topic=topic,
-            concurrent_task_limit=10_000,
-            max_in_flight=max_in_flight,
+            max_in_flight_messages=10_000,
+            max_batches_in_flight=max_batches_in_flight,
             max_batch_size=16 * 1024,  # many batches, so several are in flight at once
         ) as producer:
             deliveries = []
@@ -210,8 +210,8 @@ def test_kafka_acks_zero_counts_every_message_written(
 
 
 def test_kafka_max_in_flight_must_be_positive() -> None:
-    with pytest.raises(pk.ConfigurationError, match="max_in_flight"):
-        pk.Producer("kafka://127.0.0.1:9092", topic="t", max_in_flight=0)
+    with pytest.raises(pk.ConfigurationError, match="max_batches_in_flight"):
+        pk.Producer("kafka://127.0.0.1:9092", topic="t", max_batches_in_flight=0)
 
 
 def test_kafka_idempotent_producer_goes_through_aiokafkas_sender(
@@ -246,8 +246,8 @@ def test_kafka_full_batches_ship_at_once_while_the_linger_runs(
             topic=topic,
             linger_ms=2000,
             max_batch_size=16 * 1024,
-            max_in_flight=5,
-            concurrent_task_limit=10_000,
+            max_batches_in_flight=5,
+            max_in_flight_messages=10_000,
         ) as producer:
             await producer.produce(b"warm-up", key=b"k", nonblocking=True)
             await asyncio.sleep(2.5)  # the first linger has run; metadata is known

@@ -58,7 +58,7 @@ def test_window_limit_and_drain_to_half(backend: BackendCase, topic: str) -> Non
 
     async def main() -> pk.Stats:
         async with pk.Producer(
-            backend.url, topic=topic, concurrent_task_limit=limit, timeout=30, **backend.options
+            backend.url, topic=topic, max_in_flight_messages=limit, timeout=30, **backend.options
         ) as producer:
             for i in range(count):
                 waits_before = producer.stats.window_waits if i % 1 == 0 else 0
@@ -73,7 +73,7 @@ def test_window_limit_and_drain_to_half(backend: BackendCase, topic: str) -> Non
 
     stats = asyncio.run(main())
     assert stats.produced == stats.acked == count and stats.failed == 0
-    assert stats.max_in_flight <= limit
+    assert stats.peak_in_flight <= limit
     if backend.real:
         assert stats.window_waits > 0  # instant backends never fill the window
 
@@ -88,14 +88,14 @@ def test_round_trip_exactly_once_in_key_order(
 
     async def main() -> list[dict[str, Any]]:
         async with pk.Producer(
-            backend.url, topic=topic, concurrent_task_limit=100, timeout=30, **backend.options
+            backend.url, topic=topic, max_in_flight_messages=100, timeout=30, **backend.options
         ) as producer:
             for i in range(count):
                 await producer.produce(
                     b"%d" % i, key=b"k%d" % (i % keys), headers={"n": str(i)}, nonblocking=True
                 )
             await producer.flush()
-            assert producer.stats.window_waits > 0 and producer.stats.max_in_flight <= 100
+            assert producer.stats.window_waits > 0 and producer.stats.peak_in_flight <= 100
         return await read_back(backend, topic, count)
 
     records = asyncio.run(main())
@@ -314,13 +314,13 @@ def test_flush_timeout_reports_in_flight(tmp_path: Any, topic: str) -> None:
 def test_sync_produce_occupies_a_slot(backend: BackendCase, topic: str) -> None:
     async def main() -> None:
         async with pk.Producer(
-            backend.url, topic=topic, concurrent_task_limit=4, timeout=10, **backend.options
+            backend.url, topic=topic, max_in_flight_messages=4, timeout=10, **backend.options
         ) as producer:
             results = await asyncio.gather(
                 *(producer.produce(b"%d" % i, key=b"k%d" % i) for i in range(40))
             )
             assert all(isinstance(result, pk.Delivery) for result in results)
-            assert producer.stats.max_in_flight <= 4
+            assert producer.stats.peak_in_flight <= 4
 
     asyncio.run(main())
 
@@ -350,7 +350,7 @@ def test_sync_producer_inside_running_loop(topic: str) -> None:
 def test_cancelled_sync_produce_keeps_accounting(backend: BackendCase, topic: str) -> None:
     async def main() -> None:
         async with pk.Producer(
-            backend.url, topic=topic, concurrent_task_limit=8, timeout=10, **backend.options
+            backend.url, topic=topic, max_in_flight_messages=8, timeout=10, **backend.options
         ) as producer:
             tasks = [
                 asyncio.ensure_future(producer.produce(b"%d" % i, key=b"k")) for i in range(64)
@@ -363,7 +363,7 @@ def test_cancelled_sync_produce_keeps_accounting(backend: BackendCase, topic: st
             stats = producer.stats
             check_invariant(stats)
             assert stats.in_flight == 0 and stats.failed == 0
-            assert stats.max_in_flight <= 8
+            assert stats.peak_in_flight <= 8
 
     asyncio.run(main())
 

@@ -325,7 +325,7 @@ def test_slow_broker_window_holds_memory_flat(
 
         async def main() -> tuple[int, int, pk.Stats]:
             async with pk.Producer(
-                proxy.url, topic=topic, concurrent_task_limit=limit, **options_for(name)
+                proxy.url, topic=topic, max_in_flight_messages=limit, **options_for(name)
             ) as producer:
                 marks = []
                 for i in range(count):
@@ -341,7 +341,7 @@ def test_slow_broker_window_holds_memory_flat(
             early, late, stats = asyncio.run(main())
         finally:
             tracemalloc.stop()
-    assert stats.max_in_flight <= limit and stats.window_waits > 0
+    assert stats.peak_in_flight <= limit and stats.window_waits > 0
     assert stats.acked == count
     assert late - early < 2_000_000, f"traced memory grew {late - early} bytes"
 
@@ -415,7 +415,7 @@ def test_random_cancellations_leak_nothing(
 
     async def main() -> tuple[pk.Stats, set[bytes]]:
         async with pk.Producer(
-            url, topic=topic, concurrent_task_limit=limit, timeout=10, create_stream=True
+            url, topic=topic, max_in_flight_messages=limit, timeout=10, create_stream=True
         ) as producer:
             tasks = [
                 asyncio.ensure_future(producer.produce(b"%d" % i, nonblocking=nonblocking))
@@ -436,7 +436,7 @@ def test_random_cancellations_leak_nothing(
             await producer.flush()
             stats = producer.stats
             settled(stats)
-            assert stats.failed == 0 and stats.max_in_flight <= limit
+            assert stats.failed == 0 and stats.peak_in_flight <= limit
             # no slot leaked: a full window's worth goes through at once
             await asyncio.wait_for(
                 asyncio.gather(*(producer.produce(b"after") for _ in range(limit))), 5
@@ -465,7 +465,7 @@ def test_many_tasks_keep_invariant_and_per_key_order(
 
     async def main() -> pk.Stats:
         async with pk.Producer(
-            url, topic=topic, concurrent_task_limit=limit, connections=2, **options_for(name)
+            url, topic=topic, max_in_flight_messages=limit, connections=2, **options_for(name)
         ) as producer:
 
             async def worker(t: int) -> None:
@@ -482,7 +482,7 @@ def test_many_tasks_keep_invariant_and_per_key_order(
 
     stats = asyncio.run(main())
     settled(stats)
-    assert stats.acked == tasks * per_task and stats.max_in_flight <= limit
+    assert stats.acked == tasks * per_task and stats.peak_in_flight <= limit
     assert_per_key_order(name, url, topic, tasks * per_task)
 
 
@@ -491,7 +491,7 @@ def test_threads_on_sync_producer_keep_invariant_and_per_key_order(
 ) -> None:
     threads, per_thread = 8, 1000
     errors: list[BaseException] = []
-    with pk.SyncProducer(kafka_broker.url, topic=topic, concurrent_task_limit=100) as producer:
+    with pk.SyncProducer(kafka_broker.url, topic=topic, max_in_flight_messages=100) as producer:
 
         def worker(t: int) -> None:
             try:
@@ -512,7 +512,7 @@ def test_threads_on_sync_producer_keep_invariant_and_per_key_order(
         stats = producer.stats
     assert not errors, errors
     settled(stats)
-    assert stats.acked == threads * per_thread and stats.max_in_flight <= 100
+    assert stats.acked == threads * per_thread and stats.peak_in_flight <= 100
     assert_per_key_order("kafka", kafka_broker.url, topic, threads * per_thread)
 
 

@@ -12,7 +12,7 @@ from producerkit import settings
 TOML = """
 url = "kafka://file:9092"
 topic = "from-file"
-concurrent_task_limit = 500
+max_in_flight_messages = 500
 timeout = 10
 
 [options]
@@ -32,7 +32,7 @@ def test_file_only(config_file: Path) -> None:
     assert settings.load(config_file, environ={}) == {
         "url": "kafka://file:9092",
         "topic": "from-file",
-        "concurrent_task_limit": 500,
+        "max_in_flight_messages": 500,
         "timeout": 10,
         "linger_ms": 5,
         "acks": "all",
@@ -43,13 +43,13 @@ def test_precedence_overrides_env_file(config_file: Path) -> None:
     env = {
         "PRODUCERKIT_TOPIC": "from-env",
         "PRODUCERKIT_TIMEOUT": "2.5",
-        "PRODUCERKIT_CONCURRENT_TASK_LIMIT": "250",
+        "PRODUCERKIT_MAX_IN_FLIGHT_MESSAGES": "250",
         "PRODUCERKIT_OPTION_ACKS": "1",
     }
     loaded = settings.load(config_file, environ=env, topic="from-flag", timeout=None)
     assert loaded["topic"] == "from-flag"  # override beats env and file
     assert loaded["timeout"] == 2.5  # env beats file; a None override is "not given"
-    assert loaded["concurrent_task_limit"] == 250
+    assert loaded["max_in_flight_messages"] == 250
     assert loaded["url"] == "kafka://file:9092"  # only the file names it
     assert loaded["acks"] == "1" and loaded["linger_ms"] == 5  # options merge key by key
 
@@ -77,7 +77,7 @@ def test_result_builds_a_producer(config_file: Path) -> None:
     [
         ("urll = 'x'", "unknown setting 'urll'"),
         ("timeout = 'soon'", "timeout = 'soon' must be a float"),
-        ("concurrent_task_limit = true", "must be a int"),
+        ("max_in_flight_messages = true", "must be a int"),
         ("options = 3", "[options] must be a table"),
         ("url = ", "invalid TOML"),
     ],

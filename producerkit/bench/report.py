@@ -39,7 +39,7 @@ class Columns:
         self.ok = self.status == OK
         self.failed = self.status == FAILED
 
-    def max_in_flight(self) -> int:
+    def peak_in_flight(self) -> int:
         """Most messages sent and not yet settled at once (unsettled ones count to the end)."""
         import numpy as np
 
@@ -87,7 +87,7 @@ def analyze(
     in_flight_ns = float((columns.ack - columns.send)[columns.ok | columns.failed].sum())
     occupancy: dict[str, Any] = {
         "mean_in_flight": in_flight_ns / 1e9 / elapsed,
-        "max_in_flight": columns.max_in_flight(),
+        "peak_in_flight": columns.peak_in_flight(),
     }
     if window is not None:
         occupancy.update(window)
@@ -198,7 +198,7 @@ def final_lines(result: dict[str, Any], name: str = "producerkit") -> list[str]:
     if window:
         parts = [
             f"mean in flight {window['mean_in_flight']:.1f}",
-            f"max in flight {window['max_in_flight']}",
+            f"peak in flight {window['peak_in_flight']}",
         ]
         if "window_waits" in window:
             parts.append(f"window waits {window['window_waits']}")

@@ -74,7 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--senders", type=int, default=1, help="concurrent senders in sync mode (default 1)"
     )
-    parser.add_argument("--concurrent-task-limit", type=int, default=1000)
+    parser.add_argument("--max-in-flight-messages", type=int, default=1000)
+    parser.add_argument(  # the old name, for one more release
+        "--concurrent-task-limit",
+        dest="max_in_flight_messages",
+        type=int,
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument(
         "--partitions",
@@ -144,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _out_of_range(args: argparse.Namespace) -> str | None:
     """The first numeric option out of range, as its flag name (``record-size``), or None."""
-    for name in ("rate", "record_size", "senders", "concurrent_task_limit", "connections"):
+    for name in ("rate", "record_size", "senders", "max_in_flight_messages", "connections"):
         if getattr(args, name) < (0 if name == "rate" else 1):
             return name.replace("_", "-")
     return None
@@ -200,7 +206,7 @@ async def _run_all(
     target = ProducerTarget(
         url,
         args.topic,
-        concurrent_task_limit=args.concurrent_task_limit,
+        max_in_flight_messages=args.max_in_flight_messages,
         connections=args.connections,
         timeout=args.timeout,
         **options,
@@ -228,7 +234,7 @@ async def _run_all(
             print(f"no peers speak {parse_url(url).scheme}://", file=sys.stderr)
         result["peers"] = {}
         for name in names:
-            peer = make_peer(name, url, args.topic, args.concurrent_task_limit)
+            peer = make_peer(name, url, args.topic, args.max_in_flight_messages)
             await peer.start()
             try:
                 await warm_up(peer, messages, args.warmup_records)
@@ -275,7 +281,7 @@ async def measure(
     mode: str = "nonblocking",
     record_size: int = 100,
     keys: int = 0,
-    concurrent_task_limit: int = 1000,
+    max_in_flight_messages: int = 1000,
     connections: int = 1,
     senders: int = 1,
     warmup: int = 100,
@@ -300,8 +306,8 @@ async def measure(
         str(record_size),
         "--keys",
         str(keys),
-        "--concurrent-task-limit",
-        str(concurrent_task_limit),
+        "--max-in-flight-messages",
+        str(max_in_flight_messages),
         "--connections",
         str(connections),
         "--senders",

@@ -21,7 +21,7 @@ async def _rate(
     url: str, mode: str, count: int, limit: int, **options: Any
 ) -> tuple[float, pk.Stats]:
     value = b"x" * 512
-    async with pk.Producer(url, topic="demo", concurrent_task_limit=limit, **options) as producer:
+    async with pk.Producer(url, topic="demo", max_in_flight_messages=limit, **options) as producer:
         await producer.produce(value, key=b"warm-up")  # connect and learn the topic first
         started = time.perf_counter()
         for i in range(count):
@@ -37,7 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="producerkit demo", description=__doc__.splitlines()[0])
     parser.add_argument("--sync-messages", type=int, default=2_000)
     parser.add_argument("--nonblocking-messages", type=int, default=50_000)
-    parser.add_argument("--concurrent-task-limit", type=int, default=1000)
+    parser.add_argument("--max-in-flight-messages", type=int, default=1000)
+    parser.add_argument(  # the old name, for one more release
+        "--concurrent-task-limit",
+        dest="max_in_flight_messages",
+        type=int,
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument(
         "--rtt-ms",
         type=float,
@@ -52,27 +58,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, url, options in targets:
             with _maybe_delayed(url, args.rtt_ms, kafka if name == "kafka" else None) as target:
                 sync_rate, _ = asyncio.run(
-                    _rate(target, "sync", args.sync_messages, args.concurrent_task_limit, **options)
+                    _rate(
+                        target, "sync", args.sync_messages, args.max_in_flight_messages, **options
+                    )
                 )
                 nb_rate, stats = asyncio.run(
                     _rate(
                         target,
                         "nonblocking",
                         args.nonblocking_messages,
-                        args.concurrent_task_limit,
+                        args.max_in_flight_messages,
                         **options,
                     )
                 )
             rows.append((name, sync_rate, nb_rate, stats))
     rtt = f", {args.rtt_ms:g} ms RTT" if args.rtt_ms else " (loopback)"
-    print(f"\n512-byte keyed messages{rtt}; window limit {args.concurrent_task_limit}\n")
+    print(f"\n512-byte keyed messages{rtt}; window limit {args.max_in_flight_messages}\n")
     print(
         f"{'backend':<10} {'sync msg/s':>12} {'nonblocking msg/s':>18} {'speed-up':>9}  accounting"
     )
     for name, sync_rate, nb_rate, stats in rows:
         accounting = (
             f"produced={stats.produced} acked={stats.acked} failed={stats.failed} "
-            f"max_in_flight={stats.max_in_flight} window_waits={stats.window_waits}"
+            f"peak_in_flight={stats.peak_in_flight} window_waits={stats.window_waits}"
         )
         print(
             f"{name:<10} {sync_rate:>12,.0f} {nb_rate:>18,.0f} "

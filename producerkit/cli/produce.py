@@ -463,9 +463,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--nonblocking",
         action="store_true",
-        help="keep up to --concurrent-task-limit messages in flight instead of one",
+        help="keep up to --max-in-flight-messages messages in flight instead of one",
     )
-    parser.add_argument("--concurrent-task-limit", type=int, help="window size (default 1000)")
+    parser.add_argument("--max-in-flight-messages", type=int, help="window size (default 1000)")
+    parser.add_argument(  # the old name, for one more release
+        "--concurrent-task-limit",
+        dest="max_in_flight_messages",
+        type=int,
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--timeout", type=float, help="seconds a message may stay unacked")
     parser.add_argument("--connections", type=int, help="connections to the broker (default 1)")
     parser.add_argument(
@@ -517,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             url=args.url,
             topic=args.topic,
             partitioner=args.partitioner,
-            concurrent_task_limit=args.concurrent_task_limit,
+            max_in_flight_messages=args.max_in_flight_messages,
             timeout=args.timeout,
             connections=args.connections,
         )

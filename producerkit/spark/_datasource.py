@@ -8,7 +8,7 @@ same code as ``publish()``), and ``commit()`` gets every task's counts back on t
 Columns follow Spark's Kafka sink: ``value`` (required, string/binary), and when present ``key``,
 ``topic``, ``partition``, ``headers``. Options: ``url`` (required), ``topic``, ``id_col``,
 ``on_error`` (fail|count), ``report_path`` (a file each commit appends its report to, as a JSON
-line), ``idle_timeout``, producer settings (``concurrent_task_limit``, ``connections``,
+line), ``idle_timeout``, producer settings (``max_in_flight_messages``, ``connections``,
 ``timeout``, ``partitioner``, ``keyless``) and any backend option (``create_stream``,
 ``linger_ms``, ...).
 """

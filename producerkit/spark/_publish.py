@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -136,6 +137,13 @@ def make_config(
 ) -> SinkConfig:
     """Validate everything on the driver (a Producer is built, not started) and freeze it."""
     kwargs = {name: value for name, value in (producer_kwargs or {}).items() if value is not None}
+    if "concurrent_task_limit" in kwargs:  # the old name, read for one more release
+        warnings.warn(
+            "concurrent_task_limit is deprecated: use max_in_flight_messages",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        kwargs["max_in_flight_messages"] = kwargs.pop("concurrent_task_limit")
     if "on_error" in kwargs:
         raise ConfigurationError('the Spark sink takes on_error="fail" or "count", not a callback')
     if callable(kwargs.get("partitioner")):
@@ -167,7 +175,7 @@ def _publish_config(
     partition_col: str | None = None,
     headers_col: str | None = None,
     id_col: str | None = None,
-    concurrent_task_limit: int | None = 10_000,
+    max_in_flight_messages: int | None = 10_000,
     connections: int | None = None,
     timeout: float | None = None,
     partitioner: str | None = None,
@@ -178,7 +186,7 @@ def _publish_config(
 ) -> SinkConfig:
     """:func:`publish`'s keyword arguments -> a checked SinkConfig (also for batch_publisher)."""
     settings = {
-        "concurrent_task_limit": concurrent_task_limit,
+        "max_in_flight_messages": max_in_flight_messages,
         "connections": connections,
         "timeout": timeout,
         "partitioner": partitioner,
@@ -269,7 +277,7 @@ def publish(
     partition_col: str | None = None,
     headers_col: str | None = None,
     id_col: str | None = None,
-    concurrent_task_limit: int | None = 10_000,
+    max_in_flight_messages: int | None = 10_000,
     connections: int | None = None,
     timeout: float | None = None,
     partitioner: str | None = None,
@@ -297,7 +305,7 @@ def publish(
         id_col: column whose value becomes ``msg_id`` (JetStream ``Nats-Msg-Id``): a retried
             task republishes the same ids and the server drops duplicates, so the publish is
             exactly-once within the stream's duplicate window. Kafka and NATS: at-least-once.
-        concurrent_task_limit: per executor producer setting (see :class:`producerkit.Producer`).
+        max_in_flight_messages: per executor producer setting (see :class:`producerkit.Producer`).
         connections: likewise.
         timeout: likewise.
         partitioner: likewise.
@@ -320,7 +328,7 @@ def publish(
         partition_col=partition_col,
         headers_col=headers_col,
         id_col=id_col,
-        concurrent_task_limit=concurrent_task_limit,
+        max_in_flight_messages=max_in_flight_messages,
         connections=connections,
         timeout=timeout,
         partitioner=partitioner,

@@ -36,8 +36,8 @@ __all__ = ["Chunk", "SinkConfig", "TaskCounts", "publish_task"]
 logger = logging.getLogger("producerkit.spark")
 
 #: Producer settings (not backend options) a sink config may carry.
-PRODUCER_SETTINGS = ("concurrent_task_limit", "connections", "keyless", "partitioner", "timeout")
-_INT_SETTINGS = ("concurrent_task_limit", "connections")
+PRODUCER_SETTINGS = ("max_in_flight_messages", "connections", "keyless", "partitioner", "timeout")
+_INT_SETTINGS = ("max_in_flight_messages", "connections")
 
 #: Seconds a cached producer may sit unused in a worker before the reaper closes it.
 DEFAULT_IDLE_TIMEOUT = 60.0

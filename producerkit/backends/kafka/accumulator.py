@@ -55,7 +55,7 @@ class PartitionQueue:
 
     ``in_flight`` counts this partition's batches in requests; ``backoff`` is set while a retry
     waits. Capping batches in flight lets the open list grow as large as the broker's pace
-    requires, and with ``max_in_flight=1`` keeps per-key order even across retries.
+    requires, and with ``max_batches_in_flight=1`` keeps per-key order even across retries.
     """
 
     __slots__ = ("backoff", "full", "in_flight", "key", "partition", "records", "sealed", "topic")

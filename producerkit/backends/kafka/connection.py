@@ -76,7 +76,7 @@ class KafkaConnection(Connection):
             reports,
             linger=settings["linger_ms"] / 1000,
             acks=self._acks,
-            max_in_flight=options.batches_in_flight(self.options, self._idempotent),
+            max_batches_in_flight=options.batches_in_flight(self.options, self._idempotent),
             retry_backoff=settings.get("retry_backoff_ms", 100) / 1000,
         )
 
@@ -148,7 +148,10 @@ class KafkaConnection(Connection):
             self._accumulator.seal(queue)
             sender.schedule_ship()
             return asyncio.sleep(0)
-        if not self._accumulator.gathering.ship_due and queue.in_flight < sender.max_in_flight:
+        if (
+            not self._accumulator.gathering.ship_due
+            and queue.in_flight < sender.max_batches_in_flight
+        ):
             sender.schedule_ship(sender.linger)
         return None
 

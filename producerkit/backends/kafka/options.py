@@ -4,6 +4,7 @@ aiokafka settings they become."""
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -20,7 +21,8 @@ AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
     "enable_idempotence": bool,
     "linger_ms": int,
     "max_batch_size": int,
-    "max_in_flight": int,
+    "max_batches_in_flight": int,
+    "max_in_flight": int,  # the deprecated name of max_batches_in_flight
     "max_request_size": int,
     "metadata_max_age_ms": int,
     "request_timeout_ms": int,
@@ -33,7 +35,7 @@ OPTIONS: Final[dict[str, type]] = {**AIOKAFKA_OPTIONS, **_security.OPTIONS, "pre
 THROUGHPUT_PRESET: Final[dict[str, Any]] = {"linger_ms": 5}
 #: Batches per partition in flight with ``preset="throughput"``: the Java client's default. As
 #: there (without idempotence) and in librdkafka, a retried batch may then land after a later one.
-THROUGHPUT_MAX_IN_FLIGHT: Final = 5
+THROUGHPUT_BATCHES_IN_FLIGHT: Final = 5
 #: Batches here grow only while the partition's previous batch is still with the broker, so a
 #: large ceiling costs no latency and saves a request per 16 KiB (aiokafka's default) under load.
 DEFAULT_MAX_BATCH_SIZE: Final = 512 * 1024
@@ -52,13 +54,14 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         others = {**others, "acks": str(acks_given)}
     checked = coerce_options(OPTIONS, others)
     checked.update(security)
+    _rename_deprecated(checked, "max_in_flight", "max_batches_in_flight")
     if checked.get("preset") not in (None, "latency", "throughput"):
         raise ConfigurationError(
             f"unknown preset {checked['preset']!r}: use 'latency' or 'throughput'"
         )
-    if checked.get("max_in_flight", 1) < 1:
+    if checked.get("max_batches_in_flight", 1) < 1:
         raise ConfigurationError(
-            f"max_in_flight must be at least 1, got {checked['max_in_flight']}"
+            f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
     acks = checked.get("acks")
     if acks is not None:
@@ -85,7 +88,7 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
     }
     given = {name: v for name, v in options.items() if name not in _security.OPTIONS}
     preset = given.pop("preset", None)
-    given.pop("max_in_flight", None)  # producerkit's own sender setting, not aiokafka's
+    given.pop("max_batches_in_flight", None)  # producerkit's own sender setting, not aiokafka's
     if preset == "throughput":
         settings.update(THROUGHPUT_PRESET)
     settings.update(given)
@@ -97,10 +100,21 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
 
 
 def batches_in_flight(options: Mapping[str, Any], idempotent: bool) -> int:
-    """Batches per partition in flight: ``max_in_flight``, 5 with the throughput preset, else 1
-    (strict per-key order); always 1 for the idempotent producer."""
+    """Batches per partition in flight: ``max_batches_in_flight``, 5 with the throughput preset,
+    else 1 (strict per-key order); always 1 for the idempotent producer."""
     if idempotent:
         return 1
     throughput = options.get("preset") == "throughput"
-    default = THROUGHPUT_MAX_IN_FLIGHT if throughput else 1
-    return int(options.get("max_in_flight", default))
+    default = THROUGHPUT_BATCHES_IN_FLIGHT if throughput else 1
+    return int(options.get("max_batches_in_flight", default))
+
+
+def _rename_deprecated(checked: dict[str, Any], old: str, new: str) -> None:
+    if old not in checked:
+        return
+    if new in checked:
+        raise ConfigurationError(f"give {new} only ({old} is its old name)")
+    warnings.warn(
+        f"the Kafka option {old} is deprecated: use {new}", DeprecationWarning, stacklevel=5
+    )
+    checked[new] = checked.pop(old)

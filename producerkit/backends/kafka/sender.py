@@ -40,7 +40,8 @@ _monotonic = time.monotonic
 
 
 class Sender:
-    """Ships what the accumulator sealed, at most ``max_in_flight`` batches per partition."""
+    """Ships what the accumulator sealed: at most ``max_batches_in_flight`` batches per
+    partition in requests at once."""
 
     def __init__(
         self,
@@ -50,7 +51,7 @@ class Sender:
         *,
         linger: float,
         acks: int,
-        max_in_flight: int,
+        max_batches_in_flight: int,
         retry_backoff: float,
     ) -> None:
         self._producer = producer
@@ -60,7 +61,7 @@ class Sender:
         self.reports = reports
         self.linger = linger
         self._acks = acks
-        self.max_in_flight = max_in_flight
+        self.max_batches_in_flight = max_batches_in_flight
         self._retry_backoff = retry_backoff
         #: The fast path's wire once connected; None while on aiokafka's send_batch().
         self.wire: _aiokafka_compat.ProduceWire | None = None
@@ -85,7 +86,7 @@ class Sender:
 
     def ship_all(self) -> None:
         """Send the next batch of every partition that has one and room in flight
-        (``max_in_flight``), in one request per leader."""
+        (``max_batches_in_flight``), in one request per leader."""
         self._ship_soon = self._gathering.ship_due = False
         if self._linger_timer is not None:
             self._linger_timer.cancel()
@@ -96,7 +97,7 @@ class Sender:
         for queue in self._accumulator.all_queues():
             # One batch per partition per request: a request may name a partition once.
             if (
-                queue.in_flight < self.max_in_flight
+                queue.in_flight < self.max_batches_in_flight
                 and not queue.backoff
                 and (queue.records or queue.full)
             ):
