@@ -14,7 +14,7 @@ import sys
 
 from aiokafka import AIOKafkaConsumer
 
-from producerkit.brokers import start_kafka
+from producerkit.testing.brokers import start_kafka
 
 # Executors must run a Python that has producerkit: this one.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

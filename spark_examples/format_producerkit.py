@@ -20,7 +20,7 @@ from _jetstream import stream_messages  # sets PYSPARK_PYTHON before pyspark loa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from producerkit.brokers import start_nats
+from producerkit.testing.brokers import start_nats
 
 
 def main() -> None:

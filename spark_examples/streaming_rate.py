@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from producerkit.brokers import start_nats
+from producerkit.testing.brokers import start_nats
 
 #: Seconds the first committed rows may take: the first micro-batch starts Spark's Python workers.
 STARTUP_TIMEOUT = 180.0

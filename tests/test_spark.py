@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from conftest import read_jetstream, read_kafka
 
-from producerkit.brokers import LocalBroker
 from producerkit.errors import ConfigurationError
+from producerkit.testing.brokers import LocalBroker
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.spark
