@@ -72,6 +72,11 @@ class Connection(abc.ABC):
         self.reports = reports
         self.timeout = timeout
         self.index = index
+        self.setup()
+
+    def setup(self) -> None:
+        """Build the connection's own state from ``url``, ``options`` and ``timeout`` (called by
+        ``__init__``; nothing connects yet, and ``close()`` must work from here on)."""
 
     @abc.abstractmethod
     async def connect(self) -> None:

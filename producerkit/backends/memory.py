@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
 from producerkit import _deprecated
 from producerkit._types import HEADERS, KEY, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
-from producerkit._urls import ParsedURL
-from producerkit.backends.base import BackendSpec, Connection, Reports
+from producerkit.backends.base import BackendSpec, Connection
 
 
 @attrs.frozen(slots=True)
@@ -80,17 +77,8 @@ def get_store(name: str) -> MemoryStore:
 class MemoryConnection(Connection):
     """Appends each record to the named store and acks it at once with its offset there."""
 
-    def __init__(
-        self,
-        url: ParsedURL,
-        options: Mapping[str, Any],
-        reports: Reports,
-        *,
-        timeout: float,
-        index: int = 0,
-    ) -> None:
-        super().__init__(url, options, reports, timeout=timeout, index=index)
-        self.store = get_store(url.name)
+    def setup(self) -> None:
+        self.store = get_store(self.url.name)
         self._partitions: int = self.options.get("partitions", 1)
         self.max_message_size = self.options.get("max_message_size", 1024 * 1024)
 

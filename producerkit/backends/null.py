@@ -7,30 +7,17 @@ stored, so a Delivery from null:// has no offset (None), as from core NATS.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from producerkit import _deprecated
 from producerkit._types import Record
-from producerkit._urls import ParsedURL
-from producerkit.backends.base import BackendSpec, Connection, Reports
+from producerkit.backends.base import BackendSpec, Connection
 
 
 class NullConnection(Connection):
     """Acks every record inside ``send()``, with no offset (nothing is stored)."""
 
-    def __init__(
-        self,
-        url: ParsedURL,
-        options: Mapping[str, Any],
-        reports: Reports,
-        *,
-        timeout: float,
-        index: int = 0,
-    ) -> None:
-        super().__init__(url, options, reports, timeout=timeout, index=index)
+    def setup(self) -> None:
         self._partitions: int | None = self.options.get("partitions")
-        self._acked = reports.acked
+        self._acked = self.reports.acked
 
     async def connect(self) -> None:
         pass

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from producerkit import _fast
 from producerkit._types import Record
-from producerkit._urls import ParsedURL
 from producerkit.backends import _clients
-from producerkit.backends.base import Connection, Reports
+from producerkit.backends.base import Connection
 from producerkit.backends.kafka import _aiokafka_compat, options, record_batch
 from producerkit.backends.kafka.accumulator import Accumulator, Gathering, PartitionQueue
 from producerkit.backends.kafka.errors import translate
@@ -25,20 +24,11 @@ from producerkit.errors import AuthenticationError, BrokerUnavailable, TLSError
 class KafkaConnection(Connection):
     """A connection to a Kafka cluster through aiokafka (see the package docstring)."""
 
-    def __init__(
-        self,
-        url: ParsedURL,
-        checked_options: Mapping[str, Any],
-        reports: Reports,
-        *,
-        timeout: float,
-        index: int = 0,
-    ) -> None:
-        super().__init__(url, checked_options, reports, timeout=timeout, index=index)
+    def setup(self) -> None:
         _clients.check_client("aiokafka")
-        self._settings = settings = options.client_settings(self.options, timeout)
+        self._settings = settings = options.client_settings(self.options, self.timeout)
         self.max_message_size = settings.get("max_request_size", 1024 * 1024)
-        self._producer = AIOKafkaProducer(bootstrap_servers=url.server_strings(), **settings)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.url.server_strings(), **settings)
         self._acks: int = -1 if settings["acks"] == "all" else settings["acks"]
         # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
         self._idempotent = bool(settings["enable_idempotence"])
@@ -66,14 +56,14 @@ class KafkaConnection(Connection):
             encode=encode,
             max_batch_size=settings["max_batch_size"],
             request_timeout=settings["request_timeout_ms"] / 1000,
-            timeout=timeout,
+            timeout=self.timeout,
             gathering=gathering,
             fail=self._fail,
         )
         self._sender = Sender(
             self._producer,
             self._accumulator,
-            reports,
+            self.reports,
             linger=settings["linger_ms"] / 1000,
             acks=self._acks,
             max_batches_in_flight=options.batches_in_flight(self.options, self._idempotent),

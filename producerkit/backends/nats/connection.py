@@ -7,16 +7,15 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
 
 from nats.aio.client import Client
 
 from producerkit import _security
 from producerkit._types import HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Record
-from producerkit._urls import ParsedURL
 from producerkit.backends import _clients
-from producerkit.backends.base import Connection, Reports
+from producerkit.backends.base import Connection
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.errors import is_refusal, translate
 from producerkit.errors import AuthorizationError, BrokerUnavailable
@@ -31,16 +30,7 @@ _ERROR_LOG_INTERVAL = 5.0
 class NatsClientConnection(Connection):
     """One nats-py client. Subclasses say what a publish is and how it is acknowledged."""
 
-    def __init__(
-        self,
-        url: ParsedURL,
-        options: Mapping[str, Any],
-        reports: Reports,
-        *,
-        timeout: float,
-        index: int = 0,
-    ) -> None:
-        super().__init__(url, options, reports, timeout=timeout, index=index)
+    def setup(self) -> None:
         _clients.check_client("nats-py")
         self._partitions: int | None = self.options.get("partitions")
         self._closing = False
@@ -54,9 +44,9 @@ class NatsClientConnection(Connection):
         self._nc = client = Client()
         self._direct_writer: _natspy_compat.DirectWriter | None = None
         self._settings: dict[str, Any] = {
-            "servers": [f"nats://{host}:{port}" for host, port in url.servers],
+            "servers": [f"nats://{host}:{port}" for host, port in self.url.servers],
             "name": self.options.get("name", "producerkit"),
-            "connect_timeout": min(timeout, 5.0),
+            "connect_timeout": min(self.timeout, 5.0),
             "allow_reconnect": True,
             # Fail the first connect fast (one pass over the servers); reconnect forever after.
             "max_reconnect_attempts": 1,

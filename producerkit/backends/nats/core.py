@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
 
 from producerkit._types import Record
-from producerkit._urls import ParsedURL
-from producerkit.backends.base import Reports
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection
 from producerkit.backends.nats.errors import translate
@@ -29,16 +27,8 @@ class NatsConnection(NatsClientConnection):
     a burst whose PONG never comes (connection lost) is failed by its deadline.
     """
 
-    def __init__(
-        self,
-        url: ParsedURL,
-        options: Mapping[str, Any],
-        reports: Reports,
-        *,
-        timeout: float,
-        index: int = 0,
-    ) -> None:
-        super().__init__(url, options, reports, timeout=timeout, index=index)
+    def setup(self) -> None:
+        super().setup()
         self._unflushed: list[Record] = []
         self._confirming: set[asyncio.Future[None]] = set()
         self._confirm_scheduled = False

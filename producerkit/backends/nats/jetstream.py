@@ -11,15 +11,12 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Mapping
-from typing import Any
 
 import nats.js.errors
 from nats.aio.msg import Msg
 
 from producerkit._types import DEADLINE, Record
-from producerkit._urls import ParsedURL
 from producerkit.backends import _clients
-from producerkit.backends.base import Reports
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection
 from producerkit.backends.nats.errors import translate
@@ -32,16 +29,8 @@ logger = logging.getLogger("producerkit.nats")
 class JetStreamConnection(NatsClientConnection):
     """Pipelined publishes, PubAcks matched by reply subject on one subscription."""
 
-    def __init__(
-        self,
-        url: ParsedURL,
-        options: Mapping[str, Any],
-        reports: Reports,
-        *,
-        timeout: float,
-        index: int = 0,
-    ) -> None:
-        super().__init__(url, options, reports, timeout=timeout, index=index)
+    def setup(self) -> None:
+        super().setup()
         self._inbox = ""  # set once connected
         self._inbox_prefix_length = 0
         self._awaiting: dict[int, Record] = {}  # reply token -> the record awaiting its PubAck
