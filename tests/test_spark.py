@@ -8,6 +8,7 @@ read back with a plain aiokafka / nats-py client.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -285,6 +286,153 @@ def test_streaming_format_and_batch_publisher(
     assert len(asyncio.run(read_kafka(kafka_broker.url, topic2, 30))) == 30
 
 
+# ---------------------------------------------------------------------- serializers
+
+
+def _orders(spark: SparkSession, n: int) -> Any:
+    """A struct value column with what JSON has: numbers, strings, null, arrays, a nested
+    struct and a map (a JSON object either way)."""
+    rows = spark.range(n, numPartitions=2)
+    return rows.select(
+        F.col("id").cast("string").alias("key"),
+        F.struct(
+            F.col("id").alias("id"),
+            F.concat(F.lit("user-"), (F.col("id") % 7).cast("string")).alias("user"),
+            (F.col("id") / 4).alias("amount"),
+            F.when(F.col("id") % 2 == 0, F.lit("even")).alias("note"),  # null for odd ids
+            F.array(F.col("id"), F.col("id") + 1).alias("items"),
+            F.struct((F.col("id") % 3).alias("zone")).alias("ship_to"),
+            F.create_map(F.lit("tax"), F.col("id") % 5).alias("extra"),
+        ).alias("value"),
+    )
+
+
+def _order(i: int) -> dict[str, Any]:
+    return {
+        "id": i,
+        "user": f"user-{i % 7}",
+        "amount": i / 4,
+        "note": "even" if i % 2 == 0 else None,
+        "items": [i, i + 1],
+        "ship_to": {"zone": i % 3},
+        "extra": {"tax": i % 5},
+    }
+
+
+def test_struct_column_as_json_to_kafka(spark: SparkSession, kafka_broker: LocalBroker) -> None:
+    """publish(value_serializer="json"): each struct a compact JSON object, read back equal; a
+    key_serializer lambda travels to the executors by value, as a UDF does."""
+    n, topic = 2000, _topic()
+    report = pks.publish(
+        _orders(spark, n),
+        kafka_broker.url,
+        topic=topic,
+        value_serializer="json",
+        key_serializer=lambda key: b"order-" + key.encode(),
+    )
+    records = asyncio.run(read_kafka(kafka_broker.url, topic, n))
+    assert (report.delivered, report.failed) == (len(records), 0) == (n, 0)
+    decoded = {r["key"]: json.loads(r["value"]) for r in records}
+    assert decoded == {f"order-{i}".encode(): _order(i) for i in range(n)}
+    assert b" " not in records[0]["value"]  # compact
+
+
+def test_format_producerkit_serializers_on_jetstream(
+    spark: SparkSession, nats_broker: LocalBroker
+) -> None:
+    """By name, as options: a map value and a struct key, each as JSON. On NATS the key picks
+    the partition (the subject's last token): it is the JSON key's partition."""
+    from producerkit.partitioners import xxhash
+
+    n, topic = 500, _topic()
+    df = spark.range(n, numPartitions=2).select(
+        F.struct(F.col("id").alias("n")).alias("key"),
+        F.create_map(F.lit("id"), F.col("id"), F.lit("square"), F.col("id") * F.col("id")).alias(
+            "value"
+        ),
+    )
+    (
+        df.write.format("producerkit")
+        .option("url", _js(nats_broker))
+        .option("topic", topic)
+        .option("create_stream", "true")
+        .option("partitions", "3")
+        .option("value_serializer", "json")
+        .option("key_serializer", "json")
+        .mode("append")
+        .save()
+    )
+    stored = _read_js(_js(nats_broker), f"{topic}.>", n)
+    values = [json.loads(r["value"]) for r in stored]
+    assert sorted(values, key=lambda v: v["id"]) == [{"id": i, "square": i * i} for i in range(n)]
+    for record, value in zip(stored, values, strict=True):
+        key = json.dumps({"n": value["id"]}, separators=(",", ":")).encode()
+        assert record["subject"] == f"{topic}.{xxhash(key, 3)}"
+
+
+def test_a_callable_serializer_is_shipped_to_the_executors(
+    spark: SparkSession, kafka_broker: LocalBroker
+) -> None:
+    """serializers.avro(...) returns a closure: pickled on the driver, used on every executor."""
+    fastavro = pytest.importorskip("fastavro")
+    from producerkit import serializers
+
+    schema = {
+        "type": "record",
+        "name": "Order",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "user", "type": "string"},
+            {"name": "items", "type": {"type": "array", "items": "long"}},
+        ],
+    }
+    n, topic = 300, _topic()
+    df = _orders(spark, n).select(
+        "key", F.struct("value.id", "value.user", "value.items").alias("value")
+    )
+    report = pks.publish(
+        df, kafka_broker.url, topic=topic, value_serializer=serializers.avro(schema, 42)
+    )
+    assert (report.delivered, report.failed) == (n, 0)
+    records = asyncio.run(read_kafka(kafka_broker.url, topic, n))
+    parsed = fastavro.parse_schema(schema)
+    decoded = {}
+    for record in records:
+        assert record["value"][:5] == b"\x00\x00\x00\x00\x2a"  # Confluent: magic 0, id 42
+        body = io.BytesIO(record["value"][5:])
+        decoded[int(record["key"])] = fastavro.schemaless_reader(body, parsed, parsed)
+    expected = {i: {"id": i, "user": f"user-{i % 7}", "items": [i, i + 1]} for i in range(n)}
+    assert decoded == expected
+
+
+def test_bad_serializers_fail_on_the_driver_bad_rows_on_executors(spark: SparkSession) -> None:
+    import threading
+
+    df = _orders(spark, 10)
+    lock = threading.Lock()
+    with pytest.raises(ConfigurationError, match="cannot be pickled"):
+        pks.publish(df, "null://", topic="t", value_serializer=lambda v: bool(lock) and b"")
+    with pytest.raises(ConfigurationError, match="cannot be pickled"):
+        pks.batch_publisher("null://", topic="t", key_serializer=lambda k: bool(lock) and b"")
+    with pytest.raises(ConfigurationError, match="value_serializer='json'"):
+        pks.publish(df, "null://", topic="t")  # a struct needs a serializer
+    with pytest.raises(ConfigurationError, match="unknown value_serializer 'jsn'"):
+        pks.publish(df, "null://", topic="t", value_serializer="jsn")
+    with pytest.raises(ConfigurationError, match="takes a binary column"):
+        pks.publish(df, "null://", topic="t", value_serializer="json", key_serializer="bytes")
+    # a row "json" cannot write (a decimal) fails on the executor, counted like any failed row
+    decimals = df.select(F.struct(F.lit(1.5).cast("decimal(4,2)").alias("d")).alias("value"))
+    report = pks.publish(decimals, "null://", topic="t", value_serializer="json", on_error="count")
+    assert (report.delivered, report.failed) == (0, 10)
+    assert report.errors == {"SerializationError": 10}
+    assert "Decimal" in (report.first_error or "")
+    # raised in the Python worker Spark runs the DataSource in; Spark re-raises it
+    with pytest.raises(Exception, match="unknown value_serializer 'yaml'"):
+        df.write.format("producerkit").option("url", "null://").option("topic", "t").option(
+            "value_serializer", "yaml"
+        ).mode("append").save()
+
+
 def test_bad_executor_python_is_explained(spark: SparkSession) -> None:
     """A PYSPARK_PYTHON that does not exist is caught on the driver with the fix in the message."""
     old = os.environ["PYSPARK_PYTHON"]
@@ -383,11 +531,17 @@ def test_worker_caches_one_producer_per_config_and_rebuilds_after_fork() -> None
     stored = [(r.value, r.msg_id) for r in store.topic("t")]
     assert stored == [(b"a", "1"), (b"b", "2"), (b"c", "3")]
 
+    # held, so that the child's new producer cannot be allocated at a parent producer's address
+    parents = [entry.producer for entry in _worker._cache.values()]
     child = os.fork()
     if child == 0:  # the child must build its own producer: the parent's loop thread is not here
         try:
             counts = _worker.publish_task(config, [{"value": [b"d"], "id": [4]}])
-            fresh = all(id(entry.producer) not in producers for entry in _worker._cache.values())
+            fresh = all(
+                entry.producer is not parent
+                for entry in _worker._cache.values()
+                for parent in parents
+            )
             os._exit(0 if counts.delivered == 1 and fresh else 1)
         except BaseException:
             os._exit(2)
@@ -415,3 +569,65 @@ def test_worker_counts_or_raises_bad_rows() -> None:
         {"value": ["y"], "key": ["k"]},
     ]
     _worker.close_all()
+
+
+def test_worker_ships_serializers_and_makes_structs_plain() -> None:
+    """A callable crosses as the bytes the driver pickled (one cached producer for it); Rows
+    (the row-based writers) and Arrow maps reach the serializer as dicts."""
+    import pyarrow as pa
+    from pyspark.sql import Row
+
+    from producerkit.backends.memory import get_store
+    from producerkit.spark import _publish, _worker
+
+    name = f"spark-serializers-{uuid.uuid4().hex}"
+    store = get_store(name)
+    config = _publish.make_config(
+        f"memory://{name}",
+        topic="t",
+        on_error="count",
+        value_serializer="json",
+        key_serializer=lambda key: key["id"].encode(),
+    )
+    assert isinstance(config.key_serializer, bytes)
+    again = _worker.SinkConfig.from_dict(config.to_dict())
+    assert again.cache_key() == config.cache_key()
+    rows = [
+        Row(key=Row(id="a"), value=Row(n=1, tags=[Row(t="x")], m={"k": Row(z=None)})),
+        Row(key=Row(id="b"), value=None),
+    ]
+    chunks = list(_worker.chunks_from_rows(rows, config.columns(), structured=("value", "key")))
+    assert chunks == [
+        {
+            "key": [{"id": "a"}, {"id": "b"}],
+            "value": [{"n": 1, "tags": [{"t": "x"}], "m": {"k": {"z": None}}}, None],
+        }
+    ]
+    counts = _worker.publish_task(again, chunks[:1])
+    assert (counts.rows, counts.delivered, counts.failed) == (2, 1, 1)  # the null value
+    assert [(r.key, r.value) for r in store.topic("t")] == [
+        (b"a", b'{"n":1,"tags":[{"t":"x"}],"m":{"k":{"z":null}}}')
+    ]
+
+    map_type = pa.map_(pa.string(), pa.struct([("m", pa.map_(pa.string(), pa.int64()))]))
+    column = pa.array([[[("a", {"m": [("x", 1)]})]], None, []], type=pa.list_(map_type))
+    fallback = [_worker._maps_as_dicts(value, column.type) for value in column.to_pylist()]
+    assert fallback == _worker._pylist(column, True) == [[{"a": {"m": {"x": 1}}}], None, []]
+    assert _worker._pylist(column, False) == column.to_pylist()  # headers keep their pairs
+    _worker.close_all()
+
+
+def test_worker_explains_a_serializer_it_cannot_unpickle() -> None:
+    # what cloudpickle makes of a function in a module the executors do not have
+    by_reference = b"cno_such_module_here\nserialize\n."
+    config = _worker_config(value_serializer=by_reference)
+    with pytest.raises(ConfigurationError, match="could not be unpickled") as caught:
+        config.make_producer()
+    assert "No module named 'no_such_module_here'" in str(caught.value)
+    assert "must be able to import that module" in str(caught.value)
+
+
+def _worker_config(**fields: Any) -> Any:
+    from producerkit.spark import _worker
+
+    return _worker.SinkConfig(url="null://", topic="t", **fields)

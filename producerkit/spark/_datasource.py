@@ -8,9 +8,10 @@ same code as ``publish()``), and ``commit()`` gets every task's counts back on t
 Columns follow Spark's Kafka sink: ``value`` (required, string/binary), and when present ``key``,
 ``topic``, ``partition``, ``headers``. Options: ``url`` (required), ``topic``, ``id_col``,
 ``on_error`` (fail|count), ``report_path`` (a file each commit appends its report to, as a JSON
-line), ``idle_timeout``, producer settings (``max_in_flight_messages``, ``connections``,
-``timeout``, ``partitioner``, ``keyless``) and any backend option (``create_stream``,
-``linger_ms``, ...).
+line), ``idle_timeout``, ``value_serializer`` and ``key_serializer`` (by name: ``json``, ``str``,
+``bytes``; with ``json`` the column may be a struct, map or array), producer settings
+(``max_in_flight_messages``, ``connections``, ``timeout``, ``partitioner``, ``keyless``) and any
+backend option (``create_stream``, ``linger_ms``, ...).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from producerkit.errors import ConfigurationError
-from producerkit.spark._publish import PublishReport, check_columns, make_config
+from producerkit.spark._publish import (
+    PublishReport,
+    check_columns,
+    make_config,
+    structured_roles,
+)
 from producerkit.spark._worker import (
     DEFAULT_IDLE_TIMEOUT,
     SinkConfig,
@@ -121,23 +127,30 @@ class ProducerkitDataSource(DataSource):
             on_error=on_error,
             idle_timeout=idle_timeout,
             producer_kwargs=options,
+            value_serializer=options.pop("value_serializer", None) or None,
+            key_serializer=options.pop("key_serializer", None) or None,
             **columns,
         )
         config = check_columns(types, config, key_given=True)
-        return _WriteConfig(config, report_path)
+        return _WriteConfig(config, report_path, structured_roles(types, config))
 
 
 @dataclass(frozen=True)
 class _WriteConfig:
     sink: SinkConfig
     report_path: str | None
+    #: Value/key roles holding structs: the row-based writers turn their Rows into dicts.
+    structured: tuple[str, ...] = ()
 
 
 def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> ProducerkitCommit:
     from pyspark import TaskContext
 
     columns = config.sink.columns()
-    chunks = chunks_from_arrow(data, columns) if arrow else chunks_from_rows(data, columns)
+    if arrow:
+        chunks = chunks_from_arrow(data, columns)
+    else:
+        chunks = chunks_from_rows(data, columns, structured=config.structured)
     counts = publish_task(config.sink, chunks)
     context = TaskContext.get()
     return ProducerkitCommit(

@@ -26,6 +26,8 @@ from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, SinkConfig
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from producerkit.serializers import Serializer
+
 __all__ = ["PartitionReport", "PublishReport", "batch_publisher", "publish"]
 
 logger = logging.getLogger("producerkit.spark")
@@ -134,6 +136,8 @@ def make_config(
     on_error: str = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     producer_kwargs: Mapping[str, Any] | None = None,
+    value_serializer: str | Serializer | None = None,
+    key_serializer: str | Serializer | None = None,
 ) -> SinkConfig:
     """Validate everything on the driver (a Producer is built, not started) and freeze it."""
     kwargs = {name: value for name, value in (producer_kwargs or {}).items() if value is not None}
@@ -160,9 +164,36 @@ def make_config(
         on_error=on_error,  # type: ignore[arg-type]
         idle_timeout=float(idle_timeout),
         producer_kwargs=tuple(sorted(kwargs.items())),
+        value_serializer=ship_serializer(value_serializer, "value_serializer"),
+        key_serializer=ship_serializer(key_serializer, "key_serializer"),
     )
     config.check()
     return config
+
+
+def ship_serializer(serializer: str | Serializer | None, what: str) -> str | bytes | None:
+    """A serializer as the executors receive it: a name as it is; a callable pickled here, the
+    way Spark ships its own functions (cloudpickle: a lambda or a function of the driver's
+    script travels by value, a module's function by reference), or ConfigurationError now."""
+    if serializer is None or isinstance(serializer, str):
+        return serializer
+    if not callable(serializer):
+        raise ConfigurationError(
+            f"{what} must be a name ('json', 'str', 'bytes') or a callable (obj) -> bytes, "
+            f"not {type(serializer).__name__}"
+        )
+    from pyspark import cloudpickle
+
+    try:
+        shipped: bytes = cloudpickle.dumps(serializer)  # type: ignore[no-untyped-call]
+        return shipped
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{what} {serializer!r} cannot be pickled to be sent to the executors "
+            f"({type(exc).__name__}: {exc}): pass a name ('json', 'str', 'bytes'), a function, "
+            "or an object that pickles (serializers.avro(...) does), not one that holds a "
+            "lock, a connection or a producer"
+        ) from exc
 
 
 def _publish_config(
@@ -182,6 +213,8 @@ def _publish_config(
     keyless: Literal["sticky", "round_robin"] | None = None,
     on_error: Literal["fail", "count"] = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    value_serializer: str | Serializer | None = None,
+    key_serializer: str | Serializer | None = None,
     **backend_options: Any,
 ) -> SinkConfig:
     """:func:`publish`'s keyword arguments -> a checked SinkConfig (also for batch_publisher)."""
@@ -204,6 +237,8 @@ def _publish_config(
         on_error=on_error,
         idle_timeout=idle_timeout,
         producer_kwargs={**settings, **backend_options},
+        value_serializer=value_serializer,
+        key_serializer=key_serializer,
     )
 
 
@@ -219,11 +254,9 @@ def check_columns(types: Mapping[str, str], config: SinkConfig, key_given: bool)
                 f"(columns: {', '.join(types) or 'none'})"
             )
         dtype = types[column]
-        if role in ("value", "key") and dtype not in _STRINGS:
-            raise ConfigurationError(
-                f"the {role} column {column!r} is {dtype}: cast it to string or binary "
-                f"(e.g. F.to_json(F.struct(...)) or F.col({column!r}).cast('string'))"
-            )
+        if role in ("value", "key"):
+            serializer = config.value_serializer if role == "value" else config.key_serializer
+            _check_serialized(role, column, dtype, serializer)
         if role == "topic" and dtype != "string":
             raise ConfigurationError(f"the topic column {column!r} must be a string, not {dtype}")
         if role == "partition" and dtype not in ("int", "bigint", "smallint", "tinyint"):
@@ -234,6 +267,31 @@ def check_columns(types: Mapping[str, str], config: SinkConfig, key_given: bool)
                 "value:binary>> (as Spark's Kafka sink) or map<string,binary|string>"
             )
     return config
+
+
+def _check_serialized(role: str, column: str, dtype: str, serializer: str | bytes | None) -> None:
+    """The value or key column's type against its serializer: without one (or with "str") it
+    must be string or binary, with "bytes" binary; "json" and a callable take any type."""
+    if serializer in (None, "str") and dtype not in _STRINGS:
+        raise ConfigurationError(
+            f"the {role} column {column!r} is {dtype}: pass {role}_serializer='json' to send it "
+            f"as JSON, or cast it to string or binary (e.g. F.to_json(...) or "
+            f"F.col({column!r}).cast('string'))"
+        )
+    if serializer == "bytes" and dtype != "binary":
+        raise ConfigurationError(
+            f"{role}_serializer='bytes' takes a binary column; {column!r} is {dtype} "
+            "(use 'str' for a string column, 'json' for others)"
+        )
+
+
+def structured_roles(types: Mapping[str, str], config: SinkConfig) -> tuple[str, ...]:
+    """The value/key roles whose column holds structs (Rows to turn into dicts, row by row)."""
+    return tuple(
+        role
+        for role, column in config.columns().items()
+        if role in ("value", "key") and "struct<" in types.get(column, "")
+    )
 
 
 def check_python(spark: SparkSession) -> None:
@@ -284,6 +342,8 @@ def publish(
     keyless: Literal["sticky", "round_robin"] | None = None,
     on_error: Literal["fail", "count"] = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    value_serializer: str | Serializer | None = None,
+    key_serializer: str | Serializer | None = None,
     **backend_options: Any,
 ) -> PublishReport:
     """Publish every row of ``df`` from the executors and return the counts.
@@ -299,8 +359,9 @@ def publish(
             ``foreachBatch(batch_publisher(...))``).
         url: the producer URL, reachable from every executor.
         topic: default topic; ``topic_col`` names a column with a topic per row (null: default).
-        value_col: string or binary column to publish (required). ``key_col``: string/binary,
-            used if present. ``partition_col``: int. ``headers_col``:
+        value_col: the column to publish (required): string or binary, or any type with a
+            ``value_serializer``. ``key_col``: likewise with ``key_serializer``, used if
+            present. ``partition_col``: int. ``headers_col``:
             ``array<struct<key:string,value:binary>>`` or ``map<string,binary>``.
         id_col: column whose value becomes ``msg_id`` (JetStream ``Nats-Msg-Id``): a retried
             task republishes the same ids and the server drops duplicates, so the publish is
@@ -311,6 +372,13 @@ def publish(
         partitioner: likewise.
         keyless: likewise.
         idle_timeout: seconds a worker keeps an unused producer before closing it.
+        value_serializer: turns each value into bytes on the executors: ``"json"`` (a struct,
+            map or array column as a JSON object or array; compact, UTF-8), ``"str"``,
+            ``"bytes"`` (see :mod:`producerkit.serializers`), or a callable ``(obj) -> bytes``
+            that can be pickled (it is shipped like Spark ships a UDF; e.g.
+            ``serializers.avro(schema, schema_id)``). It gets structs and maps as dicts,
+            arrays as lists. A lambda holding a lock or a connection is refused here.
+        key_serializer: likewise for the key column (a null key stays null).
         **backend_options: backend options (``create_stream=True``, ``linger_ms=5``, ...).
     """
     if df.isStreaming:
@@ -335,6 +403,8 @@ def publish(
         keyless=keyless,
         on_error=on_error,
         idle_timeout=idle_timeout,
+        value_serializer=value_serializer,
+        key_serializer=key_serializer,
         **backend_options,
     )
     config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")

@@ -5,9 +5,10 @@ Everything that runs in a Spark Python worker is here, written once for every en
 ``batch_publisher`` for foreachBatch. They all hand :func:`publish_task` an iterator of column
 chunks (:class:`Chunk`) and get back a :class:`TaskCounts`.
 
-A producer is never pickled: the driver ships a :class:`SinkConfig` (plain data), and each worker
-builds a :class:`~producerkit.SyncProducer` (producer + its own loop thread) on first use and keeps
-it for the worker's later tasks. The cache key includes ``os.getpid()`` so a forked child never
+A producer is never pickled: the driver ships a :class:`SinkConfig` (plain data: a serializer
+travels as its name, or as the bytes the driver pickled a callable to), and each worker builds a
+:class:`~producerkit.SyncProducer` (producer + its own loop thread) on first use and keeps it for
+the worker's later tasks. The cache key includes ``os.getpid()`` so a forked child never
 touches its parent's loop thread (which does not exist in the child). A reaper thread closes
 producers idle for ``idle_timeout`` seconds; ``atexit`` closes the rest.
 """
@@ -20,6 +21,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -59,6 +61,10 @@ class SinkConfig:
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     #: Producer keyword arguments (settings and backend options), sorted by name.
     producer_kwargs: tuple[tuple[str, Any], ...] = ()
+    #: A built-in serializer's name ("json", "str", "bytes"), or a callable as the bytes the
+    #: driver pickled it to (see ``_publish.ship_serializer``); None: the column's own bytes.
+    value_serializer: str | bytes | None = None
+    key_serializer: str | bytes | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.on_error not in ("fail", "count"):
@@ -96,6 +102,10 @@ class SinkConfig:
                 kwargs[name] = _parse_number(name, kwargs[name], int)
         if isinstance(kwargs.get("timeout"), str):
             kwargs["timeout"] = _parse_number("timeout", kwargs["timeout"], float)
+        for name in ("value_serializer", "key_serializer"):
+            shipped = getattr(self, name)
+            if shipped is not None:
+                kwargs[name] = _unship(name, shipped)
         return kwargs
 
     def check(self) -> None:
@@ -106,6 +116,21 @@ class SinkConfig:
 
     def make_producer(self) -> SyncProducer:
         return SyncProducer(self.url, topic=self.topic, **self.producer_arguments())
+
+
+def _unship(name: str, shipped: str | bytes) -> Any:
+    """A serializer as the driver shipped it: a name as it is, a pickled callable unpickled."""
+    if isinstance(shipped, str):
+        return shipped
+    try:
+        return pickle.loads(shipped)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the {name} could not be unpickled in this Python worker: {type(exc).__name__}: "
+            f"{exc}. A function defined in a module travels by reference: the executors must "
+            "be able to import that module (install it there, or SparkContext.addPyFile); one "
+            "defined in the driver's script or inside a function travels by value."
+        ) from exc
 
 
 def _parse_number(name: str, text: str, kind: type[int] | type[float]) -> int | float:
@@ -126,7 +151,9 @@ class TaskCounts:
     first_error: str | None = None
 
 
-#: One chunk of rows, column-wise: role -> list of Python values (bytes/str/int/None/...).
+#: One chunk of rows, column-wise: role -> list of Python values (bytes/str/int/None/...). A
+#: value or key column that a serializer turns into bytes may hold anything it takes: structs
+#: and maps as dicts, arrays as lists (plain Python, never Spark Rows).
 Chunk = Mapping[str, Sequence[Any]]
 
 
@@ -387,22 +414,87 @@ def _flush_counting(entry: _Entry, tally: _Tally) -> bool:
     return True
 
 
+#: The roles whose values a serializer may take as structures: their maps become dicts.
+_SERIALIZED_ROLES = ("value", "key")
+
+
 def chunks_from_arrow(batches: Iterable[Any], columns: Mapping[str, str]) -> Iterator[Chunk]:
-    """Arrow record batches -> chunks: each used column as one Python list (one C call each)."""
+    """Arrow record batches -> chunks: each used column as one Python list (one C call each).
+
+    Structs arrive as dicts, arrays as lists; maps in the value and key columns as dicts (Arrow's
+    default is a list of pairs, which JSON would write as an array), elsewhere (headers) as pairs.
+    """
     for batch in batches:
-        yield {role: batch.column(name).to_pylist() for role, name in columns.items()}
+        yield {
+            role: _pylist(batch.column(name), role in _SERIALIZED_ROLES)
+            for role, name in columns.items()
+        }
+
+
+def _pylist(column: Any, maps_as_dicts: bool) -> list[Any]:
+    if not (maps_as_dicts and _has_map(column.type)):
+        return column.to_pylist()  # type: ignore[no-any-return]
+    try:
+        return column.to_pylist(maps_as_pydicts="strict")  # type: ignore[no-any-return]
+    except TypeError:  # pyarrow < 20 has no maps_as_pydicts
+        return [_maps_as_dicts(value, column.type) for value in column.to_pylist()]
+
+
+def _children(arrow_type: Any) -> list[Any]:
+    """The types directly inside an Arrow type (struct fields, list items, map keys/items)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(arrow_type):
+        return [arrow_type.field(i).type for i in range(arrow_type.num_fields)]
+    if pa.types.is_map(arrow_type):
+        return [arrow_type.key_type, arrow_type.item_type]
+    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    if any(is_list(arrow_type) for is_list in lists):
+        return [arrow_type.value_type]
+    return []
+
+
+def _has_map(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_map(arrow_type) or any(map(_has_map, _children(arrow_type)))
+
+
+def _maps_as_dicts(value: Any, arrow_type: Any) -> Any:
+    """``to_pylist()``'s value of ``arrow_type`` with every map's (key, item) pairs as a dict."""
+    import pyarrow as pa
+
+    if value is None or not _has_map(arrow_type):
+        return value
+    if pa.types.is_map(arrow_type):
+        key_type, item_type = arrow_type.key_type, arrow_type.item_type
+        return {
+            _maps_as_dicts(key, key_type): _maps_as_dicts(item, item_type) for key, item in value
+        }
+    if pa.types.is_struct(arrow_type):
+        fields = [arrow_type.field(i) for i in range(arrow_type.num_fields)]
+        return {field.name: _maps_as_dicts(value[field.name], field.type) for field in fields}
+    (item_type,) = _children(arrow_type)
+    return [_maps_as_dicts(item, item_type) for item in value]
 
 
 def chunks_from_rows(
-    rows: Iterable[Any], columns: Mapping[str, str], size: int = 10_000
+    rows: Iterable[Any],
+    columns: Mapping[str, str],
+    size: int = 10_000,
+    structured: Iterable[str] = (),
 ) -> Iterator[Chunk]:
-    """Spark Rows -> chunks of ``size`` rows (the row-based writer of Spark 4.0)."""
+    """Spark Rows -> chunks of ``size`` rows (the row-based writers of Sparks without Arrow
+    ones). The ``structured`` roles' values hold structs: each becomes plain Python (a Row a
+    dict, recursively), as :func:`chunks_from_arrow` gives; other columns pay nothing."""
     names = list(columns.items())
+    plain = frozenset(structured)
     buffer: dict[str, list[Any]] = {role: [] for role, _ in names}
     filled = 0
     for row in rows:
         for role, name in names:
-            buffer[role].append(row[name])
+            value = row[name]
+            buffer[role].append(_plain(value) if role in plain and value is not None else value)
         filled += 1
         if filled == size:
             yield buffer
@@ -410,3 +502,15 @@ def chunks_from_rows(
             filled = 0
     if filled:
         yield buffer
+
+
+def _plain(value: Any) -> Any:
+    """A Spark value as plain Python: Rows (structs) as dicts, inside lists and dicts too."""
+    as_dict = getattr(value, "asDict", None)
+    if as_dict is not None:  # a pyspark Row; its asDict(recursive=True) handles what is inside
+        return as_dict(recursive=True)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {name: _plain(item) for name, item in value.items()}
+    return value
