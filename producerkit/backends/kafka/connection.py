@@ -95,6 +95,12 @@ class KafkaConnection(Connection):
         if self._idempotent or not fast:
             self._accumulator.new_builder = self._producer.create_batch
             self._accumulator.fast_fill = fast
+        if not fast:
+            # aiokafka sends one batch per partition at a time and keeps one more in its
+            # accumulator; a third waits in send_batch(), whose wait loop subtracts the whole
+            # time waited on every wake-up and so times out long before request_timeout_ms.
+            sender = self._sender
+            sender.max_batches_in_flight = min(sender.max_batches_in_flight, 2)
         else:
             self._sender.wire = _aiokafka_compat.ProduceWire(
                 self._producer,
