@@ -263,7 +263,7 @@ def test_the_public_kafka_path_keeps_pipelining_without_spurious_timeouts(
     batches queued behind each other in aiokafka timed out within seconds (1,387 of 200,000
     messages in one run): the public path keeps at most two per partition with aiokafka."""
     monkeypatch.setenv(_clients.PATH_VARIABLE, "public")
-    count = 100_000
+    count = 200_000
 
     async def main() -> None:
         async with pk.Producer(
@@ -274,7 +274,7 @@ def test_the_public_kafka_path_keeps_pipelining_without_spurious_timeouts(
             max_batch_size=256 * 1024,
         ) as producer:
             for i in range(count):
-                await producer.produce(b"x" * 512, key=b"u%d" % (i % 1000), nonblocking=True)
+                await producer.produce(b"x" * 512, key=b"u%d" % (i % 10_000), nonblocking=True)
             await producer.flush()
             assert (producer.stats.acked, producer.stats.failed) == (count, 0)
 
