@@ -8,6 +8,7 @@
         await producer.produce(b"v", key=b"user-1", nonblocking=True)
 """
 
+from producerkit._logging import route_client_logs
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
 from producerkit._types import ConnectionStats, Delivery, Failure, Outcome, Stats
@@ -55,4 +56,5 @@ __all__ = [
     "SyncProducer",
     "TLSError",
     "__version__",
+    "route_client_logs",
 ]
