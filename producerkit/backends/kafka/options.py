@@ -3,6 +3,7 @@ aiokafka settings they become."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import warnings
 from collections.abc import Mapping
@@ -10,7 +11,7 @@ from typing import Any, Final
 
 from producerkit import _security
 from producerkit.backends.base import coerce_options
-from producerkit.errors import ConfigurationError, MessageError
+from producerkit.errors import ConfigurationError, MessageError, MissingDependencyError
 
 #: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
 AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
@@ -63,12 +64,28 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigurationError(
             f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
+    _check_compression(checked.get("compression_type"))
     acks = checked.get("acks")
     if acks is not None:
         if acks not in ("0", "1", "-1", "all"):
             raise ConfigurationError(f"acks must be 0, 1, -1 or 'all', got {acks!r}")
         checked["acks"] = acks if acks == "all" else int(acks)
     return checked
+
+
+def _check_compression(codec: str | None) -> None:
+    """A codec aiokafka knows, whose library is installed: both checked at construction."""
+    if codec is None:
+        return
+    if codec not in COMPRESSION_CODECS:
+        raise ConfigurationError(
+            f"unknown compression_type {codec!r}: use one of {', '.join(COMPRESSION_CODECS)}"
+        )
+    if codec != "gzip" and importlib.util.find_spec("cramjam") is None:
+        raise MissingDependencyError(
+            f"compression_type={codec!r} needs the cramjam library, which is not installed: "
+            'run  pip install "producerkit[kafka]"'
+        )
 
 
 def check_topic(topic: str) -> None:
