@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from producerkit import _fast, _security, serializers
+from producerkit import _fast, _logging, _security, serializers
 from producerkit._routing import Router
 from producerkit._types import (
     CONNECTION,
@@ -210,6 +210,7 @@ class Producer:
             if self._state != _NEW:
                 return
             self._loop = asyncio.get_running_loop()
+            _logging.install_default()  # the clients' repeated log lines, rate-limited
             connections = [
                 self._spec.connection(
                     self._url, self._options, self._reports, timeout=self._timeout, index=index

@@ -142,9 +142,6 @@ def test_the_filter_is_on_every_client_logger() -> None:
         assert logging.getLogger(name).filters == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Producer.start() does not call _logging.install_default() yet"
-)
 def test_a_producer_installs_the_filter_on_start() -> None:
     async def main() -> None:
         async with pk.Producer("null://", topic="t"):
