@@ -364,3 +364,207 @@ def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
         # msg ids make the rerun idempotent: records stored before their ack was lost are not
         # stored twice.
         assert sorted(r["value"].decode() for r in records) == sorted(lines)
+
+
+# ---------------------------------------------------------------------- --value-format
+
+ORDER_SCHEMA = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "n", "type": "long"},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+    ],
+}
+
+
+def test_value_format_json_re_serializes_compactly_on_kafka(
+    tmp_path: Path, kafka_broker: LocalBroker
+) -> None:
+    """The default sends a JSONL line as it is; json sends the document (or field) compactly,
+    as the producer's value_serializer writes it. Read back with aiokafka."""
+    lines = [
+        f'{{ "id" : "o-{i}",  "user": "ü{i % 3}", "n": [ {i}, {{"x": null}} ] }}' for i in range(30)
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def run(topic: str, *flags: str) -> list[dict[str, Any]]:
+        argv = ["--url", kafka_broker.url, "--topic", topic, "--format", "jsonl", *flags]
+        result = subprocess.run(
+            [*CLI, str(source), *argv, "--nonblocking"], capture_output=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        return asyncio.run(read_kafka(kafka_broker.url, topic, len(lines)))
+
+    as_read = run(f"t-{uuid.uuid4().hex[:8]}", "--key-field", "user")
+    assert sorted(r["value"] for r in as_read) == sorted(line.encode() for line in lines)
+
+    compact = run(f"t-{uuid.uuid4().hex[:8]}", "--key-field", "user", "--value-format", "json")
+    expected = {
+        f"o-{i}": f'{{"id":"o-{i}","user":"ü{i % 3}","n":[{i},{{"x":null}}]}}'.encode()
+        for i in range(30)
+    }
+    assert {json.loads(r["value"])["id"]: r["value"] for r in compact} == expected
+    assert {r["key"] for r in compact} == {"ü0".encode(), "ü1".encode(), "ü2".encode()}
+
+    fields = run(f"t-{uuid.uuid4().hex[:8]}", "--value-field", "id", "--value-format", "json")
+    assert sorted(r["value"] for r in fields) == sorted(b'"o-%d"' % i for i in range(30))
+
+
+def test_value_format_json_failures_replay_to_the_same_bytes(tmp_path: Path) -> None:
+    """Refused values (too large, JSON null, not JSON) go to the failures file as JSON records a
+    rerun sends as the same bytes; lines, jsonl fields and csv rows alike."""
+    url, store = memory()
+    failed = tmp_path / "failed"
+    cases: list[tuple[list[str], str]] = [
+        (["--format", "lines"], '{"a": 1}\n{"big": "' + "x" * 300 + '"}\nnull\nnot json\n'),
+        (
+            ["--format", "jsonl", "--value-field", "v", "--key-field", "k"],
+            '{"k": "a", "v": {"z": [1, 2]}}\n{"k": 7, "v": "' + "y" * 300 + '"}\n'
+            '{"k": "c", "v": null}\n',
+        ),
+        (["--format", "csv", "--key-field", "k"], "k,v\na,1\nb," + "z" * 300 + "\n"),
+    ]
+    for flags, text in cases:
+        source = tmp_path / "in"
+        source.write_text(text)
+        argv = ["--url", url, "--topic", "t", *flags, "--value-format", "json"]
+        store.clear()
+        assert (
+            main([str(source), *argv, "-o", "max_message_size=300", "--failed-out", str(failed)])
+            == 1
+        )
+        first = [(r.key, r.value) for r in store.records]
+        assert len(first) == 1, (flags, first)
+        refused = failed.read_text()
+        store.clear()
+        assert main([str(failed), *argv, "--failed-out", str(failed)]) == (
+            1 if "null" in text or "not json" in text else 0
+        ), (flags, refused)
+        replayed = [(r.key, r.value) for r in store.records]
+        if flags[1] == "lines":
+            assert first == [(None, b'{"a":1}')]
+            assert replayed == [(None, b'{"big":"' + b"x" * 300 + b'"}')]
+            assert failed.read_text() == "null\nnot json\n"  # still unsendable, as they were
+        elif flags[1] == "jsonl":
+            assert first == [(b"a", b'{"z":[1,2]}')]
+            assert replayed == [(b"7", b'"' + b"y" * 300 + b'"')]
+        else:
+            assert first == [(b"a", b'{"k":"a","v":"1"}')]
+            assert replayed == [(b"b", b'{"k":"b","v":"' + b"z" * 300 + b'"}')]
+
+
+def test_value_format_str_refuses_what_is_not_utf8(tmp_path: Path) -> None:
+    url, store = memory()
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"caf\xc3\xa9\nbad \xff byte\n")
+    failed = tmp_path / "failed.txt"
+    argv = ["--url", url, "--topic", "t", "--failed-out", str(failed)]
+    assert main([str(source), *argv]) == 0  # bytes: as read
+    assert [r.value for r in store.records] == ["café".encode(), b"bad \xff byte"]
+    store.clear()
+    assert main([str(source), *argv, "--value-format", "str"]) == 1
+    assert [r.value for r in store.records] == ["café".encode()]
+    assert failed.read_bytes() == b"bad \xff byte\n"
+
+    source = tmp_path / "in.csv"  # a cell that is not UTF-8: its bytes kept, or refused
+    source.write_bytes(b"k,v\na,caf\xc3\xa9\nb,bad \xff\n")
+    argv += ["--format", "csv", "--key-field", "k", "--value-field", "v"]
+    store.clear()
+    assert main([str(source), *argv]) == 0
+    assert [r.value for r in store.records] == ["café".encode(), b"bad \xff"]
+    store.clear()
+    assert main([str(source), *argv, "--value-format", "str"]) == 1
+    assert [(r.key, r.value) for r in store.records] == [(b"a", "café".encode())]
+    assert failed.read_bytes() == b"k,v\nb,bad \xff\n"
+
+
+def test_value_format_avro_on_jetstream_and_replay_of_delivery_failures(
+    tmp_path: Path, nats_broker: LocalBroker
+) -> None:
+    """avro: each document Avro-encoded in the Confluent framing, read back with fastavro. A run
+    whose messages all fail (no stream yet) writes them back as JSON documents; replaying them
+    with the stream created stores every one, and a document the schema refuses stays failed."""
+    fastavro = pytest.importorskip("fastavro")
+    schema_file = tmp_path / "order.avsc"
+    schema_file.write_text(json.dumps(ORDER_SCHEMA))
+    documents = [
+        {"id": f"o-{i}", "user": f"u{i % 4}", "n": i, "tags": ["a"] * (i % 3)} for i in range(40)
+    ]
+    source = jsonl(
+        tmp_path / "in.jsonl", [*documents, {"id": "bad", "user": "u0", "n": "not a long"}]
+    )
+    failed = tmp_path / "failed.jsonl"
+    topic = f"avro-{uuid.uuid4().hex[:8]}"
+    url = f"jetstream://{nats_broker.host_port}"
+    flags = [
+        "--url", url, "--topic", topic, "--format", "jsonl", "--key-field", "user",
+        "--msg-id-field", "id", "--value-format", "avro", "--avro-schema", str(schema_file),
+        "--schema-id", "7", "--nonblocking", "--timeout", "5", "--failed-out", str(failed),
+    ]  # fmt: skip
+    down = subprocess.run([*CLI, str(source), *flags], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 1, down.stderr
+    assert summary(down.stderr) == {"records": 41, "acked": 0, "failed": 41}
+    assert "1 SerializationError" in down.stderr
+    written = [json.loads(line) for line in failed.read_text().splitlines()]
+    # decoded back from the Avro bytes: the schema's fields, plus the key field it lacks
+    good = sorted((d for d in written if d["id"] != "bad"), key=lambda d: d["n"])
+    assert good == [
+        {"id": d["id"], "n": d["n"], "tags": d["tags"], "user": d["user"]} for d in documents
+    ]
+    assert {"id": "bad", "user": "u0", "n": "not a long"} in written
+
+    replay = subprocess.run(
+        [*CLI, str(failed), *flags, "-o", "create_stream=true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 1, replay.stderr
+    assert summary(replay.stderr) == {"records": 41, "acked": 40, "failed": 1}
+    assert [json.loads(line)["id"] for line in failed.read_text().splitlines()] == ["bad"]
+    parsed = fastavro.parse_schema(ORDER_SCHEMA)
+    stored = asyncio.run(read_jetstream(nats_broker.url, topic, 40))
+    decoded = []
+    for record in stored:
+        assert record["value"][:5] == b"\x00\x00\x00\x00\x07"
+        decoded.append(fastavro.schemaless_reader(io.BytesIO(record["value"][5:]), parsed, parsed))
+        assert record["headers"]["Nats-Msg-Id"] == decoded[-1]["id"]
+    assert sorted(decoded, key=lambda d: d["n"]) == [
+        {"id": d["id"], "n": d["n"], "tags": d["tags"]} for d in documents
+    ]
+
+
+def test_value_format_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = tmp_path / "s.avsc"
+    schema.write_text(json.dumps(ORDER_SCHEMA))
+    base = ["--url", "null://", "--topic", "t"]
+    for extra, message in (
+        (["--avro-schema", str(schema)], "need --value-format avro"),
+        (
+            ["--value-format", "avro", "--avro-schema", str(schema)],
+            "needs --avro-schema FILE and --schema-id N",
+        ),
+        (
+            [
+                "--value-format",
+                "avro",
+                "--avro-schema",
+                str(tmp_path / "no.avsc"),
+                "--schema-id",
+                "1",
+            ],
+            "cannot read --avro-schema",
+        ),
+        (
+            ["--value-format", "avro", "--avro-schema", str(schema), "--schema-id", "-1"],
+            "schema_id must be",
+        ),
+        (["--value-format", "yaml"], "invalid choice"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, *extra])
+        assert exit_info.value.code == 2, extra
+        assert message in capsys.readouterr().err, extra

@@ -31,12 +31,17 @@ from typing import IO, Any
 
 import producerkit as pk
 from producerkit import settings
+from producerkit.cli.values import VALUE_FORMATS, ValueFormat, value_format
 from producerkit.errors import ConfigurationError, ProduceError, ProducerClosed, ProducerError
 
 FORMATS = ("lines", "jsonl", "csv")
 
-#: A parsed record: (value, key, msg_id).
-Parsed = tuple[bytes, bytes | None, str | None]
+#: A parsed record: (value, key, msg_id). The value is bytes, or with a structured value format
+#: (json, avro) the parsed JSON value the producer serializes.
+Parsed = tuple[Any, bytes | None, str | None]
+#: Writes one failed record back: (value, key, msg_id), the value as :data:`Parsed` has it or as
+#: the bytes the producer made of it.
+Writer = Callable[[Any, bytes | None, str | None], None]
 
 
 class InvalidRecord(Exception):
@@ -53,12 +58,14 @@ class InvalidRecord(Exception):
 class Format:
     """Parses input records and writes failed ones back in the same format.
 
-    ``parse`` turns one input record into (value, key, msg_id) or raises InvalidRecord; ``dump``
-    is its inverse for what a rerun needs: parsing a dumped record gives the same value, key and
-    msg_id again.
+    ``records`` turns input records into (value, key, msg_id) or InvalidRecord; ``open_writer``
+    is its inverse for what a rerun needs: parsing a written record gives the same value, key
+    and msg_id again. ``values`` (``--value-format``) says whether a value is bytes or a parsed
+    JSON value, and whether it must be UTF-8 text.
     """
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, values: ValueFormat | None = None) -> None:
+        self.values = values if values is not None else ValueFormat()
         self.key_field: str | None = args.key_field
         self.value_field: str | None = args.value_field
         self.msg_id_field: str | None = args.msg_id_field
@@ -69,54 +76,83 @@ class Format:
     def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
         raise NotImplementedError
 
-    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+    def open_writer(self, file: IO[bytes]) -> Writer:
         raise NotImplementedError
+
+    def preamble(self) -> bytes:
+        """What a failures file starts with, before any record (CSV: the input's header)."""
+        return b""
+
+    def not_text(self, value: bytes) -> str | None:
+        """Why ``value`` may not be sent with ``--value-format str`` (None: it may)."""
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"the value is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        return None
 
 
 class LinesFormat(Format):
-    """A line is the value; with ``--key-delimiter D``, ``KEY<D>VALUE`` (like kcat's ``-K``)."""
+    """A line is the value; with ``--key-delimiter D``, ``KEY<D>VALUE`` (like kcat's ``-K``).
+    With a structured value format, each value is a JSON document."""
 
     def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
         delimiter = self.key_delimiter
+        structured, text = self.values.structured, self.values.text
         for line in lines:
             value = _strip_newline(line)
             if not value:
                 continue
-            if delimiter is None:
-                yield value, None, None
+            key = None
+            if delimiter is not None:
+                key, found, value = value.partition(delimiter)
+                if not found:
+                    yield InvalidRecord(line, f"no key delimiter {delimiter!r}")
+                    continue
+            if not structured:
+                reason = self.not_text(value) if text else None
+                yield (value, key, None) if reason is None else InvalidRecord(line, reason)
                 continue
-            key, found, rest = value.partition(delimiter)
-            if not found:
-                yield InvalidRecord(line, f"no key delimiter {delimiter!r}")
+            try:
+                document = _json_value(json.loads(value))
+            except ValueError as exc:
+                yield InvalidRecord(line, f"invalid JSON: {exc}")
+            except InvalidRecord as invalid:
+                yield InvalidRecord(line, str(invalid))
             else:
-                yield rest, key, None
+                yield document, key, None
 
-    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+    def open_writer(self, file: IO[bytes]) -> Writer:
         delimiter = self.key_delimiter
+        structured = self.values.structured
+        to_object = self.values.to_object
 
-        def write(value: bytes, key: bytes | None, msg_id: str | None) -> None:
+        def write(value: Any, key: bytes | None, msg_id: str | None) -> None:
             if delimiter is not None:
                 file.write(key or b"")
                 file.write(delimiter)
-            file.write(value)
+            file.write(_compact(to_object(value)) if structured else value)
             file.write(b"\n")
 
         return write
 
 
 class JsonlFormat(Format):
-    """One JSON document per line. The whole line is the value unless ``--value-field``."""
+    """One JSON document per line. The whole line is the value unless ``--value-field``; with
+    a structured value format, the parsed document (or field) is."""
 
     def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
         key_field, value_field, id_field = self.key_field, self.value_field, self.msg_id_field
-        needs_parse = key_field is not None or value_field is not None or id_field is not None
+        structured, text = self.values.structured, self.values.text
+        needs_parse = structured or any(f is not None for f in (key_field, value_field, id_field))
         for line in lines:
             raw = _strip_newline(line)
             if not raw.strip():
                 continue
             if not needs_parse:
                 # Sent as read: no parse, no re-serialisation, the bytes on the wire are the file's.
-                yield raw, None, None
+                reason = self.not_text(raw) if text else None
+                yield (raw, None, None) if reason is None else InvalidRecord(line, reason)
                 continue
             try:
                 document = json.loads(raw)
@@ -124,25 +160,27 @@ class JsonlFormat(Format):
                 yield InvalidRecord(line, f"invalid JSON: {exc}")
                 continue
             try:
-                yield _fields(document, raw, key_field, value_field, id_field)
+                yield _fields(document, raw, key_field, value_field, id_field, structured)
             except InvalidRecord as invalid:
                 invalid.raw = line
                 yield invalid
 
-    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
+    def open_writer(self, file: IO[bytes]) -> Writer:
         key_field, value_field, id_field = self.key_field, self.value_field, self.msg_id_field
+        structured = self.values.structured
+        to_object = self.values.to_object
 
-        def write(value: bytes, key: bytes | None, msg_id: str | None) -> None:
-            if value_field is None:
+        def write(value: Any, key: bytes | None, msg_id: str | None) -> None:
+            if value_field is None and not structured:
                 file.write(value)  # the line itself, which holds the key and id fields too
+            elif value_field is None:
+                # The document, with the key and id fields it had (Avro may have left them out)
+                document = _with_fields(to_object(value), key_field, key, id_field, msg_id)
+                file.write(_compact(document))
             else:
                 # Only the fields a rerun reads; strings re-encode to exactly these bytes.
-                document: dict[str, Any] = {}
-                if key_field is not None:
-                    document[key_field] = _text(key)
-                if id_field is not None:
-                    document[id_field] = msg_id
-                document[value_field] = _text(value)
+                document = _with_fields({}, key_field, key, id_field, msg_id)
+                document[value_field] = to_object(value) if structured else _text(value)
                 file.write(json.dumps(document, ensure_ascii=False).encode())
             file.write(b"\n")
 
@@ -150,7 +188,10 @@ class JsonlFormat(Format):
 
 
 class CsvFormat(Format):
-    """CSV with a header row. The value is the row as a JSON object unless ``--value-field``."""
+    """CSV with a header row. The value is the row as a JSON object unless ``--value-field``
+    (with a structured value format: the row as a dict of strings, or the cell's string)."""
+
+    header: list[str] | None = None  # the input's, once read
 
     def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
         reader = csv.reader(line.decode("utf-8", "surrogateescape") for line in lines)
@@ -169,38 +210,39 @@ class CsvFormat(Format):
                 yield InvalidRecord(raw, f"{len(row)} columns, the header has {len(header)}")
                 continue
             document = dict(zip(header, row, strict=True))
-            if self.value_field is None:
-                value = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
-            else:
-                value = document[self.value_field].encode()
+            value: Any = document if self.value_field is None else document[self.value_field]
+            if not self.values.structured:
+                # Bytes as read: cells that are not UTF-8 keep their bytes (surrogateescape).
+                value = _encode(_compact_text(value) if self.value_field is None else value)
+                reason = self.not_text(value) if self.values.text else None
+                if reason is not None:
+                    yield InvalidRecord(_csv_line(row), reason)
+                    continue
             key = None
             if self.key_field is not None and document[self.key_field] != "":
-                key = document[self.key_field].encode()
+                key = _encode(document[self.key_field])
             msg_id = None
             if self.msg_id_field is not None:
                 msg_id = document[self.msg_id_field] or None
             yield value, key, msg_id
 
-    def open_writer(self, file: IO[bytes]) -> Callable[[bytes, bytes | None, str | None], None]:
-        header: list[str] | None = None
+    def preamble(self) -> bytes:
+        # The input's header: rows the reader could not use are written back as they were.
+        return _csv_line(self.header) if self.header is not None else b""
 
-        def write(value: bytes, key: bytes | None, msg_id: str | None) -> None:
-            nonlocal header
+    def open_writer(self, file: IO[bytes]) -> Writer:
+        structured = self.values.structured
+        to_object = self.values.to_object
+
+        def write(value: Any, key: bytes | None, msg_id: str | None) -> None:
             if self.value_field is None:
-                row = json.loads(value)  # the whole row, exactly as read
-                columns = self.header
-            else:
-                row = {}
-                if self.key_field is not None:
-                    row[self.key_field] = _text(key)
-                if self.msg_id_field is not None:
-                    row[self.msg_id_field] = msg_id or ""
-                row[self.value_field] = _text(value)
-                columns = list(row)
-            if header is None:
-                header = columns
-                file.write(_csv_line(header))
-            file.write(_csv_line([row.get(name, "") for name in header]))
+                # the whole row, as read (Avro may have left out the key and id columns)
+                row = to_object(value) if structured else json.loads(value)
+                row = _with_fields(row, self.key_field, key, self.msg_id_field, msg_id or "")
+            else:  # the columns a rerun reads; the others empty
+                row = _with_fields({}, self.key_field, key, self.msg_id_field, msg_id or "")
+                row[self.value_field] = to_object(value) if structured else _text(value)
+            file.write(_csv_line([row.get(name, "") for name in self.header or ()]))
 
         return write
 
@@ -211,9 +253,16 @@ def _fields(
     key_field: str | None,
     value_field: str | None,
     id_field: str | None,
+    structured: bool = False,
 ) -> Parsed:
-    if not isinstance(document, dict):
+    """A JSONL document's (value, key, msg_id): the value is the line (or the document, when
+    ``structured``), or its ``value_field`` as bytes (or as it is, when ``structured``)."""
+    named = key_field is not None or value_field is not None or id_field is not None
+    if named and not isinstance(document, dict):
         raise InvalidRecord(raw, f"expected a JSON object, got {type(document).__name__}")
+    if not named:
+        return _json_value(document), None, None
+    assert isinstance(document, dict)
     key = msg_id = None
     if key_field is not None:
         if key_field not in document:
@@ -225,11 +274,46 @@ def _fields(
         field = document[id_field]
         msg_id = field if isinstance(field, str) else json.dumps(field)
     if value_field is None:
-        return raw, key, msg_id
+        return (document if structured else raw), key, msg_id
     if value_field not in document:
         raise InvalidRecord(raw, f"no value field {value_field!r}")
+    if structured:
+        return _json_value(document[value_field]), key, msg_id
     value = _field_bytes(document[value_field])
     return (value if value is not None else b"null"), key, msg_id
+
+
+def _json_value(value: object) -> object:
+    """A parsed JSON value the producer will serialize: null is refused (the producer sends no
+    value for None; the ``bytes`` value format sends a JSON null field as ``null``)."""
+    if value is None:
+        raise InvalidRecord(b"", "the value is JSON null: nothing to serialize")
+    return value
+
+
+def _with_fields(
+    document: Any, key_field: str | None, key: bytes | None, id_field: str | None, msg_id: Any
+) -> Any:
+    """``document`` (if a dict) with the key and msg-id fields a rerun reads, where missing."""
+    if isinstance(document, dict):
+        if key_field is not None and key_field not in document:
+            document[key_field] = _text(key)
+        if id_field is not None and id_field not in document:
+            document[id_field] = msg_id
+    return document
+
+
+def _compact(value: object) -> bytes:
+    """A JSON value as one line of compact UTF-8 JSON (lone surrogates back to their bytes)."""
+    return _encode(_compact_text(value))
+
+
+def _compact_text(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _field_bytes(field: object) -> bytes | None:
@@ -291,16 +375,17 @@ class FailureSink:
         self._finished = False
         self._fmt = fmt
         self._file: IO[bytes] | None = None
-        self._write: Callable[[bytes, bytes | None, str | None], None] | None = None
+        self._write: Writer | None = None
         self._partial = path.with_name(path.name + ".partial") if path is not None else None
 
     def _open(self) -> IO[bytes] | None:
         if self._file is None and self._partial is not None:
             self._file = open(self._partial, "wb")  # noqa: SIM115 - closed in finish()
+            self._file.write(self._fmt.preamble())
             self._write = self._fmt.open_writer(self._file)
         return self._file
 
-    def add(self, value: bytes, key: bytes | None, msg_id: str | None, exc: BaseException) -> None:
+    def add(self, value: Any, key: bytes | None, msg_id: str | None, exc: BaseException) -> None:
         self._count(exc)
         if self._open() is not None:
             assert self._write is not None
@@ -445,6 +530,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--topic", "-t", help="topic (Kafka) or subject (NATS)")
     parser.add_argument("--config", help="TOML settings file (default ./producerkit.toml)")
     parser.add_argument("--format", "-f", choices=FORMATS, default="lines")
+    parser.add_argument(
+        "--value-format",
+        choices=VALUE_FORMATS,
+        default="bytes",
+        help=(
+            "how each value is sent: bytes (default) as read, a JSONL/CSV field's text, a CSV row "
+            "as a JSON object; str: the same, refusing values that are not UTF-8; json: the "
+            "value (a line, a JSONL document or field, a CSV row or cell) as compact JSON; avro: "
+            "that JSON value as Avro (--avro-schema, --schema-id)"
+        ),
+    )
+    parser.add_argument("--avro-schema", metavar="FILE", help="avro: the schema (.avsc JSON)")
+    parser.add_argument(
+        "--schema-id", type=int, metavar="N", help="avro: the schema's registry id (framed)"
+    )
     parser.add_argument("--key-field", help="jsonl/csv: the field whose value is the key")
     parser.add_argument("--value-field", help="jsonl/csv: send only this field as the value")
     parser.add_argument(
@@ -510,7 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        fmt = _FORMAT_CLASSES[args.format](args)
+        values = value_format(args.value_format, args.avro_schema, args.schema_id)
+        fmt = _FORMAT_CLASSES[args.format](args, values)
         if args.format == "lines" and (args.key_field or args.value_field or args.msg_id_field):
             raise ConfigurationError(
                 "--key-field/--value-field/--msg-id-field need --format jsonl or csv"
@@ -650,7 +751,11 @@ async def _produce(
     failures = FailureSink(fmt, failed_out)
     # Delivery failures are written the moment they happen (so a killed run keeps what it
     # learnt); flush()/close() raise the same failures again, which are therefore not re-added.
-    producer = pk.Producer(**kwargs, on_error=failures.add_failure)
+    producer = pk.Producer(
+        **kwargs,
+        on_error=failures.add_failure,
+        value_serializer=fmt.values.serializer(),
+    )
     source, size = _open_input(args.file)
     progress = _Progress(show_progress, size, f"→ {kwargs['topic']}")
     nonblocking: bool = args.nonblocking
