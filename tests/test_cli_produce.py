@@ -563,6 +563,7 @@ def test_value_format_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture
             "schema_id must be",
         ),
         (["--value-format", "yaml"], "invalid choice"),
+        (["--metrics-linger", "5"], "--metrics-linger needs --metrics-port"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main([*base, *extra])

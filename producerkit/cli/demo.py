@@ -2,7 +2,8 @@
 
 Starts Tansu and nats-server from the installed wheels, then publishes the same messages with a
 synchronous produce (one round trip each) and with ``nonblocking=True`` (a bounded window of
-messages in flight), on Kafka and JetStream, and prints the two rates side by side.
+messages in flight), on Kafka and JetStream, and prints the two rates side by side. With
+``--metrics-port`` the four producers' counters add up in one Prometheus endpoint.
 """
 
 from __future__ import annotations
@@ -11,25 +12,43 @@ import argparse
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import producerkit as pk
+from producerkit.cli.produce import add_metrics_arguments, linger, start_metrics
+from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import start_kafka, start_nats
+
+if TYPE_CHECKING:
+    from producerkit.cli.metrics import Metrics
 
 
 async def _rate(
-    url: str, mode: str, count: int, limit: int, **options: Any
+    url: str, mode: str, count: int, limit: int, metrics: Metrics | None = None, **options: Any
 ) -> tuple[float, pk.Stats]:
     value = b"x" * 512
-    async with pk.Producer(url, topic="demo", max_in_flight_messages=limit, **options) as producer:
-        await producer.produce(value, key=b"warm-up")  # connect and learn the topic first
-        started = time.perf_counter()
-        for i in range(count):
-            await producer.produce(
-                value, key=b"user-%d" % (i % 1000), nonblocking=mode == "nonblocking"
-            )
-        await producer.flush()
-        elapsed = time.perf_counter() - started
+    producer = pk.Producer(
+        url,
+        topic="demo",
+        max_in_flight_messages=limit,
+        on_outcome=metrics.observe if metrics is not None else None,
+        **options,
+    )
+    try:
+        async with producer:
+            if metrics is not None:
+                metrics.attach(producer)
+            await producer.produce(value, key=b"warm-up")  # connect and learn the topic first
+            started = time.perf_counter()
+            for i in range(count):
+                await producer.produce(
+                    value, key=b"user-%d" % (i % 1000), nonblocking=mode == "nonblocking"
+                )
+            await producer.flush()
+            elapsed = time.perf_counter() - started
+    finally:
+        if metrics is not None:
+            metrics.detach()
     return count / elapsed, producer.stats
 
 
@@ -50,7 +69,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         help="emulate a WAN: add this round trip between client and broker",
     )
+    add_metrics_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        metrics = start_metrics(args)
+    except ConfigurationError as exc:
+        parser.error(str(exc))  # exits with code 2
+    try:
+        _run(args, metrics)
+    finally:
+        linger(metrics, args.metrics_linger)
+    return 0
+
+
+def _run(args: argparse.Namespace, metrics: Metrics | None) -> None:
     print("starting local brokers (Tansu Kafka, nats-server JetStream) ...", flush=True)
     with start_kafka() as kafka, start_nats(jetstream=True) as nats:
         targets = [("kafka", kafka.url, {}), ("jetstream", nats.url, {"create_stream": True})]
@@ -59,7 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             with _maybe_delayed(url, args.rtt_ms, kafka if name == "kafka" else None) as target:
                 sync_rate, _ = asyncio.run(
                     _rate(
-                        target, "sync", args.sync_messages, args.max_in_flight_messages, **options
+                        target,
+                        "sync",
+                        args.sync_messages,
+                        args.max_in_flight_messages,
+                        metrics,
+                        **options,
                     )
                 )
                 nb_rate, stats = asyncio.run(
@@ -68,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "nonblocking",
                         args.nonblocking_messages,
                         args.max_in_flight_messages,
+                        metrics,
                         **options,
                     )
                 )
@@ -88,7 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print("\nSync produce waits one round trip per message; nonblocking keeps up to the window's")
     print("limit in flight and drains to half when it fills. Try --rtt-ms 10 to see a WAN.")
-    return 0
 
 
 class _maybe_delayed:

@@ -27,12 +27,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import producerkit as pk
 from producerkit import settings
 from producerkit.cli.values import VALUE_FORMATS, ValueFormat, value_format
-from producerkit.errors import ConfigurationError, ProduceError, ProducerClosed, ProducerError
+from producerkit.errors import (
+    ConfigurationError,
+    MessageError,
+    ProduceError,
+    ProducerClosed,
+    ProducerError,
+)
+
+if TYPE_CHECKING:
+    from producerkit.cli.metrics import Metrics
 
 FORMATS = ("lines", "jsonl", "csv")
 
@@ -367,8 +376,9 @@ class FailureSink:
     what is left to send, and replaying an empty file sends nothing.
     """
 
-    def __init__(self, fmt: Format, path: Path | None) -> None:
+    def __init__(self, fmt: Format, path: Path | None, metrics: Metrics | None = None) -> None:
         self.path = path
+        self._metrics = metrics
         self.count = 0
         self.reasons: dict[str, int] = {}
         self.examples: list[str] = []
@@ -387,6 +397,8 @@ class FailureSink:
 
     def add(self, value: Any, key: bytes | None, msg_id: str | None, exc: BaseException) -> None:
         self._count(exc)
+        if self._metrics is not None and isinstance(exc, MessageError):
+            self._metrics.rejected(exc)  # refused at the call: never a message
         if self._open() is not None:
             assert self._write is not None
             self._write(value, key, msg_id)
@@ -396,6 +408,8 @@ class FailureSink:
 
     def add_raw(self, raw: bytes, exc: BaseException) -> None:
         self._count(exc)
+        if self._metrics is not None:
+            self._metrics.rejected(exc)
         file = self._open()
         if file is not None:
             file.write(raw if raw.endswith(b"\n") else raw + b"\n")
@@ -593,7 +607,56 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="show a progress bar (default: when stderr is a terminal)",
     )
+    add_metrics_arguments(parser)
     return parser
+
+
+def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-linger`` (shared with ``producerkit demo``)."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: a free port, "
+        'printed); needs pip install "producerkit[metrics]"',
+    )
+    parser.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --metrics-port: keep serving the final metrics this long after the run "
+        "(Ctrl-C ends it), so a scraper sees them",
+    )
+
+
+def start_metrics(args: argparse.Namespace) -> Metrics | None:
+    """The metrics server for ``--metrics-port`` (None without it); ConfigurationError if it
+    cannot start. prometheus-client is imported only here."""
+    if args.metrics_port is None:
+        if args.metrics_linger:
+            raise ConfigurationError("--metrics-linger needs --metrics-port")
+        return None
+    if not 0 <= args.metrics_port <= 65535 or args.metrics_linger < 0:
+        raise ConfigurationError("--metrics-port takes 0-65535 and --metrics-linger seconds >= 0")
+    from producerkit.cli.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.serve(args.metrics_port)
+    return metrics
+
+
+def linger(metrics: Metrics | None, seconds: float) -> None:
+    """Keep serving the final metrics for ``seconds`` (Ctrl-C ends it early), then stop."""
+    if metrics is None:
+        return
+    try:
+        if seconds > 0:
+            time.sleep(seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        metrics.close()
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -633,15 +696,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigurationError("no topic: pass --topic, set PRODUCERKIT_TOPIC or topic =")
         if args.file != "-" and not os.path.isfile(args.file):
             raise ConfigurationError(f"no such file: {args.file}")
+        metrics = start_metrics(args)
     except ConfigurationError as exc:
         parser.error(str(exc))  # exits with code 2
     failed_out = Path(args.failed_out) if args.failed_out else None
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     try:
-        return asyncio.run(_produce(args, fmt, kwargs, headers, failed_out, show_progress))
+        return asyncio.run(_produce(args, fmt, kwargs, headers, failed_out, show_progress, metrics))
     except ConfigurationError as exc:  # e.g. a backend option, checked when the Producer is built
         print(f"producerkit produce: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        linger(metrics, args.metrics_linger)
 
 
 class _Stopped(Exception):
@@ -747,13 +813,15 @@ async def _produce(
     headers: dict[str, str] | None,
     failed_out: Path | None,
     show_progress: bool,
+    metrics: Metrics | None = None,
 ) -> int:
-    failures = FailureSink(fmt, failed_out)
+    failures = FailureSink(fmt, failed_out, metrics)
     # Delivery failures are written the moment they happen (so a killed run keeps what it
     # learnt); flush()/close() raise the same failures again, which are therefore not re-added.
     producer = pk.Producer(
         **kwargs,
         on_error=failures.add_failure,
+        on_outcome=metrics.observe if metrics is not None else None,
         value_serializer=fmt.values.serializer(),
     )
     source, size = _open_input(args.file)
@@ -774,6 +842,8 @@ async def _produce(
             _summary(kwargs, None, read, failures, time.perf_counter() - started, failed_out)
             return 1
         progress.start(producer, failures)
+        if metrics is not None:
+            metrics.attach(producer)
         reader = _Reader(fmt, source, progress)
         produce = producer.produce
         try:
@@ -806,6 +876,8 @@ async def _produce(
     finally:
         with contextlib.suppress(ProduceError):  # its failures were written by on_error
             await producer.close()
+        if metrics is not None:
+            metrics.detach()
         await progress.stop()
         if source is not sys.stdin.buffer:
             source.close()
