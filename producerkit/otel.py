@@ -8,9 +8,10 @@
     producer = metrics.watch(pk.Producer(url, topic="orders", on_outcome=metrics))
 
 A :class:`ProducerMetrics` is the producer's ``on_outcome`` hook: it counts acked and failed
-messages and records each ack's latency. Once it :meth:`~ProducerMetrics.watch`\\ es the
-producer, it also reads the producer's :attr:`~producerkit.Producer.stats` whenever the metrics
-are collected (in flight, window waits). :func:`instrumented` does both in one call.
+messages and records each ack's latency. Given the producer with
+:meth:`~ProducerMetrics.watch`, it also reads the producer's :attr:`~producerkit.Producer.stats`
+whenever the metrics are collected (in flight, window waits). :func:`instrumented` does both
+in one call.
 
 Everything goes through OpenTelemetry's metrics API, so any SDK and exporter (OTLP, Prometheus)
 reads it; without an SDK it records nothing and costs next to nothing. Counts are kept in plain
@@ -167,7 +168,7 @@ class ProducerMetrics:
 
         Also learns the producer's backend (its URL scheme) for every measurement's
         ``messaging.system``. The producer is held weakly: it is read until it is
-        garbage-collected or :meth:`unwatch`\\ ed.
+        garbage-collected, or until :meth:`unwatch`.
         """
         system = _scheme_of(producer)
         counts = self._counts
