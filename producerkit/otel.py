@@ -334,7 +334,7 @@ class _Counts:
         live = self.live_stats()
         return {self.attributes({}): self.waits_before + sum(s.window_waits for s in live)}
 
-    def wait_time_points(self) -> Points:
+    def wait_seconds_points(self) -> Points:
         live = self.live_stats()
         seconds = self.wait_seconds_before + sum(s.window_wait_seconds for s in live)
         return {self.attributes({}): seconds}
@@ -371,8 +371,8 @@ _COUNTERS: Final[dict[str, tuple[Callable[[_Counts], Points], str, str]]] = {
         "{wait}",
         "Times a produce() found the in-flight window full and waited",
     ),
-    "producerkit.window.wait_time": (
-        _Counts.wait_time_points,
+    "producerkit.window.wait": (
+        _Counts.wait_seconds_points,
         "s",
         "Seconds produce() calls spent waiting for room in the window",
     ),
