@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Producer"]
 
-logger = logging.getLogger("producerkit")
+logger = logging.getLogger("producerkit.producer")
 
 _NEW: Final = 0
 _RUNNING: Final = 1
@@ -648,16 +648,24 @@ def _trace_injector() -> Callable[[Any], Any]:
     """``(headers) -> headers`` with the current OpenTelemetry context injected as headers, for
     ``propagate_trace``; headers the caller gave win over injected ones of the same name."""
     try:
+        from opentelemetry import context as otel_context
         from opentelemetry import propagate
     except ImportError as exc:
         raise MissingDependencyError(
             'propagate_trace needs OpenTelemetry: run  pip install "producerkit[otel]"'
         ) from exc
-    inject = propagate.inject
+    get_current, inject = otel_context.get_current, propagate.inject
+    last_context: object = None
+    last_carrier: dict[str, str] = {}
 
     def with_trace(headers: Any) -> Any:
-        carrier: dict[str, str] = {}
-        inject(carrier)
+        nonlocal last_context, last_carrier
+        context = get_current()
+        if context is not last_context:  # a Context is immutable: same object, same headers
+            last_carrier = {}
+            inject(last_carrier, context=context)
+            last_context = context
+        carrier = last_carrier  # only read below
         if not carrier:
             return headers  # no active span: nothing to propagate
         if headers is None:

@@ -43,7 +43,7 @@ from producerkit._types import (
 )
 from producerkit.errors import ProduceError, ProduceTimeout
 
-logger = logging.getLogger("producerkit")
+logger = logging.getLogger("producerkit.producer")
 
 ErrorCallback = Callable[[Failure], object]
 OutcomeCallback = Callable[[Outcome], object]
