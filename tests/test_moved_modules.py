@@ -16,7 +16,7 @@ MOVED = [
 
 @pytest.mark.parametrize(("old", "new"), MOVED)
 def test_old_path_imports_the_same_objects_and_warns(old: str, new: str) -> None:
-    # A fresh interpreter: here the old module may already be imported (test_spark uses it).
+    # A fresh interpreter: here the old module may already be imported.
     code = "\n".join(
         [
             "import warnings",
