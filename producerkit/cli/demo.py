@@ -1,4 +1,4 @@
-"""``producerkit demo``: seed 000's first lesson on this machine.
+"""``producerkit demo``: sync produce next to nonblocking produce, on this machine.
 
 Starts Tansu and nats-server from the installed wheels, then publishes the same messages with a
 synchronous produce (one round trip each) and with ``nonblocking=True`` (a bounded window of
