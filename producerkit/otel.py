@@ -48,8 +48,8 @@ CONNECTION: Final = "producerkit.connection"  # which of the producer's connecti
 ERROR_TYPE: Final = "error.type"  # the exception's class name, on failures
 
 #: Bucket bounds of ``producerkit.ack.latency``, in seconds (OpenTelemetry's default bounds are
-#: for milliseconds): local brokers ack in well under a millisecond, a WAN in tens; the same
-#: bounds as the CLI's Prometheus histogram (producerkit.cli.metrics).
+#: for milliseconds): local brokers ack in well under a millisecond, a WAN in tens. The CLI's
+#: Prometheus histogram (producerkit.cli.metrics) uses them too.
 LATENCY_BUCKETS: Final = (
     0.0001,
     0.00025,

@@ -35,30 +35,11 @@ from typing import Any
 
 import attrs
 
-from producerkit import Outcome, Producer, Stats
+from producerkit import Outcome, Producer, Stats, otel
 from producerkit.errors import ConfigurationError, MissingDependencyError
 
-#: Ack latency buckets, seconds: local brokers ack in well under a millisecond, a WAN in tens.
-LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
+#: Ack latency buckets, in seconds: the same bounds as the OpenTelemetry histogram's.
+LATENCY_BUCKETS = otel.LATENCY_BUCKETS
 
 
 @attrs.frozen

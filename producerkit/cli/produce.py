@@ -845,28 +845,8 @@ async def _produce(
         if metrics is not None:
             metrics.attach(producer)
         reader = _Reader(fmt, source, progress)
-        produce = producer.produce
         try:
-            while (batch := await reader.next_batch()) is not None:
-                for item in batch:
-                    progress.records += 1
-                    if progress.records & 1023 == 0:
-                        # A burst that never waits would starve the progress task and sockets.
-                        await asyncio.sleep(0)
-                    if isinstance(item, InvalidRecord):
-                        failures.add_raw(item.raw, item)
-                        continue
-                    value, key, msg_id = item
-                    try:
-                        await produce(
-                            value, key=key, headers=headers, msg_id=msg_id, nonblocking=nonblocking
-                        )
-                    except ProducerClosed:
-                        raise
-                    except ProducerError as exc:
-                        # Refused at the call (MessageError), or a blocking produce's own failure.
-                        failures.add(value, key, msg_id, exc)
-            await producer.flush()
+            await _produce_records(reader, producer, progress, failures, headers, nonblocking)
         except ProduceError:
             pass  # already written by on_error
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -887,6 +867,38 @@ async def _produce(
     if interrupted:
         return 130
     return 1 if failures.count else 0
+
+
+async def _produce_records(
+    reader: _Reader,
+    producer: pk.Producer,
+    progress: _Progress,
+    failures: FailureSink,
+    headers: dict[str, str] | None,
+    nonblocking: bool,
+) -> None:
+    """Produce every record the reader gives, then flush; a record refused at the call (a
+    MessageError) or a blocking produce's own failure goes to ``failures``."""
+    produce = producer.produce
+    while (batch := await reader.next_batch()) is not None:
+        for item in batch:
+            progress.records += 1
+            if progress.records & 1023 == 0:
+                # A burst that never waits would starve the progress task and sockets.
+                await asyncio.sleep(0)
+            if isinstance(item, InvalidRecord):
+                failures.add_raw(item.raw, item)
+                continue
+            value, key, msg_id = item
+            try:
+                await produce(
+                    value, key=key, headers=headers, msg_id=msg_id, nonblocking=nonblocking
+                )
+            except ProducerClosed:
+                raise
+            except ProducerError as exc:
+                failures.add(value, key, msg_id, exc)
+    await producer.flush()
 
 
 def _summary(
