@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from producerkit.cli._signals import interruptible
 from producerkit.errors import ProducerError
 from producerkit.testing.brokers import LocalBroker, free_port, start_kafka, start_nats
 
@@ -256,35 +257,34 @@ def _run_until_interrupted(
     started with ``&`` from a script: ``kill -INT`` stops the brokers there too.
     """
 
-    def terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
-    try:
-        owns_workdir = temporary is not None
-        _print_brokers([_describe(b) | {"owns_workdir": owns_workdir} for b in brokers], as_json)
-        if not as_json:
-            print("Ctrl-C stops them.", flush=True)
-        while True:
+    with interruptible():
+        try:
+            owns_workdir = temporary is not None
+            described = [_describe(b) | {"owns_workdir": owns_workdir} for b in brokers]
+            _print_brokers(described, as_json)
+            if not as_json:
+                print("Ctrl-C stops them.", flush=True)
+            code = _watch(brokers)
+        except KeyboardInterrupt:
+            pass
+        finally:
             for broker in brokers:
-                if broker.process is None or broker.process.poll() is not None:
-                    print(
-                        f"producerkit dev: {broker.kind} exited:\n{broker.log_tail()}",
-                        file=sys.stderr,
-                    )
-                    code = 1
-                    raise KeyboardInterrupt
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for broker in brokers:
-            broker.stop()
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
-        print("stopped", file=sys.stderr)
-        for sig, handler in previous.items():
-            if handler is not None:  # None: a handler not set from Python, nothing to restore
-                signal.signal(sig, handler)
+                broker.stop()
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+            print("stopped", file=sys.stderr)
     return code
+
+
+def _watch(brokers: list[LocalBroker]) -> int:
+    """Until Ctrl-C (KeyboardInterrupt) or a broker exits: then 1, with its log's tail."""
+    while True:
+        for broker in brokers:
+            if broker.process is None or broker.process.poll() is not None:
+                print(
+                    f"producerkit dev: {broker.kind} exited:\n{broker.log_tail()}",
+                    file=sys.stderr,
+                )
+                return 1
+        time.sleep(0.5)

@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import producerkit as pk
 from producerkit import settings
+from producerkit.cli._signals import interruptible
 from producerkit.cli.values import VALUE_FORMATS, ValueFormat, value_format
 from producerkit.errors import (
     ConfigurationError,
@@ -651,8 +652,9 @@ def linger(metrics: Metrics | None, seconds: float) -> None:
     if metrics is None:
         return
     try:
-        if seconds > 0:
-            time.sleep(seconds)
+        with interruptible():
+            if seconds > 0:
+                time.sleep(seconds)
     except KeyboardInterrupt:
         pass
     finally:
