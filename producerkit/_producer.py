@@ -184,7 +184,7 @@ class Producer:
             # untracking it would cost more than the collections it saves.
             untrack=self._spec.holds_records,
         )
-        self._reports = _Reports(self._window, self._topic_changed, self._batch_sent, on_outcome)
+        self._reports = _Reports(self._window, self._topic_changed, self._batch_sent)
         self._pending = self._window.pending
         self._router = Router(
             self._partitioner, self._key_hash, self._keyless, self._connection_count
@@ -799,9 +799,8 @@ class _Reports:
         window: InFlightWindow,
         topic_changed: Callable[[str], None],
         batch_sent: Callable[[str, int], None],
-        on_outcome: Callable[[Outcome], object] | None,
     ) -> None:
-        observed = on_outcome is not None
+        observed = window.observed
         self.acked = window.acked_observed if observed else window.acked
         self.acked_run = window.acked_run_observed if observed else window.acked_run
         self.failed = window.failed

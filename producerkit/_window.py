@@ -250,6 +250,11 @@ class InFlightWindow(_WindowCore):
             if self._waiting:
                 self._wake(len(self.pending))
 
+    @property
+    def observed(self) -> bool:
+        """Whether an ``on_outcome`` hook watches this window."""
+        return self._on_outcome is not None
+
     def acked_observed(self, record: Record, offset: int | None) -> None:
         """:meth:`acked`, and ``on_outcome`` told of it (used instead when a hook is set)."""
         if record[SEQ] in self.pending:

@@ -15,7 +15,12 @@ from producerkit._types import Record
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection
 from producerkit.backends.kafka import _aiokafka_compat, options, record_batch
-from producerkit.backends.kafka.accumulator import Accumulator, Gathering, PartitionQueue
+from producerkit.backends.kafka.accumulator import (
+    INITIAL_BATCH_RECORDS,
+    Accumulator,
+    Gathering,
+    PartitionQueue,
+)
 from producerkit.backends.kafka.errors import translate
 from producerkit.backends.kafka.sender import Sender
 from producerkit.errors import AuthenticationError, BrokerUnavailable, TLSError
@@ -42,10 +47,10 @@ class KafkaConnection(Connection):
         queues: dict[str, dict[int, PartitionQueue]] = {}
         gathering: Gathering
         if _fast.Gather is not None:
-            # The C send appends when that is all there is to do, and calls append_or_ship
+            # The C send appends when that is all there is to do, and calls this class's send
             # for everything else.
-            c_gather = _fast.Gather(queues, self._append_or_ship)
-            c_gather.batch_records = Gathering().batch_records
+            c_gather = _fast.Gather(queues, self.send)
+            c_gather.batch_records = INITIAL_BATCH_RECORDS
             c_gather.ship_due = False
             self.send = c_gather.send  # type: ignore[method-assign]
             gathering = c_gather
@@ -128,9 +133,6 @@ class KafkaConnection(Connection):
     # ------------------------------------------------------------------ the hot path
 
     def send(self, record: Record) -> Awaitable[None] | None:
-        return self._append_or_ship(record)
-
-    def _append_or_ship(self, record: Record) -> Awaitable[None] | None:
         """Append ``record`` to its partition's open list (the C Gather's send does this itself
         when that is all there is to do) and arrange for it to ship."""
         queue = self._accumulator.queue_of(record)
