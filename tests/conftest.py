@@ -1,20 +1,25 @@
-"""Session brokers started from installed wheels, and one fixture parametrized over every backend.
+"""Session brokers, the event loops every async test runs on, and one fixture parametrized over
+every backend.
 
-Tansu (Kafka protocol, memory storage) and nats-server (JetStream, temp store) start once per
-session on free loopback ports and stop at the end. ``backend_url`` runs a test on memory, null,
-kafka, jetstream and nats; ``read_back`` reads a topic back with a plain client.
+The session brokers are producerkit's pytest plugin's own ``kafka_broker`` (Tansu, memory
+storage) and ``nats_broker`` (nats-server with JetStream in a temp dir; ``.url`` is core NATS,
+``.jetstream_url`` JetStream), started once per session on free loopback ports. ``async def``
+tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``anyio_backend``:
+asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
+``backend`` runs a test on memory, null, kafka, jetstream and nats; ``read_kafka`` and
+``read_jetstream`` read a topic back with a plain client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.pytest_plugin import SessionBroker
 
 BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
 
@@ -22,28 +27,46 @@ BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
 _REAL_BACKENDS = ("kafka", "jetstream", "nats")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``brokers`` every test that talks to a real broker through a client library: it asks
     for a session broker, or for ``backend`` on kafka/jetstream/nats. ``pytest -m brokers`` runs
-    exactly these (CI runs them once more on the client libraries' public-API path)."""
+    exactly these (CI runs them once more on the client libraries' public-API path).
+
+    Only these run on uvloop too: a loop's differences show in its sockets and transports, and
+    the tests of memory://, null:// and pure logic would double the suite's time for nothing, so
+    their ``uvloop`` case is deselected."""
+    on_asyncio_only: list[pytest.Item] = []
+    kept: list[pytest.Item] = []
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         callspec = getattr(item, "callspec", None)
-        param = callspec.params.get("backend") if callspec is not None else None
-        if "kafka_broker" in fixtures or "nats_broker" in fixtures or param in _REAL_BACKENDS:
+        params = callspec.params if callspec is not None else {}
+        if (
+            "kafka_broker" in fixtures
+            or "nats_broker" in fixtures
+            or params.get("backend") in _REAL_BACKENDS
+        ):
             item.add_marker(pytest.mark.brokers)
+        if params.get("anyio_backend") == _UVLOOP and item.get_closest_marker("brokers") is None:
+            on_asyncio_only.append(item)
+        else:
+            kept.append(item)
+    if on_asyncio_only:
+        config.hook.pytest_deselected(items=on_asyncio_only)
+        items[:] = kept
 
 
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[LocalBroker]:
-    with start_kafka() as broker:
-        yield broker
+_UVLOOP = ("asyncio", {"use_uvloop": True})
 
 
-@pytest.fixture(scope="session")
-def nats_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    with start_nats(jetstream=True, workdir=tmp_path_factory.mktemp("nats")) as broker:
-        yield broker
+@pytest.fixture(
+    params=[pytest.param(("asyncio", {}), id="asyncio"), pytest.param(_UVLOOP, id="uvloop")]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The event loops every ``pytest.mark.anyio`` test runs on: asyncio, and asyncio with
+    uvloop (kept for ``brokers`` tests only, see ``pytest_collection_modifyitems``)."""
+    backend: tuple[str, dict[str, Any]] = request.param
+    return backend
 
 
 @pytest.fixture
@@ -75,16 +98,12 @@ def backend(request: pytest.FixtureRequest) -> BackendCase:
     if name == "null":
         return BackendCase(name, "null://", {})
     if name == "kafka":
-        broker: LocalBroker = request.getfixturevalue("kafka_broker")
+        broker: SessionBroker = request.getfixturevalue("kafka_broker")
         return BackendCase(name, broker.url, {})
     broker = request.getfixturevalue("nats_broker")
     if name == "jetstream":
         return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True})
     return BackendCase(name, f"nats://{broker.host_port}", {})
-
-
-def run(coroutine: Awaitable[Any]) -> Any:
-    return asyncio.run(coroutine)  # type: ignore[arg-type]
 
 
 ReadBack = Callable[..., Awaitable[list[dict[str, Any]]]]
@@ -116,6 +135,7 @@ async def read_kafka(
                     "key": message.key,
                     "value": message.value,
                     "headers": dict(message.headers or ()),
+                    "header_pairs": list(message.headers or ()),
                     "timestamp": message.timestamp,
                 }
                 for message in messages

