@@ -18,7 +18,9 @@ from producerkit.errors import (
     BrokerUnavailable,
     ConfigurationError,
     DeliveryError,
+    ExpectationFailed,
     IncompatibleClientError,
+    LoopThreadError,
     MessageError,
     MessageTooLarge,
     MissingDependencyError,
@@ -26,9 +28,11 @@ from producerkit.errors import (
     ProducerClosed,
     ProducerError,
     ProduceTimeout,
+    Purged,
     SerializationError,
     TLSError,
 )
+from producerkit.jetstream import Expect
 
 __version__ = "0.1.0"
 
@@ -40,8 +44,11 @@ __all__ = [
     "ConnectionStats",
     "Delivery",
     "DeliveryError",
+    "Expect",
+    "ExpectationFailed",
     "Failure",
     "IncompatibleClientError",
+    "LoopThreadError",
     "MessageError",
     "MessageTooLarge",
     "MissingDependencyError",
@@ -51,6 +58,7 @@ __all__ = [
     "Producer",
     "ProducerClosed",
     "ProducerError",
+    "Purged",
     "SerializationError",
     "Stats",
     "SyncProducer",

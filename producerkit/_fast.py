@@ -19,6 +19,7 @@ from producerkit._types import (
     MSG_ID,
     PARTITION,
     SEQ,
+    TIMESTAMP,
     TOPIC,
     VALUE,
 )
@@ -46,8 +47,21 @@ def _load() -> tuple[ModuleType | None, str]:
         _speedups.RECORD_DEADLINE,
         _speedups.RECORD_CONNECTION,
         _speedups.RECORD_FUTURE,
+        getattr(_speedups, "RECORD_TIMESTAMP", None),  # absent from a build older than it
     )
-    expected = (SEQ, VALUE, KEY, TOPIC, PARTITION, HEADERS, MSG_ID, DEADLINE, CONNECTION, FUTURE)
+    expected = (
+        SEQ,
+        VALUE,
+        KEY,
+        TOPIC,
+        PARTITION,
+        HEADERS,
+        MSG_ID,
+        DEADLINE,
+        CONNECTION,
+        FUTURE,
+        TIMESTAMP,
+    )
     if positions != expected or not hasattr(_speedups, "WindowCore"):
         return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
     return _speedups, f"on (crc32c: {_speedups.CRC32C})"

@@ -6,26 +6,34 @@ connection (``backends``); the connections report every outcome back to the wind
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import math
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _fast, _logging, _security, serializers
+from producerkit._rate import RateLimit
 from producerkit._routing import Router
 from producerkit._types import (
     CONNECTION,
+    SEQ,
     ConnectionStats,
     Delivery,
+    DeliveryCallback,
+    DeliveryNotice,
     Failure,
+    HeaderPairs,
     Headers,
     Outcome,
     Record,
     Stats,
+    failure_of,
 )
 from producerkit._urls import parse_url
-from producerkit._window import InFlightWindow
+from producerkit._window import ByteBoundedWindow, InFlightWindow, message_size
 from producerkit.backends import Connection, spec_for
 from producerkit.errors import (
     BrokerUnavailable,
@@ -37,8 +45,10 @@ from producerkit.errors import (
     ProducerClosed,
     ProducerError,
     ProduceTimeout,
+    Purged,
     SerializationError,
 )
+from producerkit.jetstream import Expect
 
 if TYPE_CHECKING:
     from producerkit import partitioners
@@ -62,6 +72,11 @@ _DECLINED: Final = _fast.DECLINED
 ErrorCallback = Callable[[Failure], object]
 Partitioner = Callable[[bytes, int], int]
 
+#: The latest CreateTime accepted, in seconds: the end of year 9999.
+_MAX_TIMESTAMP: Final = 253_402_300_800
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND: Final = datetime.timedelta(milliseconds=1)
+
 
 class Producer:
     """Publishes messages to Kafka, NATS, JetStream, memory or nowhere, with the same calls.
@@ -75,8 +90,9 @@ class Producer:
         url: ``kafka://host:port[,host:port]``, ``jetstream://host:port``, ``nats://host:port``,
             ``memory://[name]`` or ``null://``; query parameters are backend options.
         topic: default topic (Kafka topic, NATS subject) for ``produce()`` calls that name none.
-        max_in_flight_messages: most messages in flight at once; a produce that finds the window
-            full waits until it has drained to half the limit.
+        max_in_flight_messages: most messages in flight at once (default 1000; 10,000 with
+            Kafka's ``preset="throughput"``); a produce that finds the window full waits until
+            it has drained to ``resume_at`` of the limit.
         timeout: seconds a message may stay unacknowledged before it fails with
             :class:`~producerkit.ProduceTimeout`; also bounds connecting.
         connections: independent connections to the broker; a partition always uses the same one.
@@ -86,6 +102,11 @@ class Producer:
             (Kafka's default: one partition until its batch is sent) or ``"round_robin"`` (the
             default on backends that do not batch).
         on_error: called with each :class:`~producerkit.Failure` as it happens.
+        on_delivery: called exactly once per message, blocking or not, as
+            ``on_delivery(result, context)``: ``result`` is its :class:`~producerkit.Delivery`
+            or its :class:`~producerkit.Failure`, ``context`` what ``produce(context=...)`` was
+            given (None if nothing). Runs on the event loop; what it raises is logged. Failures
+            are also reported as without it (``on_error``, ``flush()``). No cost unset.
         on_outcome: the instrumentation hook: called with an :class:`~producerkit.Outcome` for
             every group of messages that settle together (a batch acked, a message failed),
             with their numbers and produce times; for metrics and benchmarks. No cost unset.
@@ -96,6 +117,18 @@ class Producer:
             :mod:`producerkit.serializers`, which also makes Avro serializers). None (the
             default): values must be bytes or str, and cost nothing more.
         key_serializer: the same for keys (a None key stays None).
+        max_in_flight_bytes: most bytes (values, keys and headers) in flight at once, as well as
+            ``max_in_flight_messages``; a produce waits while either is reached. None: no bound
+            in bytes (and ``Stats.peak_bytes_in_flight`` is None).
+        resume_at: the fraction of each bound to which a full window must drain before the
+            produces waiting for room go on: 0.5 (the default) resumes at half, in bursts; 0.9
+            keeps the window nearly full, like a sliding window, for links with a long round
+            trip.
+        max_rate: most messages per second, over every connection together (a token bucket:
+            a produce waits for its turn, first come first served). None: no limit.
+        max_bytes_rate: most bytes (value + key) per second, the same way. None: no limit.
+        rate_burst: messages a producer that was idle may send at once (default: 50 ms of
+            ``max_rate``); the byte bucket holds the same time's worth of bytes.
         concurrent_task_limit: the deprecated name of ``max_in_flight_messages``.
         propagate_trace: inject the current OpenTelemetry context into each message's headers
             (W3C ``traceparent``, and ``tracestate``/``baggage`` where set, through
@@ -115,12 +148,18 @@ class Producer:
         partitioner: str | Partitioner = "xxhash",
         keyless: str | partitioners.KeylessPartitioner | None = None,
         on_error: ErrorCallback | None = None,
+        on_delivery: DeliveryCallback | None = None,
         on_outcome: Callable[[Outcome], object] | None = None,
         on_stats: Callable[[Stats], object] | None = None,
         stats_interval: float = 5.0,
         value_serializer: str | Serializer | None = None,
         key_serializer: str | Serializer | None = None,
         propagate_trace: bool = False,
+        max_in_flight_bytes: int | None = None,
+        resume_at: float = 0.5,
+        max_rate: float | None = None,
+        max_bytes_rate: float | None = None,
+        rate_burst: float | None = None,
         concurrent_task_limit: int | None = None,
         **options: Any,
     ) -> None:
@@ -135,7 +174,9 @@ class Producer:
                 self._spec.options,
             )
         )
-        self._limit = _window_limit(max_in_flight_messages, concurrent_task_limit)
+        self._limit = _window_limit(
+            max_in_flight_messages, concurrent_task_limit, self._spec.default_window(self._options)
+        )
         self._connection_count = _positive_int("connections", connections)
         self._timeout = _positive_number("timeout", timeout)
         if topic is not None:
@@ -156,6 +197,11 @@ class Producer:
         if on_error is not None and not callable(on_error):
             raise ConfigurationError("on_error must be a callable taking a producerkit.Failure")
         self._on_error = on_error
+        if on_delivery is not None and not callable(on_delivery):
+            raise ConfigurationError(
+                "on_delivery must be a callable taking (Delivery or Failure, context)"
+            )
+        self._on_delivery = on_delivery
         if on_outcome is not None and not callable(on_outcome):
             raise ConfigurationError("on_outcome must be a callable taking a producerkit.Outcome")
         if on_stats is not None and not callable(on_stats):
@@ -169,20 +215,36 @@ class Producer:
             # Only then does produce() go through a wrapper: without them it costs nothing.
             self.produce = self._produce_prepared  # type: ignore[method-assign]
         self._stats_timer: asyncio.TimerHandle | None = None
+        self._rate: RateLimit | None = None
+        if max_rate is not None or max_bytes_rate is not None:
+            self._rate = RateLimit(max_rate, max_bytes_rate, rate_burst)
+        elif rate_burst is not None:
+            raise ConfigurationError("rate_burst needs max_rate or max_bytes_rate")
 
         self._state = _NEW
         self._running = False  # the hot path's one-attribute view of _state == _RUNNING
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Connection] = []
-        self._window = InFlightWindow(
+        window_options: dict[str, Any] = {
+            # Only where records wait for a batch's ack: on null:// a record dies at once, and
+            # untracking it would cost more than the collections it saves.
+            "untrack": self._spec.holds_records,
+            "resume_at": _fraction("resume_at", resume_at),
+        }
+        self._byte_bounded = max_in_flight_bytes is not None
+        self._window: InFlightWindow
+        if max_in_flight_bytes is None:
+            window_class: type[InFlightWindow] = InFlightWindow
+        else:
+            window_class = ByteBoundedWindow
+            window_options["byte_limit"] = _positive_int("max_in_flight_bytes", max_in_flight_bytes)
+        self._window = window_class(
             self._limit,
             self._timeout,
             self._connection_count,
             on_error,
             on_outcome,
-            # Only where records wait for a batch's ack: on null:// a record dies at once, and
-            # untracking it would cost more than the collections it saves.
-            untrack=self._spec.holds_records,
+            **window_options,
         )
         self._reports = _Reports(self._window, self._topic_changed, self._batch_sent)
         self._pending = self._window.pending
@@ -195,6 +257,7 @@ class Producer:
         self._max_payload = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._admit: Callable[..., Any] | None = None  # the C fast path, while running
+        self._left_open_guard: AsyncGenerator[None, None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,7 +303,12 @@ class Producer:
             )
             self._state = _RUNNING
             self._running = True
-            if _fast.Admission is not None:
+            if (
+                _fast.Admission is not None
+                and self._rate is None
+                and self._on_delivery is None
+                and not self._byte_bounded
+            ):
                 self._admit = _fast.Admission(
                     self._router,
                     self._window,
@@ -252,6 +320,43 @@ class Producer:
                 ).admit
             if self._on_stats is not None:
                 self._stats_timer = self._loop.call_later(self._stats_interval, self._report_stats)
+            self._left_open_guard = self._close_if_left_open()
+            await self._left_open_guard.asend(None)
+
+    async def _close_if_left_open(self) -> AsyncGenerator[None, None]:
+        """Its ``finally`` runs when the event loop shuts down its async generators (the end
+        of ``asyncio.run``), or soon after the producer is dropped while its loop still runs:
+        a producer left open is closed then, flushing what the loop still allows, and its
+        messages that were never acknowledged are reported (log line and ResourceWarning)."""
+        try:
+            yield
+        finally:
+            if self._state == _RUNNING:
+                self._left_open_guard = None  # close() must not close this generator itself
+                await self._close_left_open()
+
+    async def _close_left_open(self) -> None:
+        window = self._window
+        in_flight, acked_before, described = len(window.pending), window.acked_count, repr(self)
+        try:
+            await self.close(min(self._timeout, LEFT_OPEN_CLOSE_SECONDS))
+        except ProduceError:
+            pass  # counted below
+        except Exception:
+            logger.debug("closing a producer left open", exc_info=True)
+        if in_flight:
+            never_acked = in_flight - (window.acked_count - acked_before)
+            _report_left_open(described, in_flight, never_acked)
+
+    def __del__(self) -> None:
+        # The guard above reports a producer left open; this covers a loop closed without
+        # shutting down its async generators. (A constructor that raised left no _state.)
+        if (
+            getattr(self, "_state", _NEW) == _RUNNING
+            and self._pending
+            and (self._loop is None or self._loop.is_closed())
+        ):
+            _report_left_open(repr(self), len(self._pending), len(self._pending))
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -272,24 +377,44 @@ class Producer:
 
     async def produce(
         self,
-        value: bytes | bytearray | memoryview | str,
+        value: bytes | bytearray | memoryview | str | None,
         *,
         key: bytes | str | None = None,
-        headers: Mapping[str, bytes | str] | None = None,
+        headers: HeadersArgument | None = None,
         topic: str | None = None,
         partition: int | None = None,
         nonblocking: bool = False,
         msg_id: str | None = None,
+        context: Any = None,
+        expect: Expect | None = None,
+        timestamp: float | datetime.datetime | None = None,
     ) -> Delivery | None:
         """Publish one message.
 
         Waits for the broker's ack and returns its Delivery, or with ``nonblocking=True`` returns
         None once the message is handed off. Raises MessageError (nothing sent) for a bad
         message, ProducerClosed after close(); a blocking produce raises the message's own error
-        (ProduceTimeout, DeliveryError, ...) if it fails.
+        (ProduceTimeout, DeliveryError, ...) if it fails. ``context`` is handed to the
+        producer's ``on_delivery`` callback with this message's outcome. ``expect``
+        (JetStream only): a :class:`~producerkit.Expect` the stream must meet for the message to
+        be stored, else it fails with :class:`~producerkit.ExpectationFailed`.
+
+        ``value=None`` with a key is a tombstone (Kafka and ``memory://``): a record with a null
+        value, which a compacted topic keeps as the deletion of that key; NATS, JetStream and
+        ``null://`` refuse it (MessageError). ``headers``: a mapping, or a list of
+        ``(name, value)`` pairs where a name may repeat; a value is bytes, str, or None (a null
+        header value, Kafka only). ``timestamp`` (epoch seconds, or an aware datetime; kept to
+        the millisecond) is the Kafka record's CreateTime instead of the produce time; NATS and
+        JetStream refuse it (MessageError: they store no publisher time).
         """
         admit = self._admit
-        if admit is not None and nonblocking:
+        if (
+            admit is not None
+            and nonblocking
+            and context is None
+            and expect is None
+            and timestamp is None
+        ):
             # The common case in one C call (the same route and admit as below), or DECLINED.
             outcome = admit(value, key, topic, partition, headers, msg_id)
             if outcome is None:
@@ -299,41 +424,95 @@ class Producer:
                 return None
         if not self._running:
             await self._ensure_running()
+        if expect is not None:
+            headers = self._with_expectation(headers, expect)
         value, key, topic, header_pairs = self._validate(value, key, headers, topic, msg_id)
+        stamp = self._checked_extras(context, timestamp, reported=not nonblocking)
+        waiter = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
+        await self._route_admit_send(
+            value, key, topic, partition, header_pairs, msg_id, self._slot(waiter, context), stamp
+        )
+        if waiter is None:
+            return None
+        delivery: Delivery = await waiter
+        return delivery
+
+    def _checked_extras(self, context: Any, timestamp: object, reported: bool) -> int | None:
+        """The record's CreateTime (epoch ms) for ``timestamp``, after checking ``context``.
+        Where the backend stores timestamps and the message's Delivery is reported (a blocking
+        produce, or on_delivery), the produce time is fixed here, so that the Delivery says the
+        time it was stored with. MessageError for what this producer cannot take."""
+        if context is not None and self._on_delivery is None:
+            raise MessageError("context= is for on_delivery: create the Producer with one")
+        if timestamp is not None:
+            return self._timestamp_ms(timestamp)
+        if (reported or self._on_delivery is not None) and self._spec.stores_timestamps:
+            return int(time.time() * 1000)
+        return None
+
+    def _slot(
+        self, waiter: asyncio.Future[Delivery] | None, context: Any
+    ) -> asyncio.Future[Delivery] | DeliveryNotice | None:
+        """What a record carries in its future slot: the blocking caller's waiter, or with
+        on_delivery a notice that tells the callback (and the waiter)."""
+        if self._on_delivery is None:
+            return waiter
+        return DeliveryNotice(self._on_delivery, context, waiter)
+
+    async def _route_admit_send(
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        topic: str,
+        partition: int | None,
+        header_pairs: Headers | None,
+        msg_id: str | None,
+        slot: asyncio.Future[Delivery] | DeliveryNotice | None,
+        stamp: int | None,
+        admitted: Callable[[], object] | None = None,
+    ) -> None:
+        """A validated message's way into flight: learn its topic, route it, wait for the rate
+        limit and for room, admit it (``admitted()`` is called then) and hand it to its
+        connection. Raises only before admission; from admission on, its outcome is the
+        window's."""
         num_partitions = await self._partition_count(topic)
         if partition is not None:
             _check_partition(partition, num_partitions, topic)
         partition, connection = self._router.route(topic, key, partition, num_partitions)
-        if len(self._pending) >= self._limit:
+        if self._rate is not None:
+            await self._wait_for_rate(_payload_size(value, key))
+        if self._byte_bounded:
+            size = message_size(value, key, header_pairs)
+            if self._window.is_full(size):
+                await self._wait_for_room(size)
+        elif len(self._pending) >= self._limit:
             await self._wait_for_room()
-        future = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
         record = self._window.admit(
-            value, key, topic, partition, header_pairs, msg_id, connection, future
+            value, key, topic, partition, header_pairs, msg_id, connection, slot, stamp
         )
+        if admitted is not None:
+            admitted()
         handed_off = self._send(record)
         if handed_off is not None:
             await self._hand_off(record, handed_off)
-        if future is None:
-            return None
-        delivery: Delivery = await future
-        return delivery
 
     async def _produce_prepared(
         self,
         value: Any,
         *,
         key: Any = None,
-        headers: Mapping[str, bytes | str] | None = None,
+        headers: HeadersArgument | None = None,
         topic: str | None = None,
         partition: int | None = None,
         nonblocking: bool = False,
         msg_id: str | None = None,
+        context: Any = None,
+        expect: Expect | None = None,
+        timestamp: float | datetime.datetime | None = None,
     ) -> Delivery | None:
         """:meth:`produce` with the value and key serialized and the trace context added to the
         headers first (see ``value_serializer`` and ``propagate_trace``)."""
-        value, key = self._serialize(value, key, topic)
-        if self._inject_trace is not None:
-            headers = self._inject_trace(headers)
+        value, key, headers = self._prepared(value, key, headers, topic)
         return await Producer.produce(
             self,
             value,
@@ -343,7 +522,58 @@ class Producer:
             partition=partition,
             nonblocking=nonblocking,
             msg_id=msg_id,
+            context=context,
+            expect=expect,
+            timestamp=timestamp,
         )
+
+    def _timestamp_ms(self, timestamp: object) -> int:
+        """``timestamp`` as epoch milliseconds; MessageError if it is not one this backend
+        stores."""
+        refusal = self._spec.timestamp_refusal
+        if refusal is not None:
+            raise MessageError(f"timestamp= is for Kafka: {refusal}")
+        if isinstance(timestamp, datetime.datetime):
+            if timestamp.utcoffset() is None:
+                raise MessageError(
+                    f"timestamp {timestamp!r} has no time zone: give an aware datetime "
+                    "(tzinfo=datetime.timezone.utc, say) or epoch seconds"
+                )
+            return (timestamp - _EPOCH) // _MILLISECOND
+        if (
+            isinstance(timestamp, bool)
+            or not isinstance(timestamp, (int, float))
+            or not math.isfinite(timestamp)
+            or not 0 <= timestamp < _MAX_TIMESTAMP
+        ):
+            raise MessageError(
+                "timestamp must be epoch seconds (an int or float from 0, before year 10000) "
+                f"or an aware datetime, got {timestamp!r}"
+            )
+        return round(timestamp * 1000)
+
+    def _with_expectation(self, headers: Any, expect: object) -> Any:
+        """The message's headers with ``expect``'s ``Nats-Expected-*`` headers added."""
+        if not isinstance(expect, Expect):
+            raise MessageError(f"expect must be a producerkit.Expect, not {type(expect).__name__}")
+        if not self._spec.takes_expectations:
+            raise MessageError(
+                f"expect= is for JetStream (jetstream://); this producer is {self._url.scheme}://"
+            )
+        pairs = expect.header_pairs()
+        if headers is None:
+            return pairs
+        given = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        return given + list(pairs)
+
+    def _prepared(
+        self, value: Any, key: Any, headers: Any, topic: str | None
+    ) -> tuple[Any, Any, Any]:
+        """The value and key serialized, the trace context added to the headers."""
+        value, key = self._serialize(value, key, topic)
+        if self._inject_trace is not None:
+            headers = self._inject_trace(headers)
+        return value, key, headers
 
     def _serialize(self, value: Any, key: Any, topic: str | None) -> tuple[Any, Any]:
         """The value and key through their serializers; SerializationError naming the message
@@ -374,9 +604,13 @@ class Producer:
         topic: object,
         msg_id: object,
     ) -> tuple[bytes, bytes | None, str, Headers | None]:
-        """The message as the producer sends it: bytes, the topic to use, headers as pairs.
-        Raises MessageError (MessageTooLarge) for anything it cannot send."""
-        if type(value) is not bytes:
+        """The message as the producer sends it: bytes (or None: a tombstone, on a backend
+        that stores one; typed bytes as a Record's VALUE is), the topic to use, headers as pairs
+        (a None value only on a backend whose check_headers lets it through). Raises
+        MessageError (MessageTooLarge) for anything it cannot send."""
+        if value is None:
+            self._check_tombstone(key)
+        elif type(value) is not bytes:
             value = _to_bytes("value", value)
         if key is not None and type(key) is not bytes:
             key = _to_bytes("key", key)
@@ -385,19 +619,31 @@ class Producer:
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
         header_pairs = None
-        size = len(value) if key is None else len(value) + len(key)
+        size = _payload_size(value, key)
         if msg_id is not None and (type(msg_id) is not str or not msg_id):
             raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
         if headers is not None:
             header_pairs = _normalize_headers(headers)
-            self._spec.check_headers(header_pairs)
-            size += sum(len(name) + len(data) for name, data in header_pairs)
+            # The spec's check takes Headers: the backends that refuse None values say so.
+            self._spec.check_headers(header_pairs)  # type: ignore[arg-type]
+            size += sum(len(name) + len(data or b"") for name, data in header_pairs)
         if size > self._max_payload:
             raise MessageTooLarge(
                 f"message of {size} bytes (value, key and headers) is larger than "
                 f"{self._max_payload}, the most this {self._url.scheme}:// connection accepts"
             )
         return value, key, topic, header_pairs  # type: ignore[return-value]
+
+    def _check_tombstone(self, key: object) -> None:
+        """A None value is a tombstone: it needs a key, and a backend that stores it."""
+        refusal = self._spec.tombstone_refusal
+        if refusal is not None:
+            raise MessageError(f"value is None (a Kafka tombstone), but {refusal}")
+        if key is None:
+            raise MessageError(
+                "value is None without a key: a tombstone deletes a key from a compacted "
+                "topic, so it needs the key (produce(None, key=...))"
+            )
 
     async def _partition_count(self, topic: str) -> int | None:
         """The topic's partition count (None: unpartitioned), learned once per topic."""
@@ -409,10 +655,17 @@ class Producer:
             num_partitions = await self._prepare_topic(topic)
         return num_partitions
 
-    async def _wait_for_room(self) -> None:
-        await self._window.wait_for_room()
+    async def _wait_for_room(self, size: int = 0) -> None:
+        await self._window.wait_for_room(size)
         if not self._running:
             raise ProducerClosed("the producer was closed while this produce waited")
+
+    async def _wait_for_rate(self, size: int) -> None:
+        assert self._rate is not None
+        if not self._rate.try_acquire(size):
+            await self._rate.acquire(size)
+            if not self._running:
+                raise ProducerClosed("the producer was closed while this produce waited")
 
     def _send(self, record: Record) -> Awaitable[None] | None:
         """Hand an admitted record to its connection; if that raises, the record fails."""
@@ -533,6 +786,8 @@ class Producer:
         self._running = False
         self._admit = None
         self._window.wake_room_waiters()  # they see the state and give up
+        if self._rate is not None:
+            self._rate.close()
         try:
             if was_running:
                 try:
@@ -556,7 +811,49 @@ class Producer:
             for task in self._topic_tasks.values():
                 task.cancel()
             self._state = _CLOSED
+            guard, self._left_open_guard = self._left_open_guard, None
+            if guard is not None:
+                await guard.aclose()
         self._raise_failures()
+
+    def purge(self, *, in_flight: bool = True) -> list[Failure]:
+        """Fail at once every message not yet written to the broker and, with ``in_flight``
+        (the default), every message still waiting for its ack, and return their Failures.
+
+        For a shutdown that must not wait (SIGTERM): save the returned messages and exit. Each
+        fails with :class:`~producerkit.Purged` (one sent before may still be stored); callers
+        of a blocking produce get that error, ``on_error``/``on_delivery`` are told as for any
+        failure, and they are not raised again by the next ``flush()``. Afterwards
+        ``produced == acked + failed + in_flight`` as ever, with ``in_flight == 0`` when
+        ``in_flight`` was true. The producer stays usable.
+        """
+        window = self._window
+        unsent = [record for connection in self._connections for record in connection.take_unsent()]
+        unsent_numbers = {record[SEQ] for record in unsent}
+        purging = unsent + (list(window.pending.values()) if in_flight else [])
+        reported_before = len(window.failures)
+        purged: list[Failure] = []
+        for record in purging:
+            if record[SEQ] not in window.pending:
+                continue  # settled already, or listed twice
+            error = Purged(
+                "purged before it was sent"
+                if record[SEQ] in unsent_numbers
+                else "purged while waiting for its ack; it may still have been stored"
+            )
+            window.failed(record, error)
+            purged.append(failure_of(record, error))
+        # Returned here, so flush() does not raise them a second time.
+        del window.failures[reported_before:]
+        return purged
+
+    async def partitions_for(self, topic: str) -> frozenset[int] | None:
+        """The partition numbers of ``topic`` (learned once, as the first produce does; a
+        JetStream stream is created if ``create_stream`` is set), or None where topics are not
+        partitioned (NATS subjects without ``partitions=N``)."""
+        await self._ensure_running()
+        count = await self._partition_count(topic)
+        return None if count is None else frozenset(range(count))
 
     def _raise_failures(self) -> None:
         error = self._window.take_failures()
@@ -592,6 +889,13 @@ class Producer:
             window_waits=window.waits,
             window_wait_seconds=window.wait_seconds,
             connections=connections,
+            peak_bytes_in_flight=(
+                self._window.peak_bytes_in_flight
+                if isinstance(self._window, ByteBoundedWindow)
+                else None
+            ),
+            rate_waits=self._rate.waits if self._rate is not None else 0,
+            rate_wait_seconds=self._rate.wait_seconds if self._rate is not None else 0.0,
         )
 
     @property
@@ -628,7 +932,40 @@ class Producer:
         )
 
 
+#: Seconds a producer left open gets to flush when its event loop shuts down.
+LEFT_OPEN_CLOSE_SECONDS: Final = 2.0
+
+
+def _report_left_open(producer: str, in_flight: int, never_acked: int) -> None:
+    outcome = (
+        f"{never_acked} of them were never acknowledged"
+        if never_acked
+        else "they were flushed when it was dropped"
+    )
+    message = (
+        f"{producer} was never closed (use `async with` or await close()): it had {in_flight} "
+        f"message(s) in flight; {outcome}"
+    )
+    try:
+        logger.error("%s", message)
+        warnings.warn(message, ResourceWarning, stacklevel=2)
+    except Exception:  # at interpreter exit, logging or warnings may be gone
+        pass
+
+
 # ---------------------------------------------------------------------- validation helpers
+
+
+#: What the byte bound cannot count yet (producerkit._window.message_size reads len(value)).
+
+#: What ``produce(headers=...)`` takes: a mapping, or (name, value) pairs where names may repeat.
+HeadersArgument = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]
+
+
+def _payload_size(value: bytes | None, key: bytes | None) -> int:
+    """The bytes of a message's value and key (a tombstone's value has none)."""
+    size = 0 if value is None else len(value)
+    return size if key is None else size + len(key)
 
 
 def _to_bytes(what: str, data: object) -> bytes:
@@ -683,7 +1020,7 @@ def _short(obj: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _normalize_headers(headers: object) -> Headers:
+def _normalize_headers(headers: object) -> HeaderPairs:
     pairs: Iterable[Any]
     if isinstance(headers, Mapping):
         pairs = headers.items()
@@ -691,7 +1028,8 @@ def _normalize_headers(headers: object) -> Headers:
         pairs = headers
     else:
         raise MessageError(
-            f"headers must be a mapping of str to bytes/str, not {type(headers).__name__}"
+            "headers must be a mapping of str to bytes/str/None, or a list of (name, value) "
+            f"pairs, not {type(headers).__name__}"
         )
     normalized = []
     for pair in pairs:
@@ -706,9 +1044,9 @@ def _normalize_headers(headers: object) -> Headers:
             data = _to_bytes(f"header {name!r}", data)
         elif isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
-        elif not isinstance(data, bytes):
+        elif data is not None and not isinstance(data, bytes):
             raise MessageError(
-                f"header {name!r} must have a bytes or str value, not {type(data).__name__}"
+                f"header {name!r} must have a bytes, str or None value, not {type(data).__name__}"
             )
         normalized.append((name, data))
     return tuple(normalized)
@@ -743,8 +1081,11 @@ def _check_partition(partition: object, num_partitions: int | None, topic: str) 
 DEFAULT_MAX_IN_FLIGHT_MESSAGES: Final = 1000
 
 
-def _window_limit(max_in_flight_messages: object, concurrent_task_limit: object) -> int:
-    """``max_in_flight_messages``, or its deprecated name ``concurrent_task_limit``."""
+def _window_limit(
+    max_in_flight_messages: object, concurrent_task_limit: object, backend_default: int | None
+) -> int:
+    """``max_in_flight_messages``, or its deprecated name ``concurrent_task_limit``; else the
+    backend's default for its options (a preset's), else DEFAULT_MAX_IN_FLIGHT_MESSAGES."""
     if concurrent_task_limit is not None:
         if max_in_flight_messages is not None:
             raise ConfigurationError(
@@ -758,7 +1099,7 @@ def _window_limit(max_in_flight_messages: object, concurrent_task_limit: object)
         )
         return _positive_int("concurrent_task_limit", concurrent_task_limit)
     if max_in_flight_messages is None:
-        return DEFAULT_MAX_IN_FLIGHT_MESSAGES
+        return backend_default or DEFAULT_MAX_IN_FLIGHT_MESSAGES
     return _positive_int("max_in_flight_messages", max_in_flight_messages)
 
 
@@ -766,6 +1107,12 @@ def _positive_int(name: str, value: object) -> int:
     if type(value) is not int or value <= 0:
         raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def _fraction(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigurationError(f"{name} must be a number from 0 to 1, got {value!r}")
+    return float(value)
 
 
 def _positive_number(name: str, value: object) -> float:
@@ -792,7 +1139,7 @@ class _Reports:
     hook the window's observed twins stand in for acked and acked_run; without one, nothing is
     added to the path of an ack."""
 
-    __slots__ = ("acked", "acked_run", "batch_sent", "failed", "topic_changed")
+    __slots__ = ("acked", "acked_each", "acked_run", "batch_sent", "failed", "topic_changed")
 
     def __init__(
         self,
@@ -803,6 +1150,7 @@ class _Reports:
         observed = window.observed
         self.acked = window.acked_observed if observed else window.acked
         self.acked_run = window.acked_run_observed if observed else window.acked_run
+        self.acked_each = window.acked_each_observed if observed else window.acked_each
         self.failed = window.failed
         self.topic_changed = topic_changed
         self.batch_sent = batch_sent

@@ -11,7 +11,11 @@ Options (keywords or URL query parameters, the same names on kafka://, nats:// a
 ``password``        its password
 ``token``           NATS token
 ``creds_file``      NATS ``.creds`` file (user JWT + nkey seed)
-``sasl_mechanism``  Kafka: ``PLAIN`` (default), ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``
+``sasl_mechanism``  Kafka: ``PLAIN`` (default), ``SCRAM-SHA-256``, ``SCRAM-SHA-512`` or
+                    ``OAUTHBEARER``
+``sasl_oauth_token_provider``  Kafka OAUTHBEARER: a callable returning the access token (plain
+                    or async), or an ``aiokafka.abc.AbstractTokenProvider``; implies
+                    ``sasl_mechanism="OAUTHBEARER"``; a keyword only (not a URL parameter)
 ==================  =====================================================================
 
 TLS is on when any ``tls_*`` option is given. ``username``/``password`` may also come from the
@@ -58,6 +62,7 @@ OPTIONS: Final[Mapping[str, type]] = {
     "creds_file": str,
     "password": str,
     "sasl_mechanism": str,
+    "sasl_oauth_token_provider": object,
     "tls_ca_file": str,
     "tls_cert_file": str,
     "tls_key_file": str,
@@ -65,7 +70,7 @@ OPTIONS: Final[Mapping[str, type]] = {
     "token": str,
     "username": str,
 }
-SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 _SECRETS: Final = frozenset({"password", "token"})
 _FILES: Final = ("tls_ca_file", "tls_cert_file", "tls_key_file", "creds_file")
@@ -73,6 +78,7 @@ _ONLY: Final[Mapping[str, tuple[str, str]]] = {
     "token": ("nats", "Kafka authenticates with username/password and sasl_mechanism"),
     "creds_file": ("nats", "Kafka authenticates with username/password and sasl_mechanism"),
     "sasl_mechanism": ("kafka", "NATS takes username/password, token or creds_file"),
+    "sasl_oauth_token_provider": ("kafka", "NATS takes username/password, token or creds_file"),
 }
 
 REDACTED: Final = "***"
@@ -167,6 +173,14 @@ def _checked_value(backend: str, name: str, value: Any) -> Any:
         return Secret(value)
     if name == "tls_verify":
         return _bool(value)
+    if name == "sasl_oauth_token_provider":
+        if not callable(value) and not callable(getattr(value, "token", None)):
+            # A URL query cannot carry one: say so without echoing what was given.
+            raise ConfigurationError(
+                "option 'sasl_oauth_token_provider' must be a callable returning the access "
+                "token, or an aiokafka.abc.AbstractTokenProvider (pass it as a keyword)"
+            )
+        return value
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise ConfigurationError(f"option {name!r} must be a non-empty str")
     return os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -195,13 +209,29 @@ def _check_credentials(checked: dict[str, Any]) -> None:
     if "token" in checked and "username" in checked:
         raise ConfigurationError("give either token or username/password, not both")
     mechanism = checked.get("sasl_mechanism")
+    if mechanism is None and "sasl_oauth_token_provider" in checked:
+        mechanism = "OAUTHBEARER"
     if mechanism is not None:
         mechanism = checked["sasl_mechanism"] = mechanism.upper()
         if mechanism not in SASL_MECHANISMS:
             raise ConfigurationError(
                 f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}, got {mechanism!r}"
             )
-        if "username" not in checked:
+        oauth = mechanism == "OAUTHBEARER"
+        if oauth and "sasl_oauth_token_provider" not in checked:
+            raise ConfigurationError(
+                "sasl_mechanism OAUTHBEARER needs sasl_oauth_token_provider (a callable "
+                "returning the access token)"
+            )
+        if oauth and "username" in checked:
+            raise ConfigurationError(
+                "OAUTHBEARER authenticates with the token provider: give no username/password"
+            )
+        if not oauth and "sasl_oauth_token_provider" in checked:
+            raise ConfigurationError(
+                f"sasl_oauth_token_provider is for OAUTHBEARER, not sasl_mechanism {mechanism!r}"
+            )
+        if not oauth and "username" not in checked:
             raise ConfigurationError("sasl_mechanism needs username and password")
 
 
@@ -260,17 +290,41 @@ def kafka_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     """aiokafka settings (``security_protocol``, ``ssl_context``, SASL) for these options."""
     context = ssl_context(options)
     username = options.get("username")
-    if username is None:
+    provider = options.get("sasl_oauth_token_provider")
+    if username is None and provider is None:
         return {"security_protocol": "SSL", "ssl_context": context} if context else {}
     settings: dict[str, Any] = {
         "security_protocol": "SASL_SSL" if context else "SASL_PLAINTEXT",
         "sasl_mechanism": options.get("sasl_mechanism", "PLAIN"),
-        "sasl_plain_username": username,
-        "sasl_plain_password": _reveal(options["password"]),
     }
+    if provider is not None:
+        settings["sasl_oauth_token_provider"] = _aiokafka_token_provider(provider)
+    else:
+        settings["sasl_plain_username"] = username
+        settings["sasl_plain_password"] = _reveal(options["password"])
     if context is not None:
         settings["ssl_context"] = context
     return settings
+
+
+def _aiokafka_token_provider(provider: Any) -> Any:
+    """``provider`` as the ``aiokafka.abc.AbstractTokenProvider`` aiokafka requires: itself if it
+    is one, else one whose ``token()`` calls it (awaiting the result if it is awaitable)."""
+    import inspect
+
+    from aiokafka.abc import AbstractTokenProvider
+
+    if isinstance(provider, AbstractTokenProvider):
+        return provider
+
+    class CallableTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+        async def token(self) -> str:
+            token = provider()
+            if inspect.isawaitable(token):
+                token = await token
+            return str(token)
+
+    return CallableTokenProvider()
 
 
 def nats_settings(
@@ -317,6 +371,8 @@ def describe(options: Mapping[str, Any]) -> str:
         parts.append("tls" if options.get("tls_verify", True) else "tls(unverified)")
     if "username" in options:
         parts.append(f"user={options['username']!r}")
+    if "sasl_oauth_token_provider" in options:
+        parts.append("oauthbearer")
     if "token" in options:
         parts.append("token")
     if "creds_file" in options:

@@ -41,7 +41,8 @@
 #define R_DEADLINE 7
 #define R_CONNECTION 8
 #define R_FUTURE 9
-#define R_FIELDS 10
+#define R_TIMESTAMP 10
+#define R_FIELDS 11
 
 /* RecordBatch v2 header: base offset (8), length (4), leader epoch (4), magic (1), crc (4),
  * attributes (2), last offset delta (4), first and max timestamp (8 + 8), producer id (8),
@@ -163,7 +164,7 @@ typedef struct {
 } RecordView;
 
 static int view_record(PyObject *record, double time_shift, RecordView *view) {
-    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_DEADLINE) {
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_TIMESTAMP) {
         PyErr_SetString(PyExc_TypeError, "encode_batch: a record is not a producerkit Record");
         return -1;
     }
@@ -171,13 +172,36 @@ static int view_record(PyObject *record, double time_shift, RecordView *view) {
     view->key = PyTuple_GET_ITEM(record, R_KEY);
     view->headers = PyTuple_GET_ITEM(record, R_HEADERS);
     PyObject *deadline = PyTuple_GET_ITEM(record, R_DEADLINE);
-    if (!PyBytes_Check(view->value) || (view->key != Py_None && !PyBytes_Check(view->key)) ||
-        (view->headers != Py_None && !PyTuple_Check(view->headers)) || !PyFloat_Check(deadline)) {
+    PyObject *timestamp = PyTuple_GET_ITEM(record, R_TIMESTAMP);
+    if ((view->value != Py_None && !PyBytes_Check(view->value)) ||
+        (view->key != Py_None && !PyBytes_Check(view->key)) ||
+        (view->headers != Py_None && !PyTuple_Check(view->headers)) || !PyFloat_Check(deadline) ||
+        (timestamp != Py_None && !PyLong_Check(timestamp))) {
         PyErr_SetString(PyExc_TypeError, "encode_batch: a record's fields have the wrong types");
         return -1;
     }
-    view->timestamp_ms = (int64_t)floor((PyFloat_AS_DOUBLE(deadline) + time_shift) * 1000.0);
+    if (timestamp == Py_None) { /* the produce time, recovered from the deadline */
+        view->timestamp_ms = (int64_t)floor((PyFloat_AS_DOUBLE(deadline) + time_shift) * 1000.0);
+    } else { /* the CreateTime the caller gave, in milliseconds */
+        view->timestamp_ms = PyLong_AsLongLong(timestamp);
+        if (view->timestamp_ms == -1 && PyErr_Occurred()) return -1;
+    }
     return 0;
+}
+
+/* The bytes a nullable field takes: its length varint and its data (-1 alone for None). */
+static inline Py_ssize_t nullable_size(PyObject *data) {
+    if (data == Py_None) return 1;
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    return varint_size(n) + n;
+}
+
+static inline unsigned char *put_nullable(unsigned char *out, PyObject *data) {
+    if (data == Py_None) return put_varint(out, -1);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    out = put_varint(out, n);
+    memcpy(out, PyBytes_AS_STRING(data), (size_t)n);
+    return out + n;
 }
 
 /* A record as pass 1 of encode_batch saw it, for pass 2 to write. */
@@ -191,28 +215,21 @@ typedef struct {
 static Py_ssize_t record_body_size(const RecordView *r, int64_t timestamp_delta,
                                    Py_ssize_t offset_delta) {
     Py_ssize_t size = 1 + varint_size(timestamp_delta) + varint_size(offset_delta);
-    if (r->key == Py_None) {
-        size += 1;
-    } else {
-        Py_ssize_t n = PyBytes_GET_SIZE(r->key);
-        size += varint_size(n) + n;
-    }
-    Py_ssize_t n = PyBytes_GET_SIZE(r->value);
-    size += varint_size(n) + n;
+    size += nullable_size(r->key) + nullable_size(r->value);
     Py_ssize_t count = r->headers == Py_None ? 0 : PyTuple_GET_SIZE(r->headers);
     size += varint_size(count);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *pair = PyTuple_GET_ITEM(r->headers, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
             !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)) ||
-            !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
-            PyErr_SetString(PyExc_TypeError, "encode_batch: headers must be (str, bytes) pairs");
+            (PyTuple_GET_ITEM(pair, 1) != Py_None && !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "encode_batch: headers must be (str, bytes or None) pairs");
             return -1;
         }
         Py_ssize_t name_size;
         if (PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &name_size) == NULL) return -1;
-        Py_ssize_t data_size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1));
-        size += varint_size(name_size) + name_size + varint_size(data_size) + data_size;
+        size += varint_size(name_size) + name_size + nullable_size(PyTuple_GET_ITEM(pair, 1));
     }
     return size;
 }
@@ -223,31 +240,18 @@ static unsigned char *put_record(unsigned char *out, const RecordView *r, Py_ssi
     *out++ = 0; /* attributes */
     out = put_varint(out, timestamp_delta);
     out = put_varint(out, offset_delta);
-    if (r->key == Py_None) {
-        out = put_varint(out, -1);
-    } else {
-        Py_ssize_t n = PyBytes_GET_SIZE(r->key);
-        out = put_varint(out, n);
-        memcpy(out, PyBytes_AS_STRING(r->key), (size_t)n);
-        out += n;
-    }
-    Py_ssize_t n = PyBytes_GET_SIZE(r->value);
-    out = put_varint(out, n);
-    memcpy(out, PyBytes_AS_STRING(r->value), (size_t)n);
-    out += n;
+    out = put_nullable(out, r->key);
+    out = put_nullable(out, r->value); /* None: a tombstone */
     Py_ssize_t count = r->headers == Py_None ? 0 : PyTuple_GET_SIZE(r->headers);
     out = put_varint(out, count);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *pair = PyTuple_GET_ITEM(r->headers, i);
         Py_ssize_t name_size;
         const char *name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &name_size);
-        PyObject *data = PyTuple_GET_ITEM(pair, 1);
         out = put_varint(out, name_size);
         memcpy(out, name, (size_t)name_size);
         out += name_size;
-        out = put_varint(out, PyBytes_GET_SIZE(data));
-        memcpy(out, PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data));
-        out += PyBytes_GET_SIZE(data);
+        out = put_nullable(out, PyTuple_GET_ITEM(pair, 1));
     }
     return out;
 }
@@ -256,7 +260,8 @@ PyDoc_STRVAR(encode_batch_doc,
 "encode_batch(records, start, max_bytes, time_shift) -> (bytes, end)\n\n"
 "Encode records[start:end] as one uncompressed Kafka RecordBatch (v2), taking records while\n"
 "the batch stays within max_bytes (always at least one). A record's CreateTime is its\n"
-"deadline plus time_shift, in milliseconds.");
+"TIMESTAMP (milliseconds) where set, else its deadline plus time_shift, in milliseconds. A None\n"
+"value (a tombstone), key or header value is written as null.");
 
 static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_Check(args[0])) {
@@ -686,7 +691,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t con
         Py_XDECREF(record);
         return NULL;
     }
-    /* fields: value, key, topic, partition, headers, msg_id, future */
+    /* fields: value, key, topic, partition, headers, msg_id, future, timestamp */
     PyTuple_SET_ITEM(record, R_SEQ, seq); /* the tuple owns every new reference from here on */
     PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(fields[0]));
     PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(fields[1]));
@@ -697,6 +702,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t con
     PyTuple_SET_ITEM(record, R_DEADLINE, deadline);
     PyTuple_SET_ITEM(record, R_CONNECTION, index);
     PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(fields[6]));
+    PyTuple_SET_ITEM(record, R_TIMESTAMP, Py_NewRef(fields[7]));
     if (self->untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
 
     /* From here on the message is counted: it must end acked or failed. */
@@ -718,21 +724,23 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t con
 }
 
 static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
+    if (nargs != 8 && nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
-                        "admit(value, key, topic, partition, headers, msg_id, connection, future) "
-                        "takes 8 arguments");
+                        "admit(value, key, topic, partition, headers, msg_id, connection, future, "
+                        "timestamp=None) takes 8 or 9 arguments");
         return NULL;
     }
     Py_ssize_t connection = PyLong_AsSsize_t(args[6]);
     if (connection == -1 && PyErr_Occurred()) return NULL;
-    PyObject *fields[7] = {args[0], args[1], args[2], args[3], args[4], args[5], args[7]};
+    PyObject *fields[8] = {args[0], args[1], args[2], args[3],
+                           args[4], args[5], args[7], nargs == 9 ? args[8] : Py_None};
     return admit(self, fields, connection);
 }
 
 static PyMethodDef WindowCore_methods[] = {
     {"admit", (PyCFunction)(void (*)(void))WindowCore_admit, METH_FASTCALL,
-     "admit(value, key, topic, partition, headers, msg_id, connection, future) -> record"},
+     "admit(value, key, topic, partition, headers, msg_id, connection, future, timestamp=None) "
+     "-> record"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -875,7 +883,7 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     PyObject *partition;
     Py_ssize_t connection;
     if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) return NULL;
-    PyObject *fields[7] = {value, key, topic, partition, Py_None, Py_None, Py_None};
+    PyObject *fields[8] = {value, key, topic, partition, Py_None, Py_None, Py_None, Py_None};
     PyObject *record = admit(self->window, fields, connection);
     Py_DECREF(partition);
     if (record == NULL) return NULL;
@@ -973,7 +981,7 @@ static int Gather_init(Gather *self, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *Gather_send(Gather *self, PyObject *record) {
-    if (!self->ship_due || !PyTuple_Check(record) || PyTuple_GET_SIZE(record) < R_FIELDS)
+    if (!self->ship_due || !PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_PARTITION)
         return PyObject_CallOneArg(self->send, record);
     PyObject *partitions = PyDict_GetItemWithError(self->queues, PyTuple_GET_ITEM(record, R_TOPIC));
     PyObject *queue = partitions == NULL || !PyDict_Check(partitions)
@@ -1076,6 +1084,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(module, "RECORD_MSG_ID", R_MSG_ID) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_CONNECTION", R_CONNECTION) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_TIMESTAMP", R_TIMESTAMP) < 0 ||
         PyModule_AddObjectRef(module, "DECLINED", DECLINED) < 0 ||
         PyModule_AddObjectRef(module, "Router", (PyObject *)&RouterType) < 0 ||
         PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||

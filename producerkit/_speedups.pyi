@@ -13,6 +13,7 @@ RECORD_MSG_ID: Final[int]
 RECORD_DEADLINE: Final[int]
 RECORD_CONNECTION: Final[int]
 RECORD_FUTURE: Final[int]
+RECORD_TIMESTAMP: Final[int]
 
 def encode_batch(
     records: list[Any], start: int, max_bytes: int, time_shift: float
@@ -38,7 +39,7 @@ class WindowCore:
     def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None: ...
     def admit(
         self,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         topic: str,
         partition: int | None,
@@ -46,6 +47,7 @@ class WindowCore:
         msg_id: str | None,
         connection: int,
         future: Any,
+        timestamp: int | None = None,
     ) -> tuple[Any, ...]: ...
 
 class Admission:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
 import attrs
 
+#: A message's headers as (name, value) pairs, in order, a name possibly repeated. On Kafka and
+#: memory:// a value may also be None (a null header value): see HeaderPairs.
 Headers = tuple[tuple[str, bytes], ...]
+#: Headers as produce() accepts and a Failure reports them, None values included.
+HeaderPairs = tuple[tuple[str, bytes | None], ...]
+
+logger = logging.getLogger("producerkit.producer")
 
 
 @attrs.frozen(slots=True)
@@ -19,33 +26,88 @@ class Delivery:
     ``offset`` is the Kafka offset, the JetStream stream sequence, the position in a
     ``memory://`` topic, or None for core NATS (which acknowledges a flush, not a message) and
     ``null://`` (which stores nothing). ``partition`` is None where the topic is not partitioned.
+    ``duplicate`` is true when JetStream recognised the message's ``msg_id`` as one it already
+    stored (and did not store it again): ``offset`` is then the original's sequence.
+    ``timestamp`` (epoch seconds, millisecond precision) is the Kafka CreateTime the record was
+    stored with (``produce(timestamp=...)``, else the produce time), and the record's time on
+    ``memory://``; None where the broker stores no time of ours (NATS, ``null://``).
     """
 
     topic: str
     partition: int | None
     offset: int | None
+    duplicate: bool = False
+    timestamp: float | None = None
 
 
 @attrs.frozen(slots=True)
 class Failure:
-    """A message that was not delivered, with everything needed to send it again."""
+    """A message that was not delivered, with everything needed to send it again.
 
-    value: bytes
+    ``value`` is None for a tombstone. ``headers`` maps each header name to its last value (a
+    name given twice keeps only its last); ``header_pairs`` keeps every pair, in order, as the
+    message carried them. ``partition`` is the partition the message was routed to (None where
+    topics are not partitioned), ``timestamp`` its CreateTime in epoch seconds where the
+    producer fixed one (``produce(timestamp=...)``, or a message whose outcome is awaited on
+    Kafka and ``memory://``), else None.
+    """
+
+    value: bytes | None
     key: bytes | None
     topic: str
-    headers: Mapping[str, bytes] | None
+    headers: Mapping[str, bytes | None] | None
     partition: int | None
     msg_id: str | None
     exception: BaseException
+    header_pairs: HeaderPairs | None = None
+    timestamp: float | None = None
 
-    def retry_kwargs(self) -> dict[str, Any]:
-        """Keywords for ``produce(failure.value, **failure.retry_kwargs())`` to resend it."""
-        return {
+    def retry_kwargs(self, *, drop_expectations: bool = False) -> dict[str, Any]:
+        """Keywords for ``produce(failure.value, **failure.retry_kwargs())`` to resend it.
+
+        The message goes again to the same topic and partition (the one it was routed to: the
+        same as its key would choose, unless the topic gained partitions since), with the same
+        key, msg_id, CreateTime (where fixed) and every header pair, repeated names included.
+        JetStream's ``Nats-Expected-*`` headers are among them: a message that failed after it
+        may have been stored (a timeout, a lost connection) and that expected a last (subject)
+        sequence is then refused rather than stored twice.
+
+        A conflict is never resent blindly. For a failure with
+        :class:`~producerkit.ExpectationFailed` (the stream was not as the message expected, so
+        the same message would be refused again) this raises ExpectationFailed, chained to the
+        failure's, unless ``drop_expectations=True`` asks for keywords without the
+        ``Nats-Expected-*`` headers: a write whatever the stream holds now.
+        """
+        from producerkit.errors import ExpectationFailed
+        from producerkit.jetstream import EXPECTED_HEADERS
+
+        headers: Any = self.header_pairs
+        if headers is None:  # a Failure built by hand: its mapping
+            headers = self.headers
+        if drop_expectations:
+            if headers is not None:
+                items = headers.items() if isinstance(headers, Mapping) else headers
+                kept = [(name, v) for name, v in items if name not in EXPECTED_HEADERS]
+                headers = (dict(kept) if isinstance(headers, Mapping) else kept) or None
+        elif isinstance(self.exception, ExpectationFailed):
+            raise ExpectationFailed(
+                f"not resent: {self.exception} (read the stream again and decide; "
+                "retry_kwargs(drop_expectations=True) resends it without its expectations)",
+                code=self.exception.code,
+            ) from self.exception
+        if isinstance(headers, tuple):
+            headers = list(headers)
+        kwargs: dict[str, Any] = {
             "key": self.key,
             "topic": self.topic,
-            "headers": self.headers,
+            "headers": headers,
             "msg_id": self.msg_id,
         }
+        if self.partition is not None:
+            kwargs["partition"] = self.partition
+        if self.timestamp is not None:
+            kwargs["timestamp"] = self.timestamp
+        return kwargs
 
 
 @attrs.frozen(slots=True)
@@ -75,6 +137,11 @@ class Stats:
     window_waits: int
     window_wait_seconds: float = 0.0
     connections: tuple[ConnectionStats, ...] = ()
+    #: The most bytes in flight at once (with ``max_in_flight_bytes``; None without it).
+    peak_bytes_in_flight: int | None = None
+    #: Produces that waited for the rate limit (``max_rate``/``max_bytes_rate``), and how long.
+    rate_waits: int = 0
+    rate_wait_seconds: float = 0.0
 
     @property
     def max_in_flight(self) -> int:
@@ -112,9 +179,52 @@ class Outcome:
         return self.error is None
 
 
+DeliveryCallback = Callable[["Delivery | Failure", Any], object]
+
+
+class DeliveryNotice:
+    """What stands in a record's future slot when the producer has an ``on_delivery`` callback:
+    the window settles the record through it exactly once, and it tells the callback (with the
+    message's context) and, for a blocking produce, the caller's future."""
+
+    __slots__ = ("callback", "context", "waiter")
+
+    def __init__(
+        self,
+        callback: DeliveryCallback,
+        context: Any,
+        waiter: asyncio.Future[Delivery] | None,
+    ) -> None:
+        self.callback = callback
+        self.context = context
+        self.waiter = waiter
+
+    def done(self) -> bool:
+        return False  # the window settles a record once: nothing can have settled it before
+
+    def set_result(self, delivery: Delivery) -> None:
+        self._tell(delivery)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(delivery)
+
+    def tell_failure(self, failure: Failure) -> None:
+        """The message failed: tell the callback, and a blocking caller (raising its error)."""
+        self._tell(failure)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(failure.exception)
+
+    def _tell(self, result: Delivery | Failure) -> None:
+        try:
+            self.callback(result, self.context)
+        except Exception:
+            logger.exception("on_delivery callback raised")
+
+
 Record: TypeAlias = tuple[
     int,  # SEQ
-    bytes,  # VALUE
+    bytes | None,  # VALUE (None for a tombstone, which only Kafka and memory:// are handed)
     bytes | None,  # KEY
     str,  # TOPIC
     int | None,  # PARTITION
@@ -122,14 +232,17 @@ Record: TypeAlias = tuple[
     str | None,  # MSG_ID
     float,  # DEADLINE
     int,  # CONNECTION
-    "asyncio.Future[Delivery] | None",  # FUTURE
+    "asyncio.Future[Delivery] | DeliveryNotice | None",  # FUTURE
+    int | None,  # TIMESTAMP
 ]
 """A message in flight: what the producer hands to a backend, read as ``record[TOPIC]`` etc.
 
 A plain tuple, not a class: one is built per message on the hot path, and a tuple literal costs
-less than half of any class instance (or tuple subclass). And once a nonblocking record (no
-future) has survived one garbage collection, CPython stops tracking it, so the thousands a
-batching backend holds in flight cost the collector nothing.
+less than half of any class instance (or tuple subclass). ``VALUE`` is None for a tombstone;
+``TIMESTAMP`` is the CreateTime in epoch milliseconds the producer fixed, or None (the common
+case: the Kafka encoder then derives the produce time from ``DEADLINE``). And once a
+nonblocking record (no future) has survived one garbage collection, CPython stops tracking it,
+so the thousands a batching backend holds in flight cost the collector nothing.
 """
 
 # The fields of a Record, by position.
@@ -143,11 +256,13 @@ MSG_ID: Final = 6
 DEADLINE: Final = 7
 CONNECTION: Final = 8
 FUTURE: Final = 9
+TIMESTAMP: Final = 10
 
 
 def failure_of(record: Record, exception: BaseException) -> Failure:
     """The public Failure report for a record that failed with ``exception``."""
     headers = record[HEADERS]
+    timestamp = record[TIMESTAMP]
     return Failure(
         record[VALUE],
         record[KEY],
@@ -156,4 +271,6 @@ def failure_of(record: Record, exception: BaseException) -> Failure:
         record[PARTITION],
         record[MSG_ID],
         exception,
+        headers,
+        timestamp / 1000 if timestamp is not None else None,
     )

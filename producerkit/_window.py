@@ -1,7 +1,8 @@
 """The bounded in-flight window: the one place where messages in flight are counted and settled.
 
-A producer may have at most ``limit`` messages in flight. When a produce finds the window full it
-waits until completions have drained it to half the limit, then resumes: waiting for half rather
+A producer may have at most ``limit`` messages in flight (and, with a byte bound, at most
+``byte_limit`` bytes). When a produce finds the window full it waits until completions have
+drained it to ``resume_at`` of the limit (half by default), then resumes: waiting for half rather
 than for one free slot turns a stream of tiny wake-ups into a few large bursts, and gives a
 saturated link time to recover before it is filled again. Waiters are woken by completions, never
 by polling. Each waiter has its own future, so a cancelled caller cannot cancel anybody else's
@@ -32,11 +33,17 @@ from producerkit._types import (
     CONNECTION,
     DEADLINE,
     FUTURE,
+    HEADERS,
+    KEY,
     PARTITION,
     SEQ,
+    TIMESTAMP,
     TOPIC,
+    VALUE,
     Delivery,
+    DeliveryNotice,
     Failure,
+    Headers,
     Outcome,
     Record,
     failure_of,
@@ -66,18 +73,20 @@ class PyWindowCore:
 
     def admit(
         self,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         topic: str,
         partition: int | None,
         headers: Any,
         msg_id: str | None,
         connection: int,
-        future: asyncio.Future[Delivery] | None,
+        future: asyncio.Future[Delivery] | DeliveryNotice | None,
+        timestamp: int | None = None,
     ) -> Record:
         """Build the message's record and put it in flight: in ``pending``, counted in the
         peak, its deadline watched if the window was empty. From here on it must end acked or
-        failed. The caller has made room (``len(pending) < limit``)."""
+        failed. The caller has made room (``len(pending) < limit``). ``timestamp``: the
+        record's CreateTime in epoch milliseconds, or None for the produce time."""
         seq = next(self._seqs)
         record: Record = (
             seq,
@@ -90,6 +99,7 @@ class PyWindowCore:
             time.monotonic() + self.timeout,
             connection,
             future,
+            timestamp,
         )
         pending = self.pending
         in_flight = len(pending)
@@ -143,9 +153,10 @@ class InFlightWindow(_WindowCore):
         on_outcome: OutcomeCallback | None = None,
         *,
         untrack: bool = False,
+        resume_at: float = 0.5,
     ) -> None:
         super().__init__(limit, timeout, untrack)
-        self.low_water = limit // 2
+        self.low_water = int(limit * resume_at)
         self.waits = 0
         self.wait_seconds = 0.0
         self.acked_count = 0
@@ -177,14 +188,19 @@ class InFlightWindow(_WindowCore):
 
     # ------------------------------------------------------------------ admission
 
-    async def wait_for_room(self) -> None:
-        """Wait until the window has drained to half; return with at least one free slot."""
+    def is_full(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes must wait for room."""
+        return len(self.pending) >= self.limit
+
+    async def wait_for_room(self, size: int = 0) -> None:
+        """Wait until the window has drained to its resume point; return with room for one
+        message of ``size`` bytes."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         counted = False
         try:
-            # Several waiters wake together at half; the ones that find it full again wait again.
-            while len(self.pending) >= self.limit:
+            # Several waiters wake together; the ones that find it full again wait again.
+            while self.is_full(size):
                 if not counted:
                     self.waits += 1
                     counted = True
@@ -207,7 +223,8 @@ class InFlightWindow(_WindowCore):
 
     # ------------------------------------------------------------------ settlement
 
-    def acked(self, record: Record, offset: int | None) -> None:
+    def acked(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
+        """Settle one record as stored at ``offset`` (``duplicate``: see Delivery.duplicate)."""
         pending = self.pending
         if pending.pop(record[SEQ], None) is None:
             return  # already failed (timed out) or reported twice
@@ -218,11 +235,14 @@ class InFlightWindow(_WindowCore):
             self._wake(len(pending))
         future = record[FUTURE]
         if future is not None and not future.done():
-            future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
+            future.set_result(delivery_of(record, offset, duplicate))
 
-    def acked_run(self, records: list[Record], first_offset: int | None) -> None:
+    def acked_run(
+        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
+    ) -> None:
         """Ack records stored at consecutive offsets from ``first_offset`` (one Kafka batch, all
-        on one connection): :meth:`acked` for each, with the counting and waking done once."""
+        on one connection): :meth:`acked` for each, with the counting and waking done once.
+        ``stored_at``: the broker's LogAppendTime (epoch ms) where the topic keeps one."""
         if _pop_run is not None:
             count, waiting = _pop_run(self.pending, records)
             for position in waiting or ():  # blocking produces in this run: each its offset
@@ -230,7 +250,7 @@ class InFlightWindow(_WindowCore):
                 future = record[FUTURE]
                 if not future.done():
                     offset = None if first_offset is None else first_offset + position
-                    future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
+                    future.set_result(delivery_of(record, offset, stored_at=stored_at))
         else:
             pop = self.pending.pop
             count = 0
@@ -240,7 +260,7 @@ class InFlightWindow(_WindowCore):
                     count += 1
                     future = record[FUTURE]
                     if future is not None and not future.done():
-                        future.set_result(Delivery(record[TOPIC], record[PARTITION], offset))
+                        future.set_result(delivery_of(record, offset, stored_at=stored_at))
                 if offset is not None:
                     offset += 1
         if count:
@@ -250,22 +270,39 @@ class InFlightWindow(_WindowCore):
             if self._waiting:
                 self._wake(len(self.pending))
 
+    def acked_each(self, records: list[Record], offsets: list[int | None]) -> None:
+        """Ack records that settled together (one read of JetStream PubAcks), each at its own
+        offset: :meth:`acked` for each."""
+        acked = self.acked
+        for record, offset in zip(records, offsets, strict=True):
+            acked(record, offset)
+
     @property
     def observed(self) -> bool:
         """Whether an ``on_outcome`` hook watches this window."""
         return self._on_outcome is not None
 
-    def acked_observed(self, record: Record, offset: int | None) -> None:
+    def acked_observed(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
         """:meth:`acked`, and ``on_outcome`` told of it (used instead when a hook is set)."""
         if record[SEQ] in self.pending:
-            self.acked(record, offset)
+            self.acked(record, offset, duplicate)
             self._observe((record,), None)
 
-    def acked_run_observed(self, records: list[Record], first_offset: int | None) -> None:
+    def acked_run_observed(
+        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
+    ) -> None:
         """:meth:`acked_run`, and ``on_outcome`` told of the records it settled."""
         pending = self.pending
         settling = [record for record in records if record[SEQ] in pending]
-        self.acked_run(records, first_offset)
+        self.acked_run(records, first_offset, stored_at)
+        if settling:
+            self._observe(settling, None)
+
+    def acked_each_observed(self, records: list[Record], offsets: list[int | None]) -> None:
+        """:meth:`acked_each`, and ``on_outcome`` told of the records it settled, in one Outcome."""
+        pending = self.pending
+        settling = [record for record in records if record[SEQ] in pending]
+        self.acked_each(records, offsets)
         if settling:
             self._observe(settling, None)
 
@@ -301,9 +338,15 @@ class InFlightWindow(_WindowCore):
             self._observe((record,), exc)
         future = record[FUTURE]
         if future is not None and not future.done():
-            future.set_exception(exc)
-            return  # the caller awaiting it is told; a blocking produce is not reported twice
-        failure = failure_of(record, exc)
+            if not isinstance(future, DeliveryNotice):
+                future.set_exception(exc)
+                return  # the caller awaiting it is told; a blocking produce is not reported twice
+            failure = failure_of(record, exc)
+            future.tell_failure(failure)
+            if future.waiter is not None:
+                return  # a blocking produce: its caller is told, as above
+        else:
+            failure = failure_of(record, exc)
         self.failures.append(failure)
         self._failure_log.add(failure)
         if self._on_error is not None:
@@ -382,6 +425,101 @@ class InFlightWindow(_WindowCore):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+class ByteBoundedWindow(InFlightWindow):
+    """The window with a bound in bytes too (``max_in_flight_bytes``): a message's bytes (value,
+    key and headers) count from its admission to its settlement. A message waits while either
+    bound is reached, and waiters resume when both have drained to their resume points. One
+    message larger than the whole bound goes alone, into an empty window."""
+
+    __slots__ = ("byte_limit", "byte_low_water", "bytes_in_flight", "peak_bytes_in_flight")
+
+    def __init__(
+        self,
+        limit: int,
+        timeout: float,
+        connections: int,
+        on_error: ErrorCallback | None,
+        on_outcome: OutcomeCallback | None = None,
+        *,
+        byte_limit: int,
+        untrack: bool = False,
+        resume_at: float = 0.5,
+    ) -> None:
+        super().__init__(
+            limit, timeout, connections, on_error, on_outcome, untrack=untrack, resume_at=resume_at
+        )
+        self.byte_limit = byte_limit
+        self.byte_low_water = int(byte_limit * resume_at)
+        self.bytes_in_flight = 0
+        self.peak_bytes_in_flight = 0
+
+    def is_full(self, size: int) -> bool:
+        pending = self.pending
+        return len(pending) >= self.limit or (
+            bool(pending) and self.bytes_in_flight + size > self.byte_limit
+        )
+
+    def admit(self, *fields: Any) -> Record:
+        record = super().admit(*fields)
+        in_flight = self.bytes_in_flight + record_size(record)
+        self.bytes_in_flight = in_flight
+        if in_flight > self.peak_bytes_in_flight:
+            self.peak_bytes_in_flight = in_flight
+        return record
+
+    def acked(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
+        if record[SEQ] in self.pending:
+            self.bytes_in_flight -= record_size(record)
+            super().acked(record, offset, duplicate)
+
+    def acked_run(
+        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
+    ) -> None:
+        pending = self.pending
+        self.bytes_in_flight -= sum(record_size(r) for r in records if r[SEQ] in pending)
+        super().acked_run(records, first_offset, stored_at)
+
+    def failed(self, record: Record, exc: BaseException) -> None:
+        if record[SEQ] in self.pending:
+            self.bytes_in_flight -= record_size(record)
+            super().failed(record, exc)
+
+    def _wake(self, in_flight: int) -> None:
+        if self.bytes_in_flight <= self.byte_low_water:
+            super()._wake(in_flight)
+
+
+def delivery_of(
+    record: Record, offset: int | None, duplicate: bool = False, stored_at: int | None = None
+) -> Delivery:
+    """The Delivery of a record stored at ``offset``: its timestamp is the broker's
+    LogAppendTime (``stored_at``, epoch ms) where it gave one, else the CreateTime the producer
+    fixed for the record, else None."""
+    stamp = stored_at if stored_at is not None else record[TIMESTAMP]
+    return Delivery(
+        record[TOPIC],
+        record[PARTITION],
+        offset,
+        duplicate,
+        None if stamp is None else stamp / 1000,
+    )
+
+
+def message_size(value: bytes | None, key: bytes | None, headers: Headers | None) -> int:
+    """The bytes of a message that count against ``max_in_flight_bytes`` (a tombstone's None
+    value and a None header value count nothing)."""
+    size = 0 if value is None else len(value)
+    if key is not None:
+        size += len(key)
+    if headers:
+        size += sum(len(name) + len(data or b"") for name, data in headers)
+    return size
+
+
+def record_size(record: Record) -> int:
+    return message_size(record[VALUE], record[KEY], record[HEADERS])
 
 
 class _FailureLog:

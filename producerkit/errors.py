@@ -13,9 +13,15 @@
     │   ├── AuthenticationError                credentials refused
     │   └── TLSError                           handshake or certificate failure
     ├── AuthorizationError                 the broker refused this message (permissions)
-    ├── DeliveryError                      the broker rejected this message for another reason
+    ├── DeliveryError                      the broker rejected this message for another reason;
+    │   │                                      ``.code``: JetStream's error code, or None
+    │   └── ExpectationFailed                  the stream was not as the message's Expect said:
+    │                                          wrong last sequence (10071, 10164), wrong last
+    │                                          msg id (10070), another stream (10060)
     ├── ProduceTimeout (TimeoutError)      not acked within ``timeout``; or flush/close deadline
     ├── ProducerClosed                     produce() after close(), or closed with it in flight
+    ├── Purged                             failed on purpose by ``purge()``
+    ├── LoopThreadError (RuntimeError)     a blocking SyncProducer call made on its own loop thread
     └── ProduceError                       aggregate: ``.failures`` holds every failed message
 
 Errors about one call are raised at that call, and the producer stays usable. Errors about one
@@ -39,7 +45,9 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigurationError",
     "DeliveryError",
+    "ExpectationFailed",
     "IncompatibleClientError",
+    "LoopThreadError",
     "MessageError",
     "MessageTooLarge",
     "MissingDependencyError",
@@ -47,6 +55,7 @@ __all__ = [
     "ProduceTimeout",
     "ProducerClosed",
     "ProducerError",
+    "Purged",
     "SerializationError",
     "TLSError",
 ]
@@ -111,7 +120,27 @@ class AuthorizationError(ProducerError):
 
 
 class DeliveryError(ProducerError):
-    """The broker rejected this message (no stream for the subject, invalid record, ...)."""
+    """The broker rejected this message (no stream for the subject, invalid record, ...).
+
+    :attr:`code` is the error code the broker gave with the refusal, where it gives one
+    (JetStream's API error code, as in nats-server's ``errors.json``), else None.
+    """
+
+    def __init__(self, *args: object, code: int | None = None) -> None:
+        super().__init__(*args)
+        self.code = code
+
+
+class ExpectationFailed(DeliveryError):
+    """JetStream refused the message because the stream was not as the message expected (a
+    ``producerkit.Expect``, or raw ``Nats-Expected-*`` headers): another message was stored
+    since (wrong last sequence or subject sequence, codes 10071 and 10164; wrong last msg id,
+    10070), or the subject belongs to another stream (10060).
+
+    Nothing was stored. Resending the same message cannot succeed, and resending it without its
+    expectations would ignore the conflict, so :meth:`~producerkit.Failure.retry_kwargs` refuses
+    to do either unasked: read the stream again and decide.
+    """
 
 
 class ProduceTimeout(ProducerError, TimeoutError):
@@ -120,6 +149,16 @@ class ProduceTimeout(ProducerError, TimeoutError):
 
 class ProducerClosed(ProducerError):
     """The producer is closed, or was closed before this message was acknowledged."""
+
+
+class Purged(ProducerError):
+    """The message was failed on purpose by :meth:`Producer.purge`: before it was sent, or
+    (``in_flight=True``) while it waited for its ack, in which case it may still be stored."""
+
+
+class LoopThreadError(ProducerError, RuntimeError):
+    """A blocking :class:`~producerkit.SyncProducer` call was made on the thread that runs its
+    own event loop (from a callback, say): it could only deadlock, so it is refused at once."""
 
 
 class ProduceError(ProducerError):

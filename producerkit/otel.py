@@ -27,7 +27,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar
 
 from producerkit._types import Outcome, Stats
 from producerkit.errors import MissingDependencyError
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["ProducerMetrics", "instrumented"]
 
 logger = logging.getLogger("producerkit.otel")
+
+#: With ``latency_every="auto"``: about how many latencies a second are recorded at most.
+AUTO_LATENCIES_PER_SECOND: Final = 10_000
 
 #: The attribute keys: OpenTelemetry's messaging conventions where they have one.
 SYSTEM: Final = "messaging.system"  # the URL scheme: kafka, jetstream, nats, memory, null
@@ -96,10 +99,14 @@ class ProducerMetrics:
     Args:
         meter_provider: where the instruments are made; OpenTelemetry's global one by default.
         attributes: added to every measurement (``{"service.component": "orders"}``).
-        latency_every: record ``producerkit.ack.latency`` for every acked message (1, the
-            default), for one in ``n`` (by message number, so the histogram's count is about
-            ``acked / n``), or for none (None). Each value recorded costs a few microseconds in
-            OpenTelemetry's SDK: at high rates, sample (docs/observability.md has the figures).
+        latency_every: which acked messages' latencies ``producerkit.ack.latency`` records:
+            ``"auto"`` (the default) every one while that is at most
+            :data:`AUTO_LATENCIES_PER_SECOND` a second, else one in ``n`` (by message number),
+            ``n`` set each second from the last second's acks, and never more than that many
+            in a second; an int ``n``: always one in ``n`` (1: every one); None: none. Each
+            value recorded costs a few microseconds in OpenTelemetry's SDK, which is why the
+            default samples at high rates; the histogram then counts samples, and
+            ``producerkit.messages.acked`` stays the exact count.
     """
 
     def __init__(
@@ -107,7 +114,7 @@ class ProducerMetrics:
         meter_provider: MeterProvider | None = None,
         *,
         attributes: Mapping[str, str | int | float | bool] | None = None,
-        latency_every: int | None = 1,
+        latency_every: int | Literal["auto"] | None = "auto",
     ) -> None:
         try:
             from opentelemetry import metrics
@@ -115,12 +122,20 @@ class ProducerMetrics:
             raise MissingDependencyError(
                 'ProducerMetrics needs OpenTelemetry: run  pip install "producerkit[otel]"'
             ) from exc
-        if latency_every is not None and (type(latency_every) is not int or latency_every < 1):
-            raise ValueError(f"latency_every must be a positive int or None, not {latency_every!r}")
+        if latency_every not in (None, "auto") and (
+            type(latency_every) is not int or latency_every < 1
+        ):
+            raise ValueError(
+                f'latency_every must be "auto", a positive int or None, not {latency_every!r}'
+            )
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         instruments = _Instruments.of(provider)
         self._record = instruments.latency.record
-        self._every = latency_every
+        self._auto = latency_every == "auto"
+        self._every: int | None = 1 if isinstance(latency_every, str) else latency_every
+        self._second_started = 0.0  # "auto": the second whose acks are being counted
+        self._acks_this_second = 0
+        self._recorded_this_second = 0
         self._counts = counts = _Counts(dict(attributes or {}))
         self._lock = counts.lock
         self._acked = counts.acked
@@ -152,13 +167,37 @@ class ProducerMetrics:
         # n values at once (opentelemetry-specification#3369), so this loop is the cost.
         record = self._record
         settled = outcome.settled_at
-        if every == 1:
+        if self._auto:
+            self._record_sampled(outcome, attributes)
+        elif every == 1:
             for produced in outcome.produced_at:
                 record(settled - produced, attributes)
-            return
+        else:
+            for number, produced in zip(outcome.numbers, outcome.produced_at, strict=True):
+                if not number % every:
+                    record(settled - produced, attributes)
+
+    def _record_sampled(self, outcome: Outcome, attributes: dict[str, Any]) -> None:
+        """``latency_every="auto"``: one in ``n`` acks (by number), ``n`` set each second from
+        the last second's acks to record about AUTO_LATENCIES_PER_SECOND, and never more than
+        that many in one second (so a burst costs no more than a steady rate)."""
+        settled = outcome.settled_at
+        if settled - self._second_started >= 1.0:
+            self._every = max(1, -(-self._acks_this_second // AUTO_LATENCIES_PER_SECOND))
+            self._second_started = settled
+            self._acks_this_second = self._recorded_this_second = 0
+        self._acks_this_second += len(outcome.numbers)
+        room = AUTO_LATENCIES_PER_SECOND - self._recorded_this_second
+        every = self._every or 1
+        record = self._record
+        recorded = 0
         for number, produced in zip(outcome.numbers, outcome.produced_at, strict=True):
+            if recorded >= room:
+                break
             if not number % every:
                 record(settled - produced, attributes)
+                recorded += 1
+        self._recorded_this_second += recorded
 
     # ------------------------------------------------------------------ the watched producers
 
@@ -199,7 +238,7 @@ def instrumented(
     *,
     meter_provider: MeterProvider | None = None,
     attributes: Mapping[str, str | int | float | bool] | None = None,
-    latency_every: int | None = 1,
+    latency_every: int | Literal["auto"] | None = "auto",
     **producer_options: Any,
 ) -> Producer:
     """A :class:`~producerkit.Producer` measured by a new :class:`ProducerMetrics`: the same as

@@ -96,7 +96,8 @@ def load(
         merged.update(layer)
     if require_url and "url" not in merged:
         raise ConfigurationError(
-            'no producer URL: pass --url (or url=), set PRODUCERKIT_URL, or put url = "..." in '
+            "no producer URL: pass --url on the command line (url= in Python), set "
+            'PRODUCERKIT_URL, or put url = "..." in '
             f"{path or DEFAULT_CONFIG_FILE}"
         )
     return merged

@@ -3,7 +3,6 @@ unknown codec, or one whose library is missing, is refused when the Producer is 
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 from typing import Any
 
@@ -11,12 +10,14 @@ import pytest
 from conftest import read_kafka
 
 import producerkit as pk
-from producerkit.testing.brokers import LocalBroker
+from producerkit.testing.pytest_plugin import SessionBroker
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_each_codec_is_read_back_by_another_client(
-    codec: str, kafka_broker: LocalBroker, topic: str
+async def test_each_codec_is_read_back_by_another_client(
+    codec: str, kafka_broker: SessionBroker, topic: str
 ) -> None:
     count = 1000
 
@@ -28,7 +29,7 @@ def test_each_codec_is_read_back_by_another_client(
             assert (producer.stats.acked, producer.stats.failed) == (count, 0)
         return await read_kafka(kafka_broker.url, topic, count)
 
-    values = sorted(record["value"] for record in asyncio.run(main()))
+    values = sorted(record["value"] for record in await main())
     assert values == sorted(b"order %d " % i * 4 for i in range(count))
 
 

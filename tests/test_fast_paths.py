@@ -12,77 +12,74 @@ import pytest
 from conftest import read_kafka
 
 import producerkit as pk
-from producerkit.testing.brokers import LocalBroker, start_kafka
+from producerkit.testing.brokers import start_kafka
+from producerkit.testing.pytest_plugin import SessionBroker
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.brokers  # starts a broker of its own
-def test_a_failing_kafka_batch_fails_each_of_its_messages(topic: str) -> None:
+async def test_a_failing_kafka_batch_fails_each_of_its_messages(topic: str) -> None:
     """aiokafka fails the batch (request timeout) before the messages' own deadline: every
     message of it is reported once, with its value, and the counts stay exact."""
     with start_kafka() as broker:
-
-        async def main() -> None:
-            async with pk.Producer(
-                broker.url, topic=topic, timeout=20, request_timeout_ms=800, retry_backoff_ms=50
-            ) as producer:
-                await producer.produce(b"warm", key=b"k")
-                broker.freeze()
+        async with pk.Producer(
+            broker.url, topic=topic, timeout=20, request_timeout_ms=800, retry_backoff_ms=50
+        ) as producer:
+            await producer.produce(b"warm", key=b"k")
+            broker.freeze()
+            try:
+                for i in range(2000):
+                    await producer.produce(b"%d" % i, key=b"k%d" % (i % 7), nonblocking=True)
                 try:
-                    for i in range(2000):
-                        await producer.produce(b"%d" % i, key=b"k%d" % (i % 7), nonblocking=True)
-                    try:
-                        await producer.flush(timeout=15)
-                    except pk.ProduceError as caught:
-                        failures = caught.failures
-                    else:
-                        raise AssertionError("the frozen broker acked a batch")
-                finally:
-                    broker.thaw()
-                values = sorted(int(failure.value) for failure in failures)
-                assert values == list(range(2000)), "each failed message reported exactly once"
-                assert all(
-                    isinstance(f.exception, pk.ProduceTimeout | pk.BrokerUnavailable)
-                    for f in failures
-                )
-                stats = producer.stats
-                assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (
-                    2001,
-                    1,
-                    2000,
-                    0,
-                )
-                await producer.produce(b"after", key=b"k")  # still usable once the broker is back
-
-        asyncio.run(main())
+                    await producer.flush(timeout=15)
+                except pk.ProduceError as caught:
+                    failures = caught.failures
+                else:
+                    raise AssertionError("the frozen broker acked a batch")
+            finally:
+                broker.thaw()
+            values = sorted(int(failure.value) for failure in failures)
+            assert values == list(range(2000)), "each failed message reported exactly once"
+            assert all(
+                isinstance(f.exception, pk.ProduceTimeout | pk.BrokerUnavailable) for f in failures
+            )
+            stats = producer.stats
+            assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (
+                2001,
+                1,
+                2000,
+                0,
+            )
+            await producer.produce(b"after", key=b"k")  # still usable once the broker is back
 
 
-def test_jetstream_acks_and_refusals_interleaved(nats_broker: LocalBroker, topic: str) -> None:
+async def test_jetstream_acks_and_refusals_interleaved(
+    nats_broker: SessionBroker, topic: str
+) -> None:
     """Pipelined publishes to a stored subject and to one no stream stores, interleaved: the
     PubAcks and the 503s are matched to the right messages."""
 
-    async def main() -> None:
-        url = f"jetstream://{nats_broker.host_port}"
-        async with pk.Producer(url, topic=topic, create_stream=True) as creator:
-            await creator.produce(b"create the stream")
-        async with pk.Producer(url, topic=topic, timeout=10) as producer:  # creates no stream
-            for i in range(3000):
-                target = topic if i % 3 else f"nostream-{topic}"
-                await producer.produce(b"%d" % i, topic=target, nonblocking=True)
-            try:
-                await producer.flush()
-            except pk.ProduceError as caught:
-                failed = sorted(int(failure.value) for failure in caught.failures)
-            else:
-                raise AssertionError("publishes to a subject no stream stores were acked")
-            assert failed == [i for i in range(3000) if i % 3 == 0]
-            stats = producer.stats
-            assert (stats.acked, stats.failed, stats.in_flight) == (2000, 1000, 0)
-
-    asyncio.run(main())
+    url = f"jetstream://{nats_broker.host_port}"
+    async with pk.Producer(url, topic=topic, create_stream=True) as creator:
+        await creator.produce(b"create the stream")
+    async with pk.Producer(url, topic=topic, timeout=10) as producer:  # creates no stream
+        for i in range(3000):
+            target = topic if i % 3 else f"nostream-{topic}"
+            await producer.produce(b"%d" % i, topic=target, nonblocking=True)
+        try:
+            await producer.flush()
+        except pk.ProduceError as caught:
+            failed = sorted(int(failure.value) for failure in caught.failures)
+        else:
+            raise AssertionError("publishes to a subject no stream stores were acked")
+        assert failed == [i for i in range(3000) if i % 3 == 0]
+        stats = producer.stats
+        assert (stats.acked, stats.failed, stats.in_flight) == (2000, 1000, 0)
 
 
-def test_kafka_per_key_order_through_batches_and_connections(
-    kafka_broker: LocalBroker, topic: str
+async def test_kafka_per_key_order_through_batches_and_connections(
+    kafka_broker: SessionBroker, topic: str
 ) -> None:
     count, keys = 30_000, 101
 
@@ -100,7 +97,7 @@ def test_kafka_per_key_order_through_batches_and_connections(
                 assert backend._partition_counts == {topic: 4}  # type: ignore[attr-defined]
         return await read_kafka(kafka_broker.url, topic, count)
 
-    records = asyncio.run(main())
+    records = await main()
     assert len(records) == count
     by_key: dict[bytes, list[int]] = collections.defaultdict(list)
     for record in sorted(records, key=lambda r: (r["partition"], r["offset"])):
@@ -111,8 +108,8 @@ def test_kafka_per_key_order_through_batches_and_connections(
 
 
 @pytest.mark.parametrize("max_batches_in_flight", [1, 3])
-def test_kafka_own_produce_requests_round_trip(
-    kafka_broker: LocalBroker, topic: str, max_batches_in_flight: int
+async def test_kafka_own_produce_requests_round_trip(
+    kafka_broker: SessionBroker, topic: str, max_batches_in_flight: int
 ) -> None:
     """producerkit frames its own Produce requests: with one and with several batches per
     partition in flight, every record is stored once, in per-key order, and each blocking
@@ -139,7 +136,7 @@ def test_kafka_own_produce_requests_round_trip(
             assert (producer.stats.acked, producer.stats.failed) == (count, 0)
         return deliveries, await read_kafka(kafka_broker.url, topic, count)
 
-    deliveries, records = asyncio.run(main())
+    deliveries, records = await main()
     assert sorted(int(r["value"]) for r in records) == list(range(count))
     at = {(r["partition"], r["offset"]): int(r["value"]) for r in records}
     assert [at[(d.partition, d.offset)] for d in deliveries] == list(range(0, count, 1000))
@@ -150,8 +147,8 @@ def test_kafka_own_produce_requests_round_trip(
 
 
 @pytest.mark.parametrize("encoder", ["default", "aiokafka", "gzip"])
-def test_kafka_batches_from_each_encoder_read_back(
-    kafka_broker: LocalBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
+async def test_kafka_batches_from_each_encoder_read_back(
+    kafka_broker: SessionBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The C encoder (default where it was built), aiokafka's builder (the fallback) and a
     compressed batch (always aiokafka's): keys, values, headers and CreateTimes read back."""
@@ -172,7 +169,7 @@ def test_kafka_batches_from_each_encoder_read_back(
         return await read_kafka(kafka_broker.url, topic, count)
 
     started_ms = time.time() * 1000
-    records = asyncio.run(main())
+    records = await main()
     assert sorted(int(r["value"]) for r in records) == list(range(count))
     for record in records:
         i = int(record["value"])
@@ -182,8 +179,8 @@ def test_kafka_batches_from_each_encoder_read_back(
         assert started_ms - 1000 < record["timestamp"] < time.time() * 1000 + 1000
 
 
-def test_kafka_acks_zero_counts_every_message_written(
-    kafka_broker: LocalBroker, topic: str
+async def test_kafka_acks_zero_counts_every_message_written(
+    kafka_broker: SessionBroker, topic: str
 ) -> None:
     """acks=0: the broker sends no response, so a message is acked (offset None) once its
     request is written, and the counts are exact.
@@ -204,7 +201,7 @@ def test_kafka_acks_zero_counts_every_message_written(
             assert (producer.stats.acked, producer.stats.failed) == (count, 0)
         return await read_kafka(kafka_broker.url, topic, count, timeout=10)
 
-    values = [record["value"] for record in asyncio.run(main())]
+    values = [record["value"] for record in await main()]
     assert len(values) == len(set(values)) and b"first" in values
     assert set(values) <= {b"first"} | {b"%d" % i for i in range(count - 1)}
 
@@ -214,59 +211,53 @@ def test_kafka_max_in_flight_must_be_positive() -> None:
         pk.Producer("kafka://127.0.0.1:9092", topic="t", max_batches_in_flight=0)
 
 
-def test_kafka_idempotent_producer_goes_through_aiokafkas_sender(
-    kafka_broker: LocalBroker, topic: str
+async def test_kafka_idempotent_producer_goes_through_aiokafkas_sender(
+    kafka_broker: SessionBroker, topic: str
 ) -> None:
     """enable_idempotence needs aiokafka's sender (producer id, sequence numbers): batches go
     through send_batch, one per partition in flight. Needs a broker with InitProducerId."""
 
-    async def main() -> None:
-        producer = pk.Producer(kafka_broker.url, topic=topic, enable_idempotence=True, timeout=5)
-        try:
-            await producer.start()
-        except pk.ProducerError as exc:
-            pytest.skip(f"this broker has no idempotent producer (Tansu 0.6): {exc}")
-        async with producer:
-            for i in range(1000):
-                await producer.produce(b"%d" % i, key=b"k%d" % (i % 5), nonblocking=True)
-            await producer.flush()
-            assert producer.stats.acked == 1000
-
-    asyncio.run(main())
+    producer = pk.Producer(kafka_broker.url, topic=topic, enable_idempotence=True, timeout=5)
+    try:
+        await producer.start()
+    except pk.ProducerError as exc:
+        pytest.skip(f"this broker has no idempotent producer (Tansu 0.6): {exc}")
+    async with producer:
+        for i in range(1000):
+            await producer.produce(b"%d" % i, key=b"k%d" % (i % 5), nonblocking=True)
+        await producer.flush()
+        assert producer.stats.acked == 1000
 
 
-def test_kafka_full_batches_ship_at_once_while_the_linger_runs(
-    kafka_broker: LocalBroker, topic: str
+async def test_kafka_full_batches_ship_at_once_while_the_linger_runs(
+    kafka_broker: SessionBroker, topic: str
 ) -> None:
     """linger_ms holds back a batch that is not full; full ones go at once, as in librdkafka."""
 
-    async def main() -> None:
-        async with pk.Producer(
-            kafka_broker.url,
-            topic=topic,
-            linger_ms=2000,
-            max_batch_size=16 * 1024,
-            max_batches_in_flight=5,
-            max_in_flight_messages=10_000,
-        ) as producer:
-            backend = producer.backend
-            if backend.client_path == "public" and _aiokafka_older_than((0, 14)):
-                pytest.skip(
-                    "aiokafka < 0.14's own sender sleeps out linger_ms after every request, "
-                    "and the public path ships through it (docs/compatibility.md)"
-                )
-            await producer.produce(b"warm-up", key=b"k", nonblocking=True)
-            await asyncio.sleep(2.5)  # the first linger has run; metadata is known
-            for _ in range(2000):
-                await producer.produce(b"v" * 100, key=b"k", nonblocking=True)
-            await asyncio.sleep(0.5)
-            # The full batches went without waiting for the linger (and, once one was acked, the
-            # rest with it: a freed slot ships what is open).
-            assert producer.stats.acked - 1 >= 1000, producer.stats
-            await producer.flush()
-            assert producer.stats.acked == 2001
-
-    asyncio.run(main())
+    async with pk.Producer(
+        kafka_broker.url,
+        topic=topic,
+        linger_ms=2000,
+        max_batch_size=16 * 1024,
+        max_batches_in_flight=5,
+        max_in_flight_messages=10_000,
+    ) as producer:
+        backend = producer.backend
+        if backend.client_path == "public" and _aiokafka_older_than((0, 14)):
+            pytest.skip(
+                "aiokafka < 0.14's own sender sleeps out linger_ms after every request, "
+                "and the public path ships through it (docs/compatibility.md)"
+            )
+        await producer.produce(b"warm-up", key=b"k", nonblocking=True)
+        await asyncio.sleep(2.5)  # the first linger has run; metadata is known
+        for _ in range(2000):
+            await producer.produce(b"v" * 100, key=b"k", nonblocking=True)
+        await asyncio.sleep(0.5)
+        # The full batches went without waiting for the linger (and, once one was acked, the
+        # rest with it: a freed slot ships what is open).
+        assert producer.stats.acked - 1 >= 1000, producer.stats
+        await producer.flush()
+        assert producer.stats.acked == 2001
 
 
 def _aiokafka_older_than(version: tuple[int, ...]) -> bool:

@@ -5,7 +5,6 @@ so they time out; JetStream: a subject no stream stores, so the server answers 5
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import subprocess
 import sys
@@ -16,7 +15,9 @@ from typing import Any
 import pytest
 
 import producerkit as pk
-from producerkit.testing.brokers import LocalBroker
+from producerkit.testing.pytest_plugin import SessionBroker
+
+pytestmark = pytest.mark.anyio
 
 sdk_metrics = pytest.importorskip("opentelemetry.sdk.metrics")
 sdk_export = pytest.importorskip("opentelemetry.sdk.metrics.export")
@@ -52,60 +53,57 @@ class Reader:
         )
 
 
-def produce_with_failures(
-    scheme: str, kafka: LocalBroker, nats: LocalBroker
+async def produce_with_failures(
+    scheme: str, kafka: SessionBroker, nats: SessionBroker
 ) -> tuple[Reader, pk.Stats]:
     """10,000 messages on ``scheme``, the 100 in the middle failing for real."""
     metrics = Reader()
     good = f"good-{uuid.uuid4().hex[:8]}"
 
-    async def main() -> pk.Stats:
-        options: dict[str, Any] = {}
-        if scheme == "kafka":
-            url, options["timeout"] = kafka.url, 3.0
-        else:
-            url = f"jetstream://{nats.host_port}"
-            async with pk.Producer(url, topic=good, create_stream=True) as setup:
-                await setup.produce(b"a stream for the good subject")
-        measured = otel.ProducerMetrics(metrics.provider)
-        producer = pk.Producer(url, topic=good, on_outcome=measured, **options)
-        async with measured.watch(producer):
-            for i in range(COUNT // 2):
-                await producer.produce(b"%d" % i, key=b"%d" % (i % 64), nonblocking=True)
-            await producer.flush()
-            with pytest.raises(pk.ProduceError) as caught:
-                await fail_some(producer, scheme, kafka)
-            assert len(caught.value.failures) == FAILING
-            for i in range(COUNT // 2, COUNT - FAILING):
-                await producer.produce(b"%d" % i, key=b"%d" % (i % 64), nonblocking=True)
-            await producer.flush()
-            stats = producer.stats
-        assert (stats.produced, stats.acked, stats.failed) == (COUNT, COUNT - FAILING, FAILING)
-        return stats
-
-    return metrics, asyncio.run(main())
+    options: dict[str, Any] = {}
+    if scheme == "kafka":
+        url, options["timeout"] = kafka.url, 3.0
+    else:
+        url = f"jetstream://{nats.host_port}"
+        async with pk.Producer(url, topic=good, create_stream=True) as setup:
+            await setup.produce(b"a stream for the good subject")
+    measured = otel.ProducerMetrics(metrics.provider)
+    producer = pk.Producer(url, topic=good, on_outcome=measured, **options)
+    async with measured.watch(producer):
+        for i in range(COUNT // 2):
+            await producer.produce(b"%d" % i, key=b"%d" % (i % 64), nonblocking=True)
+        await producer.flush()
+        with pytest.raises(pk.ProduceError) as caught:
+            await fail_some(producer, scheme, kafka)
+        assert len(caught.value.failures) == FAILING
+        for i in range(COUNT // 2, COUNT - FAILING):
+            await producer.produce(b"%d" % i, key=b"%d" % (i % 64), nonblocking=True)
+        await producer.flush()
+        stats = producer.stats
+    assert (stats.produced, stats.acked, stats.failed) == (COUNT, COUNT - FAILING, FAILING)
+    return metrics, stats
 
 
-async def fail_some(producer: pk.Producer, scheme: str, kafka: LocalBroker) -> None:
+async def fail_some(producer: pk.Producer, scheme: str, kafka: SessionBroker) -> None:
     if scheme == "jetstream":  # a subject no stream stores: 503, "no responders"
         for i in range(FAILING):
             await producer.produce(b"lost %d" % i, topic="nostream-x", nonblocking=True)
         await producer.flush()
         return
-    kafka.freeze()  # accepts the bytes, never answers: each message times out
+    kafka.local.freeze()  # accepts the bytes, never answers: each message times out
     try:
         for i in range(FAILING):
             await producer.produce(b"lost %d" % i, key=b"%d" % (i % 64), nonblocking=True)
         await producer.flush()
     finally:
-        kafka.thaw()
+        kafka.local.thaw()
 
 
 @pytest.mark.parametrize("scheme", ["kafka", "jetstream"])
-def test_counts_and_latencies_on_real_brokers(
-    scheme: str, kafka_broker: LocalBroker, nats_broker: LocalBroker
+async def test_counts_and_latencies_on_real_brokers(
+    scheme: str, kafka_broker: SessionBroker, nats_broker: SessionBroker
 ) -> None:
-    metrics, stats = produce_with_failures(scheme, kafka_broker, nats_broker)
+    metrics, stats = await produce_with_failures(scheme, kafka_broker, nats_broker)
     assert metrics.total("producerkit.messages.produced") == COUNT
     assert metrics.total("producerkit.messages.acked") == COUNT - FAILING
     assert metrics.total("producerkit.messages.failed") == FAILING
@@ -128,7 +126,7 @@ def test_counts_and_latencies_on_real_brokers(
     assert latency.sum / latency.count < 1.0
 
 
-def test_latency_sampling_and_off() -> None:
+async def test_latency_sampling_and_off() -> None:
     """latency_every=10 records one message in ten (by number); None records none."""
     every, none = Reader(), Reader()
 
@@ -140,7 +138,7 @@ def test_latency_sampling_and_off() -> None:
                 for i in range(1000):
                     await producer.produce(b"%d" % i, nonblocking=True)
 
-    asyncio.run(main())
+    await main()
     assert every.total("producerkit.ack.latency") == 100
     assert every.total("producerkit.messages.acked") == 1000
     assert none.points()["producerkit.ack.latency"] == []
@@ -149,7 +147,7 @@ def test_latency_sampling_and_off() -> None:
         otel.ProducerMetrics(every.provider, latency_every=0)
 
 
-def test_several_producers_on_one_provider_are_all_read() -> None:
+async def test_several_producers_on_one_provider_are_all_read() -> None:
     """OpenTelemetry keeps the first instrument of a name: a second ProducerMetrics on the same
     provider must still be read, and the attributes tell the producers apart."""
     reader = Reader()
@@ -168,7 +166,7 @@ def test_several_producers_on_one_provider_are_all_read() -> None:
                 await q.produce(b"a", nonblocking=True)
             assert q.closed is False
 
-    asyncio.run(main())
+    await main()
     assert reader.total("producerkit.messages.produced", **{"messaging.system": "memory"}) == 30
     assert reader.total("producerkit.messages.produced", **{"messaging.system": "null"}) == 20
     assert reader.total("producerkit.messages.acked", **{"service.component": "a"}) == 30
@@ -193,7 +191,7 @@ def test_one_backend_per_instance_and_unwatch() -> None:
         metrics.watch(object())  # type: ignore[type-var]
 
 
-def test_without_an_sdk_it_records_nothing_and_works() -> None:
+async def test_without_an_sdk_it_records_nothing_and_works() -> None:
     """The API alone (no SDK configured): instruments are no-ops."""
 
     async def main() -> pk.Stats:
@@ -202,7 +200,7 @@ def test_without_an_sdk_it_records_nothing_and_works() -> None:
                 await producer.produce(b"v", nonblocking=True)
             return producer.stats
 
-    assert asyncio.run(main()).acked == 10
+    assert (await main()).acked == 10
 
 
 def test_import_producerkit_imports_no_telemetry_library() -> None:
@@ -237,7 +235,7 @@ def test_counts_outlive_the_producer_and_its_metrics() -> None:
     assert reader.points()["producerkit.messages.in_flight"] == []
 
 
-def test_watching_without_the_hook_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+async def test_watching_without_the_hook_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     reader = Reader()
 
     async def main() -> None:
@@ -247,6 +245,6 @@ def test_watching_without_the_hook_is_reported(caplog: pytest.LogCaptureFixture)
             reader.points()
             reader.points()
 
-    asyncio.run(main())
+    await main()
     lines = [r.getMessage() for r in caplog.records if r.name == "producerkit.otel"]
     assert len(lines) == 1 and "on_outcome" in lines[0], lines

@@ -25,7 +25,9 @@ from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
 from producerkit import partitioners
-from producerkit.testing.brokers import LocalBroker
+from producerkit.testing.pytest_plugin import SessionBroker
+
+pytestmark = pytest.mark.anyio
 
 # ---------------------------------------------------------------------- helpers
 
@@ -141,7 +143,9 @@ def keyed_messages() -> list[tuple[bytes, int]]:
 # ---------------------------------------------------------------------- murmur2 on Kafka
 
 
-def test_murmur2_keys_land_where_java_and_librdkafka_put_them(kafka_broker: LocalBroker) -> None:
+async def test_murmur2_keys_land_where_java_and_librdkafka_put_them(
+    kafka_broker: SessionBroker,
+) -> None:
     topic, peer_topic = new_topic(), new_topic()
     keys = [b"user-%d" % i for i in range(1500)] + [b"", b"\x00", b"\xff" * 7, "clé".encode()]
 
@@ -156,7 +160,7 @@ def test_murmur2_keys_land_where_java_and_librdkafka_put_them(kafka_broker: Loca
             await producer.flush()
         return await read_kafka(kafka_broker.url, topic, 20 + len(keys)), deliveries
 
-    records, deliveries = asyncio.run(main())
+    records, deliveries = await main()
     assert len(records) == 20 + len(keys)
     for key, delivery in zip(keys, deliveries, strict=False):
         assert delivery is not None and delivery.partition == java_partition(key, 6)
@@ -177,7 +181,7 @@ def test_murmur2_keys_land_where_java_and_librdkafka_put_them(kafka_broker: Loca
     for key in keys:
         peer.produce(peer_topic, key=key, value=key)
     assert peer.flush(30) == 0
-    peer_records = asyncio.run(read_kafka(kafka_broker.url, peer_topic, len(keys)))
+    peer_records = await read_kafka(kafka_broker.url, peer_topic, len(keys))
     ours = {r["key"]: r["partition"] for r in records}
     theirs = {r["key"]: r["partition"] for r in peer_records}
     assert len(theirs) == len(keys)
@@ -187,7 +191,7 @@ def test_murmur2_keys_land_where_java_and_librdkafka_put_them(kafka_broker: Loca
 # ---------------------------------------------------------------------- connections=4
 
 
-def test_four_kafka_connections_keep_per_key_order(kafka_broker: LocalBroker) -> None:
+async def test_four_kafka_connections_keep_per_key_order(kafka_broker: SessionBroker) -> None:
     topic = new_topic()
     messages = keyed_messages()
 
@@ -205,7 +209,7 @@ def test_four_kafka_connections_keep_per_key_order(kafka_broker: LocalBroker) ->
         records = await read_kafka(kafka_broker.url, topic, len(messages) + 1, timeout=40)
         return records, stats, sockets
 
-    records, stats, sockets = asyncio.run(main())
+    records, stats, sockets = await main()
     assert sockets == 4
     assert len(records) == len(messages) + 1
     records.sort(key=lambda r: (r["partition"], r["offset"]))
@@ -223,7 +227,7 @@ def test_four_kafka_connections_keep_per_key_order(kafka_broker: LocalBroker) ->
     assert stats.acked == stats.produced == len(records)
 
 
-def test_four_jetstream_connections_keep_per_key_order(nats_broker: LocalBroker) -> None:
+async def test_four_jetstream_connections_keep_per_key_order(nats_broker: SessionBroker) -> None:
     topic = new_topic()
     messages = keyed_messages()
     url = f"jetstream://{nats_broker.host_port}"
@@ -241,7 +245,7 @@ def test_four_jetstream_connections_keep_per_key_order(nats_broker: LocalBroker)
         records = await read_jetstream(url, f"{topic}.>", len(messages) + 1, timeout=40)
         return records, stats, sockets
 
-    records, stats, sockets = asyncio.run(main())
+    records, stats, sockets = await main()
     assert sockets == 4
     assert len(records) == len(messages) + 1
     sequences: dict[bytes, list[int]] = collections.defaultdict(list)
@@ -259,8 +263,8 @@ def test_four_jetstream_connections_keep_per_key_order(nats_broker: LocalBroker)
     assert all(count > len(records) / 8 for count in per_partition)
 
 
-def test_keyless_traffic_spreads_over_connections(
-    kafka_broker: LocalBroker, nats_broker: LocalBroker
+async def test_keyless_traffic_spreads_over_connections(
+    kafka_broker: SessionBroker, nats_broker: SessionBroker
 ) -> None:
     async def main() -> tuple[pk.Stats, pk.Stats]:
         # JetStream, unpartitioned: keyless messages take the connections in turn.
@@ -287,7 +291,7 @@ def test_keyless_traffic_spreads_over_connections(
             kafka = producer.stats
         return jetstream, kafka
 
-    jetstream, kafka = asyncio.run(main())
+    jetstream, kafka = await main()
     assert [c.acked for c in jetstream.connections] == [1000] * 4
     assert sum(c.acked for c in kafka.connections) == 20_000
     assert sum(c.acked > 0 for c in kafka.connections) >= 3, kafka.connections
@@ -297,8 +301,8 @@ def test_keyless_traffic_spreads_over_connections(
 
 
 @pytest.mark.parametrize("name", sorted(partitioners.PARTITIONERS))
-def test_jetstream_partitions_spread_keys_by_the_chosen_partitioner(
-    nats_broker: LocalBroker, name: str
+async def test_jetstream_partitions_spread_keys_by_the_chosen_partitioner(
+    nats_broker: SessionBroker, name: str
 ) -> None:
     topic = new_topic()
     url = f"jetstream://{nats_broker.host_port}"
@@ -321,7 +325,7 @@ def test_jetstream_partitions_spread_keys_by_the_chosen_partitioner(
             await producer.flush()
         return await read_jetstream(url, f"{topic}.>", len(keys) + 1)
 
-    records = asyncio.run(main())
+    records = await main()
     assert len(records) == len(keys) + 1
     *keyed, explicit = sorted(records, key=lambda r: r["offset"])
     assert explicit == {**explicit, "subject": f"{topic}.3", "value": b"explicit"}
@@ -330,7 +334,7 @@ def test_jetstream_partitions_spread_keys_by_the_chosen_partitioner(
     assert {r["subject"] for r in keyed} == {f"{topic}.{p}" for p in range(4)}
 
 
-def test_jetstream_without_partitions_adds_no_suffix(nats_broker: LocalBroker) -> None:
+async def test_jetstream_without_partitions_adds_no_suffix(nats_broker: SessionBroker) -> None:
     topic = new_topic()
     url = f"jetstream://{nats_broker.host_port}"
 
@@ -341,11 +345,11 @@ def test_jetstream_without_partitions_adds_no_suffix(nats_broker: LocalBroker) -
                 await producer.produce(b"v", key=b"k", partition=0)
         return await read_jetstream(url, topic, 1)
 
-    assert [r["subject"] for r in asyncio.run(main())] == [topic]
+    assert [r["subject"] for r in await main()] == [topic]
 
 
-def test_kafka_explicit_partition_wins_and_out_of_range_fails_at_the_call(
-    kafka_broker: LocalBroker,
+async def test_kafka_explicit_partition_wins_and_out_of_range_fails_at_the_call(
+    kafka_broker: SessionBroker,
 ) -> None:
     topic = new_topic()
 
@@ -361,13 +365,13 @@ def test_kafka_explicit_partition_wins_and_out_of_range_fails_at_the_call(
             assert producer.stats.produced == 1
         return await read_kafka(kafka_broker.url, topic, 1)
 
-    assert [r["partition"] for r in asyncio.run(main())] == [5]
+    assert [r["partition"] for r in await main()] == [5]
 
 
 # ---------------------------------------------------------------------- metadata refresh
 
 
-def test_kafka_partition_count_follows_metadata(kafka_broker: LocalBroker) -> None:
+async def test_kafka_partition_count_follows_metadata(kafka_broker: SessionBroker) -> None:
     """Partitions added while a producer runs are used once aiokafka's metadata refresh sees
     them. Tansu 0.6 does not implement CreatePartitions (API key 37 is missing from its
     ApiVersions response), so this skips there."""
@@ -400,7 +404,7 @@ def test_kafka_partition_count_follows_metadata(kafka_broker: LocalBroker) -> No
             await admin.close()
         return await read_kafka(kafka_broker.url, topic, 2 * len(keys))
 
-    records = asyncio.run(main())
+    records = await main()
     if records is None:
         pytest.skip("the broker (Tansu 0.6) does not support CreatePartitions (API key 37)")
     after = [r for r in records if r["value"] == b"after"]
@@ -408,8 +412,8 @@ def test_kafka_partition_count_follows_metadata(kafka_broker: LocalBroker) -> No
     assert any(r["partition"] >= 2 for r in after)
 
 
-def test_kafka_topic_recreated_larger_is_seen_by_a_running_producer(
-    kafka_broker: LocalBroker,
+async def test_kafka_topic_recreated_larger_is_seen_by_a_running_producer(
+    kafka_broker: SessionBroker,
 ) -> None:
     """The same refresh path as above, on a change Tansu can make: the topic deleted and created
     again with 6 partitions instead of 2 while the producer (2 connections) stays open."""
@@ -442,7 +446,7 @@ def test_kafka_topic_recreated_larger_is_seen_by_a_running_producer(
             await admin.close()
         return await read_kafka(kafka_broker.url, topic, len(keys))
 
-    records = asyncio.run(main())
+    records = await main()
     assert len(records) == len(keys)  # the deleted topic's records are gone with it
     wrong = [r for r in records if r["partition"] != java_partition(r["key"], 6)]
     assert not wrong, wrong[:3]

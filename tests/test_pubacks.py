@@ -8,9 +8,9 @@ integration tests (test_fast_paths, test_producer) run it against nats-server.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.protocol.parser import Parser
@@ -18,6 +18,8 @@ from nats.protocol.parser import Parser
 from producerkit.backends.nats._natspy_compat import _PubAckReader
 from producerkit.backends.nats.pubacks import puback_error as _puback_error
 from producerkit.errors import DeliveryError, MessageTooLarge
+
+pytestmark = pytest.mark.anyio
 
 INBOX = "_INBOX.k3Jd9"
 SID = 7
@@ -89,7 +91,7 @@ def as_acks(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [("ack", e[2][len(prefix) :], e[4]) if is_puback(e) else e for e in events]
 
 
-def read(stream: bytes, cuts: list[int]) -> tuple[list[tuple[Any, ...]], int]:
+async def read(stream: bytes, cuts: list[int]) -> tuple[list[tuple[Any, ...]], int]:
     """Feed the stream to a reader in pieces cut at ``cuts``: its events, and how many PubAcks
     it read itself."""
     client = RecordingClient()
@@ -99,62 +101,56 @@ def read(stream: bytes, cuts: list[int]) -> tuple[list[tuple[Any, ...]], int]:
 
     reader = _PubAckReader(Parser(client), client, SID, INBOX, settle)  # type: ignore[arg-type]
 
-    async def main() -> None:
-        start = 0
-        for cut in [*sorted(set(cuts)), len(stream)]:
-            await reader.parse(stream[start:cut])
-            start = cut
-
-    asyncio.run(main())
+    start = 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        await reader.parse(stream[start:cut])
+        start = cut
     return client.events, client.stats["in_msgs"]
 
 
-def expected(stream: bytes) -> list[tuple[Any, ...]]:
+async def expected(stream: bytes) -> list[tuple[Any, ...]]:
     client = RecordingClient()
-    asyncio.run(Parser(client).parse(stream))
+    await Parser(client).parse(stream)
     return as_acks(client.events)
 
 
-def test_whole_stream_in_one_read() -> None:
-    events, read_itself = read(STREAM, [])
-    assert as_acks(events) == expected(STREAM)
+async def test_whole_stream_in_one_read() -> None:
+    events, read_itself = await read(STREAM, [])
+    assert as_acks(events) == await expected(STREAM)
     assert read_itself == 2  # the two before the PING; the parser read everything after it
 
 
-def test_a_read_of_acks_only_is_read_without_the_parser() -> None:
+async def test_a_read_of_acks_only_is_read_without_the_parser() -> None:
     stream = b"".join(ack(token, token) for token in range(1, 500))
-    events, read_itself = read(stream, [len(stream) // 3, len(stream) // 2])
+    events, read_itself = await read(stream, [len(stream) // 3, len(stream) // 2])
     assert [event[1] for event in events] == [b"%d" % token for token in range(1, 500)]
     assert read_itself == 499
 
 
-def test_every_single_cut() -> None:
-    want = expected(STREAM)
+async def test_every_single_cut() -> None:
+    want = await expected(STREAM)
     for cut in range(len(STREAM) + 1):
-        events, _ = read(STREAM, [cut])
+        events, _ = await read(STREAM, [cut])
         assert as_acks(events) == want, f"cut at {cut}: {STREAM[cut - 10 : cut + 10]!r}"
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
-def test_any_cuts(cuts: list[int]) -> None:
-    events, _ = read(STREAM, cuts)
-    assert as_acks(events) == expected(STREAM)
+async def test_any_cuts(cuts: list[int]) -> None:
+    events, _ = await read(STREAM, cuts)
+    assert as_acks(events) == await expected(STREAM)
 
 
-def test_reset_drops_a_partial_frame() -> None:
+async def test_reset_drops_a_partial_frame() -> None:
     """nats-py resets its parser on reconnect: a frame half read from the old connection must
     not be glued to the new connection's bytes."""
     client = RecordingClient()
     settled: list[tuple[bytes, bytes]] = []
     reader = _PubAckReader(Parser(client), client, SID, INBOX, settled.extend)  # type: ignore[arg-type]
 
-    async def main() -> None:
-        await reader.parse(ack(1, 1)[:20])
-        reader.reset()
-        await reader.parse(ack(2, 2))
-
-    asyncio.run(main())
+    await reader.parse(ack(1, 1)[:20])
+    reader.reset()
+    await reader.parse(ack(2, 2))
     assert settled == [(b"2", b'{"stream":"s","seq":2}')]
     assert client.events == []
 

@@ -29,15 +29,30 @@ TIMEOUT = 30.0
 
 def record(
     seq: int,
-    value: bytes,
+    value: bytes | None,
     key: bytes | None = None,
-    headers: tuple[tuple[str, bytes], ...] | None = None,
+    headers: tuple[tuple[str, bytes | None], ...] | None = None,
     produced_at: float = 1000.0,
+    timestamp_ms: int | None = None,
 ) -> Record:
-    return (seq, value, key, "t", 0, headers, None, produced_at + TIMEOUT, 0, None)
+    return (
+        seq,
+        value,  # type: ignore[arg-type]  # None: a tombstone
+        key,
+        "t",
+        0,
+        headers,  # type: ignore[arg-type]  # a None header value: Kafka's null
+        None,
+        produced_at + TIMEOUT,
+        0,
+        None,
+        timestamp_ms,
+    )
 
 
-def read_back(data: bytes | bytearray) -> list[tuple[int, int, bytes | None, bytes, list[object]]]:
+def read_back(
+    data: bytes | bytearray,
+) -> list[tuple[int, int, bytes | None, bytes | None, list[object]]]:
     batch = DefaultRecordBatch(bytes(data))
     assert batch.validate_crc()
     return [
@@ -59,13 +74,17 @@ def test_a_batch_reads_back_with_aiokafkas_reader(encode: object) -> None:
         record(1, b"v1", b"k1", produced_at=1000.0),
         record(2, b"", None, produced_at=1000.0042),
         record(3, b"x" * 300, b"k" * 200, (("h", b"1"), ("\u00e9t\u00e9", b"")), 1000.5),
+        record(
+            4, None, b"gone", (("h", None), ("h", b"2")), 1000.6, timestamp_ms=1_600_000_000_123
+        ),
     ]
     data, end = encode(records, 0, 1 << 20, shift)  # type: ignore[operator]
-    assert end == 3
+    assert end == 4
     assert read_back(data) == [
         (0, 1_700_000_000_000, b"k1", b"v1", []),
         (1, 1_700_000_000_004, None, b"", []),
         (2, 1_700_000_000_500, b"k" * 200, b"x" * 300, [("h", b"1"), ("\u00e9t\u00e9", b"")]),
+        (3, 1_600_000_000_123, b"gone", None, [("h", None), ("h", b"2")]),
     ]
 
 
@@ -86,13 +105,15 @@ def test_a_batch_stops_before_max_bytes_and_always_takes_one(encode: object) -> 
 @given(
     st.lists(
         st.tuples(
-            st.binary(max_size=300),
+            st.none() | st.binary(max_size=300),
             st.none() | st.binary(max_size=40),
             st.none()
             | st.lists(
-                st.tuples(st.text(min_size=1, max_size=8), st.binary(max_size=20)), max_size=3
+                st.tuples(st.text(min_size=1, max_size=8), st.none() | st.binary(max_size=20)),
+                max_size=3,
             ),
             st.floats(min_value=0, max_value=5),
+            st.none() | st.integers(min_value=0, max_value=2**41),
         ),
         min_size=1,
         max_size=40,
@@ -101,13 +122,18 @@ def test_a_batch_stops_before_max_bytes_and_always_takes_one(encode: object) -> 
     st.integers(min_value=0, max_value=5),
 )
 def test_the_c_encoder_writes_aiokafkas_bytes(
-    messages: list[tuple[bytes, bytes | None, list[tuple[str, bytes]] | None, float]],
+    messages: list[
+        tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, float, int | None]
+    ],
     max_bytes: int,
     start_at: int,
 ) -> None:
+    """Tombstones, null header values and given CreateTimes among them."""
     records = [
-        record(i, value, key, tuple(headers) if headers else None, 500.0 + delay)
-        for i, (value, key, headers, delay) in enumerate(sorted(messages, key=lambda m: m[3]))
+        record(i, value, key, tuple(headers) if headers else None, 500.0 + delay, timestamp)
+        for i, (value, key, headers, delay, timestamp) in enumerate(
+            sorted(messages, key=lambda m: m[3])
+        )
     ]
     start = min(start_at, len(records) - 1)
     assert _speedups is not None
@@ -131,7 +157,7 @@ def test_the_c_encoder_names_a_record_it_cannot_read() -> None:
     with pytest.raises(IndexError):
         _speedups.encode_batch([], 0, 1000, 0.0)
     bad_headers = record(1, b"v", None, (("name", "not bytes"),))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"\(str, bytes\) pairs"):
+    with pytest.raises(TypeError, match=r"\(str, bytes or None\) pairs"):
         _speedups.encode_batch([bad_headers], 0, 1000, 0.0)
 
 

@@ -3,7 +3,6 @@ clients on real brokers; a serializer that raises fails only that call."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import struct
@@ -14,6 +13,8 @@ from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
 from producerkit import serializers
+
+pytestmark = pytest.mark.anyio
 
 ORDER_SCHEMA = {
     "type": "record",
@@ -26,7 +27,7 @@ ORDER_SCHEMA = {
 }
 
 
-def test_built_in_serializers_on_memory() -> None:
+async def test_built_in_serializers_on_memory() -> None:
     async def main() -> list[Any]:
         async with pk.Producer(
             "memory://", topic="t", value_serializer="json", key_serializer="str"
@@ -37,38 +38,35 @@ def test_built_in_serializers_on_memory() -> None:
             await producer.flush()
             return [(r.key, r.value) for r in producer.backend.records]
 
-    assert asyncio.run(main()) == [
+    assert await main() == [
         (b"user-1", '{"a":1,"b":[1,2],"c":"é"}'.encode()),
         (b"raw", b"[1,null,true]"),
         (None, b'"text"'),
     ]
 
 
-def test_a_failing_serializer_fails_only_that_call() -> None:
+async def test_a_failing_serializer_fails_only_that_call() -> None:
     def picky(obj: Any) -> bytes:
         if obj == "bad":
             raise ValueError("no bad values")
         return str(obj).encode()
 
-    async def main() -> None:
-        async with pk.Producer("memory://", topic="t", value_serializer=picky) as producer:
-            await producer.produce("ok-1", key=b"k1")
-            for nonblocking in (False, True):
-                with pytest.raises(pk.SerializationError, match="value_serializer") as caught:
-                    await producer.produce("bad", key=b"k2", nonblocking=nonblocking)
-                assert isinstance(caught.value, pk.MessageError)
-                assert isinstance(caught.value.__cause__, ValueError)
-                assert "b'k2'" in str(caught.value) and "'t'" in str(caught.value)
-            with pytest.raises(pk.SerializationError, match="not JSON serializable"):
-                await pk.Producer("memory://", topic="t", value_serializer="json").produce(
-                    {1, 2}  # a set is not JSON
-                )
-            await producer.produce("ok-2", key=b"k3")
-            stats = producer.stats
-            assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
-            assert [r.value for r in producer.backend.records] == [b"ok-1", b"ok-2"]
-
-    asyncio.run(main())
+    async with pk.Producer("memory://", topic="t", value_serializer=picky) as producer:
+        await producer.produce("ok-1", key=b"k1")
+        for nonblocking in (False, True):
+            with pytest.raises(pk.SerializationError, match="value_serializer") as caught:
+                await producer.produce("bad", key=b"k2", nonblocking=nonblocking)
+            assert isinstance(caught.value, pk.MessageError)
+            assert isinstance(caught.value.__cause__, ValueError)
+            assert "b'k2'" in str(caught.value) and "'t'" in str(caught.value)
+        with pytest.raises(pk.SerializationError, match="not JSON serializable"):
+            await pk.Producer("memory://", topic="t", value_serializer="json").produce(
+                {1, 2}  # a set is not JSON
+            )
+        await producer.produce("ok-2", key=b"k3")
+        stats = producer.stats
+        assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
+        assert [r.value for r in producer.backend.records] == [b"ok-1", b"ok-2"]
 
 
 def test_bad_serializer_settings_are_configuration_errors() -> None:
@@ -91,7 +89,7 @@ def test_no_serializer_keeps_the_plain_produce() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["kafka", "jetstream"])
-def test_json_dicts_read_back_by_another_client(
+async def test_json_dicts_read_back_by_another_client(
     scheme: str, kafka_broker: Any, nats_broker: Any, topic: str
 ) -> None:
     orders = [{"id": i, "user": f"u{i % 3}", "items": [i, i + 1]} for i in range(200)]
@@ -108,11 +106,13 @@ def test_json_dicts_read_back_by_another_client(
         reader = read_kafka if scheme == "kafka" else read_jetstream
         return await reader(url, topic, len(orders))
 
-    records = asyncio.run(main())
+    records = await main()
     assert sorted((json.loads(r["value"]) for r in records), key=lambda o: o["id"]) == orders
 
 
-def test_avro_in_the_confluent_frame_read_back_by_fastavro(kafka_broker: Any, topic: str) -> None:
+async def test_avro_in_the_confluent_frame_read_back_by_fastavro(
+    kafka_broker: Any, topic: str
+) -> None:
     import fastavro
 
     orders = [{"id": i, "user": f"u{i}", "amount": i / 4} for i in range(50)]
@@ -130,7 +130,7 @@ def test_avro_in_the_confluent_frame_read_back_by_fastavro(kafka_broker: Any, to
 
     decoded = []
     parsed = fastavro.parse_schema(ORDER_SCHEMA)
-    for record in asyncio.run(main()):
+    for record in await main():
         magic, schema_id = struct.unpack(">bI", record["value"][:5])
         assert (magic, schema_id) == (0, 42)
         decoded.append(fastavro.schemaless_reader(io.BytesIO(record["value"][5:]), parsed))

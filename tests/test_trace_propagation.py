@@ -3,7 +3,6 @@ consumer reads back from Kafka and JetStream headers; off by default."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -11,6 +10,8 @@ import pytest
 from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
+
+pytestmark = pytest.mark.anyio
 
 otel_trace = pytest.importorskip("opentelemetry.trace")
 otel_sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
@@ -25,7 +26,7 @@ def tracer() -> Any:
 
 
 @pytest.mark.parametrize("scheme", ["kafka", "jetstream"])
-def test_every_message_carries_the_current_traceparent(
+async def test_every_message_carries_the_current_traceparent(
     scheme: str, kafka_broker: Any, nats_broker: Any, topic: str, tracer: Any
 ) -> None:
     if scheme == "kafka":
@@ -45,7 +46,7 @@ def test_every_message_carries_the_current_traceparent(
         reader = read_kafka if scheme == "kafka" else read_jetstream
         return trace_id, await reader(url, topic, 101)
 
-    trace_id, records = asyncio.run(main())
+    trace_id, records = await main()
     assert len(records) == 101
     for record in records:
         headers = {
@@ -60,7 +61,7 @@ def test_every_message_carries_the_current_traceparent(
             assert headers["n"] == record["value"].decode()
 
 
-def test_headers_the_caller_gives_win_and_it_is_off_by_default(tracer: Any) -> None:
+async def test_headers_the_caller_gives_win_and_it_is_off_by_default(tracer: Any) -> None:
     async def main() -> list[Any]:
         async with pk.Producer("memory://", topic="t", propagate_trace=True) as traced:
             with tracer.start_as_current_span("s"):
@@ -71,7 +72,7 @@ def test_headers_the_caller_gives_win_and_it_is_off_by_default(tracer: Any) -> N
                 await plain.produce(b"c")
         return [traced.backend.records, plain.backend.records]
 
-    traced, plain = asyncio.run(main())
+    traced, plain = await main()
     assert dict(traced[0].headers)["traceparent"] == b"mine"
     assert {name for name, _ in traced[1].headers} >= {"x", "traceparent"}
     assert plain[0].headers is None

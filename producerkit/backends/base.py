@@ -12,7 +12,8 @@ producer owns everything else, written once: the in-flight window, deadlines, st
 pooling and failure accounting. A connection moves records, and for each record it was handed
 reports exactly one outcome to the :class:`Reports` it was built with: ``acked(record, offset)``
 (offset may be None), ``acked_run(records, first_offset)`` for a batch stored at consecutive
-offsets, or ``failed(record, exc)`` with a producerkit error. Late or duplicate reports are
+offsets, ``acked_each(records, offsets)`` for records acked together at any offsets, or
+``failed(record, exc)`` with a producerkit error. Late or duplicate reports are
 ignored, so a connection need not track deadlines. A record is a plain tuple: read it as
 ``record[TOPIC]``, ``record[VALUE]``... with the positions in ``producerkit._types``.
 """
@@ -20,6 +21,7 @@ ignored, so a connection need not track deadlines. A record is a plain tuple: re
 from __future__ import annotations
 
 import abc
+import difflib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -34,10 +36,19 @@ class Reports(Protocol):
     """Where a connection reports what became of the records it was handed (the producer's
     window and router behind it; nothing of it is public)."""
 
-    def acked(self, record: Record, offset: int | None) -> None: ...
+    def acked(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
+        """The record is stored at ``offset``; ``duplicate``: the broker recognised its
+        ``msg_id`` and kept the original, stored at ``offset``."""
 
-    def acked_run(self, records: list[Record], first_offset: int | None) -> None:
-        """``acked`` for records stored at consecutive offsets (one batch), counted at once."""
+    def acked_run(
+        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
+    ) -> None:
+        """``acked`` for records stored at consecutive offsets (one batch), counted at once;
+        ``stored_at``: the broker's LogAppendTime for the batch (epoch ms), where it has one."""
+
+    def acked_each(self, records: list[Record], offsets: list[int | None]) -> None:
+        """``acked`` for records that settled together (one read of acks), each at its own
+        offset; an ``on_outcome`` hook sees them as one Outcome."""
 
     def failed(self, record: Record, exc: BaseException) -> None: ...
 
@@ -92,6 +103,11 @@ class Connection(abc.ABC):
         space (not for the ack). Report the outcome later through ``reports``. What it raises is
         translated by the spec's ``translate_error`` and fails this record."""
 
+    def take_unsent(self) -> list[Record]:
+        """Remove and return the records handed to this connection that it has not written yet
+        (for ``purge()``; it reports nothing of them). Default: none are held back."""
+        return []
+
     async def flush(self) -> None:
         """Push out anything buffered; acks still arrive through ``reports``."""
 
@@ -112,13 +128,19 @@ def coerce_options(declared: Mapping[str, type], options: Mapping[str, Any]) -> 
         kind = declared.get(name)
         if kind is None:
             known = ", ".join(sorted(declared)) or "none"
+            close = difflib.get_close_matches(name, declared, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigurationError(
-                f"unknown option {name!r} for this backend; options it accepts: {known}"
+                f"unknown option {name!r} for this backend; {hint}options it accepts: {known}"
             )
         checked[name] = coerce_option(name, value, kind)
     if checked.get("partitions", 1) < 1:
         raise ConfigurationError(f"partitions must be at least 1, got {checked['partitions']}")
     return checked
+
+
+def _no_default_window(_: Mapping[str, Any]) -> int | None:
+    return None
 
 
 def _accept(_: Any) -> None:
@@ -154,6 +176,17 @@ class BackendSpec:
     default_keyless: str = "round_robin"
     #: Whether records stay with a connection after send() returns (batches, acks to come).
     holds_records: bool = True
+    #: Whether ``produce(expect=...)`` (JetStream's expected stream/sequence/msg id) applies.
+    takes_expectations: bool = False
+    #: ``(checked options) -> the window's default size`` for these options (None: the
+    #: producer's own default); what a preset brings to the window.
+    default_window: Callable[[Mapping[str, Any]], int | None] = _no_default_window
+    #: Whether a record is stored with the time it is given (Kafka's CreateTime).
+    stores_timestamps: bool = False
+    #: Why ``produce(timestamp=...)`` is refused here (None: it is taken).
+    timestamp_refusal: str | None = None
+    #: Why a tombstone (a None value) is refused here (None: it is stored).
+    tombstone_refusal: str | None = None
 
     def checked_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         if self.check_options is not None:

@@ -13,19 +13,35 @@ import weakref
 import attrs
 
 from producerkit import _deprecated
-from producerkit._types import HEADERS, KEY, MSG_ID, PARTITION, TOPIC, VALUE, Headers, Record
+from producerkit._types import (
+    HEADERS,
+    KEY,
+    MSG_ID,
+    PARTITION,
+    TIMESTAMP,
+    TOPIC,
+    VALUE,
+    HeaderPairs,
+    Record,
+)
 from producerkit.backends.base import BackendSpec, Connection
 
 
 @attrs.frozen(slots=True)
 class StoredRecord:
+    """A record as stored: ``value`` None is a tombstone; ``timestamp`` is the CreateTime the
+    producer fixed (``produce(timestamp=...)``, or a blocking produce's time) in epoch seconds,
+    to the millisecond, else None. It is left out of comparisons: the same messages stored twice
+    compare equal whenever they were produced."""
+
     topic: str
     partition: int | None
     offset: int
     key: bytes | None
-    value: bytes
-    headers: Headers | None
+    value: bytes | None
+    headers: HeaderPairs | None
     msg_id: str | None
+    timestamp: float | None = attrs.field(default=None, eq=False)
 
 
 class MemoryStore:
@@ -49,6 +65,7 @@ class MemoryStore:
                 record[VALUE],
                 record[HEADERS],
                 record[MSG_ID],
+                record[TIMESTAMP] / 1000 if record[TIMESTAMP] is not None else None,
             )
         )
         return offset
@@ -100,7 +117,9 @@ class MemoryConnection(Connection):
 
 
 MEMORY = BackendSpec(
-    connection=MemoryConnection, options={"partitions": int, "max_message_size": int}
+    connection=MemoryConnection,
+    options={"partitions": int, "max_message_size": int},
+    stores_timestamps=True,
 )
 
 

@@ -32,7 +32,12 @@ class NullConnection(Connection):
         pass
 
 
-NULL = BackendSpec(connection=NullConnection, options={"partitions": int}, holds_records=False)
+NULL = BackendSpec(
+    connection=NullConnection,
+    options={"partitions": int},
+    holds_records=False,
+    tombstone_refusal="null:// stores nothing, so there is nothing for a tombstone to delete",
+)
 
 __getattr__ = _deprecated.renamed(
     __name__, {"NullBackend": ("NullConnection", lambda: NullConnection)}

@@ -29,6 +29,8 @@ KAFKA = BackendSpec(
     check_topic=options.check_topic,
     translate_error=errors.translate,
     default_keyless="sticky",
+    stores_timestamps=True,
+    default_window=options.default_window,
 )
 
 __getattr__ = _deprecated.renamed(

@@ -27,7 +27,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
-from producerkit._types import DEADLINE, HEADERS, KEY, VALUE, Record
+from producerkit._types import DEADLINE, HEADERS, KEY, TIMESTAMP, VALUE, Record
 from producerkit.backends import _clients
 
 try:  # aiokafka modules the fast path needs; a release may move them
@@ -48,7 +48,7 @@ _INT32 = struct.Struct(">i")
 _REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _PARTITION_DATA = struct.Struct(">ii")  # partition, record batch size
 #: Shared by every record without headers: aiokafka's encoder only reads it (and wants a list).
-_NO_HEADERS: list[tuple[str, bytes]] = []
+_NO_HEADERS: list[tuple[str, bytes | None]] = []
 
 
 async def choose_path(producer: AIOKafkaProducer, acks: int) -> tuple[str, str]:
@@ -187,10 +187,11 @@ class ProduceWire:
         return response
 
 
-def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int]]:
-    """A Produce response as ``{(topic, partition): (error_code, base_offset)}``."""
+def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """A Produce response as ``{(topic, partition): (error_code, base_offset,
+    log_append_time)}``; log_append_time is -1 where the topic keeps CreateTime."""
     return {
-        (topic, info[0]): (info[1], info[2])
+        (topic, info[0]): (info[1], info[2], info[3] if len(info) > 3 else -1)
         for topic, partitions in response.topics
         for info in partitions
     }
@@ -230,18 +231,25 @@ def fill_builder(
 
 
 def append_records(
-    append: Callable[[int, int, bytes | None, bytes, list[tuple[str, bytes]]], object],
+    append: Callable[
+        [int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], object
+    ],
     records: list[Record],
     start: int,
     time_shift: float,
 ) -> int:
     """Append ``records[start:]`` with a record-batch builder's ``append(offset, timestamp,
     key, value, headers)`` until it returns None (full); return where it stopped (a builder
-    always takes the first record)."""
+    always takes the first record). A record's CreateTime is its TIMESTAMP where set, else its
+    deadline plus ``time_shift``, as the C encoder does."""
     for end in range(start, len(records)):
         record = records[end]
-        headers = list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
-        timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
+        headers: list[tuple[str, bytes | None]] = (
+            list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
+        )
+        timestamp = record[TIMESTAMP]
+        if timestamp is None:
+            timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
         if append(end - start, timestamp, record[KEY], record[VALUE], headers) is None:
             return end
     return len(records)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
 
 from producerkit import _fast
 from producerkit._types import Record
@@ -23,7 +25,12 @@ from producerkit.backends.kafka.accumulator import (
 )
 from producerkit.backends.kafka.errors import translate
 from producerkit.backends.kafka.sender import Sender
-from producerkit.errors import AuthenticationError, BrokerUnavailable, TLSError
+from producerkit.errors import (
+    AuthenticationError,
+    BrokerUnavailable,
+    ConfigurationError,
+    TLSError,
+)
 
 
 class KafkaConnection(Connection):
@@ -93,6 +100,22 @@ class KafkaConnection(Connection):
                     f"{settings['sasl_mechanism']} authentication failed for user "
                     f"{settings['sasl_plain_username']!r} (unknown user or wrong password)"
                 ) from exc
+            if isinstance(exc, kafka_errors.KafkaConnectionError):
+                # aiokafka's "Unable to bootstrap" names no cause (it only logs it): find it.
+                causes = await _why_unreachable(self.url.servers, self.timeout)
+                raise BrokerUnavailable(
+                    f"cannot reach a Kafka bootstrap server: {causes}"
+                    if causes
+                    else translate(exc).args[0]
+                ) from exc
+            if self._idempotent and isinstance(exc, kafka_errors.KafkaError):
+                # Connected: the one request an idempotent start adds is InitProducerId.
+                raise ConfigurationError(
+                    "enable_idempotence=True needs a producer id from the broker, and its "
+                    f"InitProducerId request failed ({translate(exc).args[0]}): this broker "
+                    "does not support idempotent producers (Tansu 0.6 does not, say); produce "
+                    "without enable_idempotence"
+                ) from exc
             if isinstance(exc, Exception):
                 raise translate(exc) from exc
             raise
@@ -156,6 +179,9 @@ class KafkaConnection(Connection):
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         self._sender.fail(records, exc)
 
+    def take_unsent(self) -> list[Record]:
+        return self._accumulator.strand()
+
     async def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
         if any(queue.records or queue.full for queue in self._accumulator.all_queues()):
@@ -167,6 +193,29 @@ class KafkaConnection(Connection):
         for record in self._accumulator.strand():
             self.reports.failed(record, error)
         await self._producer.stop()
+
+
+async def _why_unreachable(servers: Sequence[tuple[str, int]], timeout: float) -> str:
+    """Why each bootstrap server cannot be reached ("a:9092: connection refused; ..."), found
+    by resolving and connecting to each as aiokafka would; empty if every one answers."""
+    patience = min(timeout / 2, 5.0)
+
+    async def why(host: str, port: int) -> str | None:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), patience)
+        except socket.gaierror as exc:
+            return f"{host}:{port}: cannot resolve host {host!r} (DNS: {exc.strerror or exc})"
+        except ConnectionRefusedError:
+            return f"{host}:{port}: connection refused (nothing listens there)"
+        except TimeoutError:
+            return f"{host}:{port}: no answer within {patience}s"
+        except OSError as exc:
+            return f"{host}:{port}: {exc.strerror or exc}"
+        writer.transport.abort()
+        return None
+
+    causes = await asyncio.gather(*(why(host.strip("[]"), port) for host, port in servers))
+    return "; ".join(cause for cause in causes if cause is not None)
 
 
 async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: float) -> None:

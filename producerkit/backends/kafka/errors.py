@@ -65,6 +65,12 @@ def translate(exc: BaseException) -> ProducerError:
         if isinstance(exc, classes):
             kind = producerkit_error
             break
-    error = kind(f"{type(exc).__name__}: {exc}")
+    error = kind(describe(exc))
     error.__cause__ = exc
     return error
+
+
+def describe(exc: BaseException) -> str:
+    """``"ClassName: message"`` once (an aiokafka error's str already starts with its name)."""
+    name, text = type(exc).__name__, str(exc)
+    return text if text.startswith(f"{name}:") or text == name else f"{name}: {text}"

@@ -184,7 +184,7 @@ class Sender:
             error = kafka_errors.KafkaConnectionError("request cancelled")
         else:
             error = response.exception()
-        results: dict[tuple[str, int], tuple[int, int]] = {}
+        results: dict[tuple[str, int], tuple[int, int, int]] = {}
         if error is None:
             try:
                 results = _aiokafka_compat.partition_results(response.result())
@@ -203,11 +203,11 @@ class Sender:
                     self.fail(batch.records, exc)
         self.schedule_ship()
 
-    def _settle(self, batch: Batch, results: dict[tuple[str, int], tuple[int, int]]) -> None:
+    def _settle(self, batch: Batch, results: dict[tuple[str, int], tuple[int, int, int]]) -> None:
         queue = batch.queue
-        code, offset = results.get((queue.topic, queue.partition), (None, None))
+        code, offset, log_append_time = results.get((queue.topic, queue.partition), (None, 0, -1))
         if code == 0:
-            self._acked(batch, offset)
+            self._acked(batch, offset, None if log_append_time == -1 else log_append_time)
         elif code is None:
             self._retry_or_fail(batch, DeliveryError(f"the broker did not answer for {queue.key}"))
         else:
@@ -216,9 +216,9 @@ class Sender:
                 self._client.force_metadata_update()
             self._retry_or_fail(batch, broker_error)
 
-    def _acked(self, batch: Batch, offset: int | None) -> None:
+    def _acked(self, batch: Batch, offset: int | None, stored_at: int | None = None) -> None:
         batch.queue.in_flight -= 1
-        self.reports.acked_run(batch.records, offset)
+        self.reports.acked_run(batch.records, offset, stored_at)
 
     def _retry_or_fail_all(self, batches: list[Batch], error: BaseException) -> None:
         for batch in batches:
@@ -253,7 +253,11 @@ class Sender:
             queue.in_flight -= 1
             self.fail(batch.records, exc)
         else:  # no RecordMetadata with acks=0: no response, no offset
-            self._acked(batch, None if result is None or self._acks == 0 else result.offset)
+            if result is None or self._acks == 0:
+                self._acked(batch, None)
+            else:  # timestamp_type 1: the topic keeps the broker's LogAppendTime
+                log_append = result.timestamp if result.timestamp_type == 1 else None
+                self._acked(batch, result.offset, log_append)
         self.schedule_ship()
 
     def fail(self, records: list[Record], exc: BaseException) -> None:

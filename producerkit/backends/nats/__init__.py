@@ -21,6 +21,12 @@ from producerkit.backends.nats.jetstream import JetStreamConnection
 
 __all__ = ["JETSTREAM", "NATS", "JetStreamConnection", "NatsConnection"]
 
+#: NATS stores no time given by the publisher: why ``timestamp=`` is refused.
+_NO_TIMESTAMP = (
+    "NATS stores no time given by the publisher (JetStream records its own receive time): "
+    "carry yours in a header, e.g. headers={'Timestamp': '...'}"
+)
+
 NATS = BackendSpec(
     connection=NatsConnection,
     options=options.OPTIONS,
@@ -28,6 +34,8 @@ NATS = BackendSpec(
     check_topic=options.check_topic,
     check_headers=options.check_headers,
     translate_error=errors.translate,
+    timestamp_refusal=_NO_TIMESTAMP,
+    tombstone_refusal="NATS has no null value (an empty payload is a message like any other)",
 )
 JETSTREAM = BackendSpec(
     connection=JetStreamConnection,
@@ -36,6 +44,10 @@ JETSTREAM = BackendSpec(
     check_topic=options.check_topic,
     check_headers=options.check_headers,
     translate_error=errors.translate,
+    takes_expectations=True,
+    timestamp_refusal=_NO_TIMESTAMP,
+    tombstone_refusal="JetStream has no null value (an empty payload is a message like any "
+    "other); to delete a subject's messages, purge the stream by subject",
 )
 
 __getattr__ = _deprecated.renamed(

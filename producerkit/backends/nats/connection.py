@@ -109,11 +109,10 @@ class NatsClientConnection(Connection):
         """
         client = self._nc
         writer = self._direct_writer
+        # Never None here: the NATS specs refuse tombstones at produce().
+        value: bytes = record[VALUE]  # type: ignore[assignment]
         if writer is None or not client.is_connected:
-            return client.publish(
-                self.subject(record), record[VALUE], reply, self.nats_headers(record)
-            )
-        value = record[VALUE]
+            return client.publish(self.subject(record), value, reply, self.nats_headers(record))
         if record[HEADERS] is None and record[MSG_ID] is None:
             command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:

@@ -3,8 +3,10 @@
 :func:`translate` is the only place a nats-py (or socket, or TLS) exception becomes a producerkit
 error: by its class through :data:`TABLE` (the first entry it is an instance of wins), except
 for the server's ``-ERR`` lines, which nats-py raises as a plain ``nats.errors.Error`` carrying
-only the server's text (no code), read by :data:`SERVER_ERRORS`. The original is kept as the new
-error's ``__cause__``. JetStream's refusals carry codes and are read in ``pubacks``.
+only the server's text (no code), read by :data:`SERVER_ERRORS`, and JetStream's refusals, which
+carry an API error code: :func:`jetstream_refusal` makes their error, here for nats-py's
+``APIError`` and in ``pubacks`` for a PubAck's. The original is kept as the new error's
+``__cause__``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from producerkit.errors import (
     AuthorizationError,
     BrokerUnavailable,
     DeliveryError,
+    ExpectationFailed,
     MessageTooLarge,
     ProducerError,
     ProduceTimeout,
@@ -54,8 +57,12 @@ TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerError]], ...] =
         ),
         BrokerUnavailable,
     ),
-    ((nats.js.errors.APIError,), DeliveryError),
 )
+
+#: JetStream's API error codes for a stream that was not as a publish's ``Nats-Expected-*``
+#: headers said (nats-server's errors.json): the expected stream does not match (10060), wrong
+#: last msg id (10070), wrong last sequence, with the stream's (10071) or without (10164).
+EXPECTATION_CODES: frozenset[int] = frozenset({10060, 10070, 10071, 10164})
 
 #: (words in a server -ERR line, producerkit error), in order of precedence.
 SERVER_ERRORS: tuple[tuple[tuple[str, ...], type[ProducerError]], ...] = (
@@ -63,6 +70,9 @@ SERVER_ERRORS: tuple[tuple[tuple[str, ...], type[ProducerError]], ...] = (
     (("permissions violation",), AuthorizationError),
     (("ssl context", "secure connection", "tls"), TLSError),
 )
+
+#: What uvloop (and asyncio) say when something writes on a transport that was closed.
+_CLOSED_TRANSPORT = "the handler is closed"
 
 _UNTRUSTED = (
     ": the broker's certificate is not trusted (tls_ca_file names the CA that signed it; "
@@ -93,9 +103,22 @@ def _from_server_text(exc: BaseException, text: str) -> ProducerError | None:
     return None
 
 
+def jetstream_refusal(text: str, code: int | None) -> DeliveryError:
+    """The error for a JetStream refusal with API error ``code`` (None if it has none):
+    ExpectationFailed for a failed expectation, else DeliveryError, each with its ``code``."""
+    if code in EXPECTATION_CODES:
+        return ExpectationFailed(text, code=code)
+    return DeliveryError(text, code=code)
+
+
 def _from_class(exc: BaseException, text: str) -> ProducerError:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return TLSError(text + _UNTRUSTED)
+    if isinstance(exc, RuntimeError) and _CLOSED_TRANSPORT in str(exc):
+        return BrokerUnavailable(text)  # a write on a transport the broker closed (uvloop)
+    if isinstance(exc, nats.js.errors.APIError):
+        code = exc.err_code
+        return jetstream_refusal(text, code if type(code) is int else None)
     for classes, kind in TABLE:
         if isinstance(exc, classes):
             return kind(text)

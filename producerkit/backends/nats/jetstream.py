@@ -2,11 +2,18 @@
 
 Every publish carries a reply subject ``<inbox>.<n>`` and one wildcard subscription receives all
 the PubAcks. The PubAck's stream sequence becomes the Delivery offset. ``msg_id`` sets
-``Nats-Msg-Id``, which the server uses to drop duplicates within the stream's duplicate window.
+``Nats-Msg-Id``, which the server uses to drop duplicates within the stream's duplicate window: a
+duplicate's PubAck is reported as ``Delivery.duplicate``. A refusal is failed with its JetStream
+error code (``ExpectationFailed`` for a ``Nats-Expected-*`` header that did not hold).
+
+The plain PubAcks that arrive together (one socket read on the fast path, one turn of the event
+loop on the public path) are reported together, one ``acked_each`` per subject, so an
+``on_outcome`` hook is called once per read rather than once per message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -15,12 +22,17 @@ from collections.abc import Awaitable, Mapping
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from producerkit._types import DEADLINE, Record
+from producerkit._types import DEADLINE, PARTITION, TOPIC, Record
 from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection
 from producerkit.backends.nats.errors import translate
-from producerkit.backends.nats.pubacks import puback_error, puback_sequence
+from producerkit.backends.nats.pubacks import (
+    is_plain,
+    puback_duplicate,
+    puback_error,
+    puback_sequence,
+)
 from producerkit.errors import AuthorizationError, BrokerUnavailable, DeliveryError
 
 logger = logging.getLogger("producerkit.nats")
@@ -35,6 +47,7 @@ class JetStreamConnection(NatsClientConnection):
         self._inbox_prefix_length = 0
         self._awaiting: dict[int, Record] = {}  # reply token -> the record awaiting its PubAck
         self._next_token = 0
+        self._gathered: list[tuple[Record, bytes]] = []  # the public path's PubAcks of one read
         self._last_sweep = time.monotonic()
 
     async def connect(self) -> None:
@@ -77,40 +90,100 @@ class JetStreamConnection(NatsClientConnection):
         return self.publish(record, reply=f"{self._inbox}.{token}")
 
     async def _on_ack(self, msg: Msg) -> None:
-        self._handle_ack(msg)  # the public path: nats-py's subscription callback
+        """The public path: nats-py's subscription callback, once per PubAck. Its task calls it
+        for every PubAck queued by one read before it waits again, so the plain ones are
+        gathered and reported together once it has (the loop's next turn)."""
+        record = self._take(msg.subject[self._inbox_prefix_length :])
+        if record is None:
+            return
+        data = msg.data
+        if msg.headers or not is_plain(data):
+            self._report(record, data, msg.headers)
+            return
+        if not self._gathered:
+            asyncio.get_running_loop().call_soon(self._report_gathered)
+        self._gathered.append((record, data))
+
+    def _report_gathered(self) -> None:
+        gathered, self._gathered = self._gathered, []
+        self._report_plain(gathered)
+        self._sweep()
 
     def _handle_ack(self, msg: Msg) -> None:
-        """A PubAck that came through nats-py's parser (see _PubAckReader for the others)."""
-        self._settle(msg.subject[self._inbox_prefix_length :], msg.data, msg.headers)
+        """A PubAck that came through nats-py's parser on the fast path (one with headers, or
+        one the PubAck reader left to it)."""
+        record = self._take(msg.subject[self._inbox_prefix_length :])
+        if record is not None:
+            self._report(record, msg.data, msg.headers)
         self._sweep()
 
     def _settle_acks(self, acks: list[tuple[bytes, bytes]]) -> None:
-        """PubAcks read by _PubAckReader, as (token, payload), in the order they came."""
-        settle = self._settle
+        """PubAcks read off one socket read by _PubAckReader, as (token, payload)."""
+        awaiting = self._awaiting
+        plain: list[tuple[Record, bytes]] = []
         for token, data in acks:
             try:
-                settle(token, data, None)
-            except Exception:  # one ack's trouble must not leave the others unsettled
-                logger.exception("error handling a PubAck")
+                record = awaiting.pop(int(token), None)
+            except ValueError:
+                continue
+            if record is None:
+                continue  # already timed out and forgotten
+            if is_plain(data):
+                plain.append((record, data))
+            else:
+                self._report(record, data, None)
+        self._report_plain(plain)
         self._sweep()
 
-    def _settle(self, token: str | bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
+    def _take(self, token: str | bytes) -> Record | None:
+        """The record awaiting the PubAck with reply ``token``, no longer awaiting; None if
+        there is none (it timed out and was forgotten, or the token is not one of ours)."""
         try:
-            record = self._awaiting.pop(int(token), None)
+            return self._awaiting.pop(int(token), None)
         except ValueError:
-            return
-        if record is None:
-            return  # already timed out and forgotten
-        if not data or b'"error"' in data:
-            error = puback_error(self.subject(record), data, headers)
-            if error is not None:
-                self.reports.failed(record, error)
+            return None
+
+    def _report_plain(self, plain: list[tuple[Record, bytes]]) -> None:
+        """Report PubAcks that arrived together, plain ones (see ``is_plain``), through one
+        ``acked_each`` per subject: an ``on_outcome`` hook sees one Outcome for each, and an
+        Outcome names one topic and partition."""
+        groups: dict[tuple[str, int | None], tuple[list[Record], list[int | None]]] = {}
+        topic: str | None = None
+        partition: int | None = None
+        records: list[Record] = []
+        offsets: list[int | None] = []
+        for record, data in plain:
+            sequence = puback_sequence(data)
+            if sequence is None:
+                self._report(record, data, None)
+                continue
+            if record[TOPIC] != topic or record[PARTITION] != partition:
+                topic, partition = record[TOPIC], record[PARTITION]
+                records, offsets = groups.setdefault((topic, partition), ([], []))
+            records.append(record)
+            offsets.append(sequence)
+        acked_each = self.reports.acked_each
+        for records, offsets in groups.values():
+            try:
+                acked_each(records, offsets)
+            except Exception:  # one group's trouble must not leave the others unsettled
+                logger.exception("error handling PubAcks")
+
+    def _report(self, record: Record, data: bytes, headers: Mapping[str, str] | None) -> None:
+        """Report one PubAck: a refusal, a duplicate, or a sequence."""
+        try:
+            if not is_plain(data):
+                error = puback_error(self.subject(record), data, headers)
+                if error is not None:
+                    self.reports.failed(record, error)
+                    return
+            sequence = puback_sequence(data)
+            if sequence is None:
+                self.reports.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
                 return
-        sequence = puback_sequence(data)
-        if sequence is None:
-            self.reports.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
-            return
-        self.reports.acked(record, sequence)
+            self.reports.acked(record, sequence, puback_duplicate(data))
+        except Exception:  # never into the reader: the other PubAcks must still be settled
+            logger.exception("error handling a PubAck")
 
     def _sweep(self) -> None:
         """Forget records whose deadline passed (the producer failed them) and got no ack."""
@@ -136,6 +209,8 @@ class JetStreamConnection(NatsClientConnection):
 
     async def close(self) -> None:
         await super().close()
+        if self._gathered:  # PubAcks that came in before the close
+            self._report_gathered()
         error = BrokerUnavailable("the connection closed before the PubAck")
         awaiting, self._awaiting = self._awaiting, {}
         for record in awaiting.values():

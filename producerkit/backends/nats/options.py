@@ -58,6 +58,11 @@ def check_headers(headers: Headers) -> None:
     for name, data in headers:
         if _BAD_HEADER_NAME.search(name):
             raise MessageError(f"invalid NATS header name {name!r}: no spaces or colons")
+        if data is None:
+            raise MessageError(
+                f"NATS header {name!r} has a None value: NATS headers have no null value "
+                "(give b'' for an empty one)"
+            )
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:

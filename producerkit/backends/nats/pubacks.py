@@ -1,4 +1,5 @@
-"""Reading a JetStream PubAck: the stream sequence it reports, or the refusal it carries."""
+"""Reading a JetStream PubAck: the stream sequence it reports, whether it was a duplicate, or the
+refusal it carries."""
 
 from __future__ import annotations
 
@@ -6,9 +7,16 @@ import json
 import re
 from collections.abc import Mapping
 
+from producerkit.backends.nats.errors import EXPECTATION_CODES, jetstream_refusal
 from producerkit.errors import AuthorizationError, DeliveryError, MessageTooLarge, ProducerError
 
 _PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
+
+
+def is_plain(data: bytes) -> bool:
+    """Whether a PubAck is certainly a plain one (a sequence, no refusal, no duplicate): the
+    test that spares the common PubAck any further reading."""
+    return bool(data) and b'"error"' not in data and b'"duplicate"' not in data
 
 
 def puback_sequence(data: bytes) -> int | None:
@@ -23,11 +31,23 @@ def puback_sequence(data: bytes) -> int | None:
         return None
 
 
+def puback_duplicate(data: bytes) -> bool:
+    """Whether the PubAck says ``"duplicate": true``: the server already stored a message with
+    this ``msg_id`` (at the sequence it reports) and did not store this one."""
+    if b'"duplicate"' not in data:
+        return False
+    try:
+        return json.loads(data).get("duplicate") is True
+    except (ValueError, AttributeError):
+        return False
+
+
 def puback_error(
     subject: str, data: bytes, headers: Mapping[str, str] | None
 ) -> ProducerError | None:
     """The failure a PubAck reports (an empty one, with its status, or one with an error), or
-    None for a PubAck that only looked like one (a stream named "error")."""
+    None for a PubAck that only looked like one (a stream named "error"). A refusal's JetStream
+    error code is the error's ``code`` (see ``errors.jetstream_refusal``)."""
     if not data:
         status = (headers or {}).get("Status", "")
         if status == "503":
@@ -40,12 +60,15 @@ def puback_error(
         error = json.loads(data).get("error")
         if error is None:
             return None
-        code, description = error.get("err_code") or error.get("code"), error.get("description")
+        code, description = error.get("err_code"), error.get("description")
     except (ValueError, TypeError, AttributeError):
         return DeliveryError(f"JetStream rejected the message: {data[:200]!r}")
-    text = f"JetStream rejected the message: {description} (code {code})"
+    code = code if type(code) is int else None
+    text = f"JetStream rejected the message: {description} (error code {code})"
+    if code in EXPECTATION_CODES:  # before the words: the description quotes a msg id
+        return jetstream_refusal(text, code)
     if "permission" in str(description).lower():
         return AuthorizationError(text)
     if "too large" in str(description).lower() or "maximum" in str(description).lower():
         return MessageTooLarge(text)
-    return DeliveryError(text)
+    return jetstream_refusal(text, code)

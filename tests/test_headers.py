@@ -1,0 +1,97 @@
+"""Headers as Kafka carries them: repeated names and None values read back by another client in
+order; a Failure keeps every pair (header_pairs) and retry_kwargs() resends them, with the
+partition and CreateTime (NATS refuses a None value: test_tombstones.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import read_kafka
+
+import producerkit as pk
+from producerkit.testing.pytest_plugin import SessionBroker
+
+pytestmark = pytest.mark.anyio
+
+PAIRS = [("trace", b"a"), ("trace", b"b"), ("empty", b""), ("null", None), ("text", "caf\u00e9")]
+EXPECTED = (
+    ("trace", b"a"),
+    ("trace", b"b"),
+    ("empty", b""),
+    ("null", None),
+    ("text", b"caf\xc3\xa9"),
+)
+
+
+async def read_headers(
+    url: str, topic: str, expected: int
+) -> list[tuple[bytes | None, list[object]]]:
+    """(value, header pairs) of each record, as aiokafka's consumer reads them."""
+    records = await read_kafka(url, topic, expected)
+    return [(record["value"], record["header_pairs"]) for record in records]
+
+
+async def test_kafka_repeated_names_and_none_values_read_back_in_order(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
+        await producer.produce(b"blocking", key=b"k", headers=PAIRS)
+        await producer.produce(b"nonblocking", key=b"k", headers=PAIRS, nonblocking=True)
+        await producer.produce(b"mapping", key=b"k", headers={"one": b"1", "none": None})
+    found = await read_headers(kafka_broker.url, topic, 3)
+    assert found == [
+        (b"blocking", list(EXPECTED)),
+        (b"nonblocking", list(EXPECTED)),
+        (b"mapping", [("one", b"1"), ("none", None)]),
+    ]
+
+
+async def test_a_failure_keeps_every_pair_and_its_partition_for_the_retry(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    """Purged before it was written: the Failure has every header pair (``headers`` keeps the
+    last value of each name, as before), the partition it was routed to and its CreateTime;
+    produce(value, **retry_kwargs()) stores the same message there."""
+    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
+        await producer.partitions_for(topic)
+        await producer.produce(
+            b"v", key=b"k", headers=PAIRS, partition=0, timestamp=1_600_000_000.5, nonblocking=True
+        )
+        (failure,) = producer.purge()
+        assert isinstance(failure.exception, pk.Purged)
+        assert failure.header_pairs == EXPECTED
+        assert failure.headers == {
+            "trace": b"b",
+            "empty": b"",
+            "null": None,
+            "text": b"caf\xc3\xa9",
+        }
+        assert (failure.partition, failure.timestamp) == (0, 1_600_000_000.5)
+        kwargs = failure.retry_kwargs()
+        assert kwargs["headers"] == list(EXPECTED)
+        assert (kwargs["partition"], kwargs["timestamp"]) == (0, 1_600_000_000.5)
+        delivery = await producer.produce(failure.value, **kwargs)
+        assert delivery is not None and (delivery.partition, delivery.timestamp) == (
+            0,
+            1_600_000_000.5,
+        )
+    assert await read_headers(kafka_broker.url, topic, 1) == [(b"v", list(EXPECTED))]
+
+
+async def test_memory_keeps_pairs_and_none_values() -> None:
+    async with pk.Producer("memory://", topic="t") as producer:
+        await producer.produce(b"v", headers=PAIRS)
+        assert producer.backend.records[0].headers == EXPECTED  # type: ignore[attr-defined]
+
+
+async def test_headers_of_another_shape_are_message_errors() -> None:
+    async with pk.Producer("memory://", topic="t") as producer:
+        with pytest.raises(pk.MessageError, match="list of \\(name, value\\) pairs"):
+            await producer.produce(b"v", headers="a=1")  # type: ignore[arg-type]
+        with pytest.raises(pk.MessageError, match="bytes, str or None value"):
+            await producer.produce(b"v", headers=[("a", 1)])  # type: ignore[list-item]
+
+
+async def test_a_byte_bounded_producer_takes_none_header_values() -> None:
+    async with pk.Producer("memory://", topic="t", max_in_flight_bytes=1000) as producer:
+        await producer.produce(b"v", headers=[("a", None)])
+    assert producer.stats.acked == 1

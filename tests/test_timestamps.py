@@ -1,0 +1,125 @@
+"""produce(timestamp=...): the Kafka record's CreateTime, read back exactly (to the millisecond)
+by another client through each encoder; Delivery.timestamp; memory:// keeps it (NATS refuses
+it: test_tombstones.py)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import pytest
+from conftest import read_kafka
+
+import producerkit as pk
+from producerkit.backends.kafka import record_batch as _record_batch
+from producerkit.testing.pytest_plugin import SessionBroker
+
+pytestmark = pytest.mark.anyio
+
+GIVEN = 1_600_000_000.123  # epoch seconds
+AWARE = datetime.datetime(
+    2021, 5, 4, 3, 2, 1, 987_654, tzinfo=datetime.timezone(datetime.timedelta(hours=2))
+)
+AWARE_MS = 1_620_090_121_987  # AWARE in epoch milliseconds (the microseconds dropped)
+
+
+@pytest.mark.parametrize("encoder", ["default", "aiokafka", "gzip"])
+async def test_kafka_createtime_is_read_back_exactly(
+    kafka_broker: SessionBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the C encoder, aiokafka's builder and a compressed batch: given CreateTimes
+    (seconds, aware datetime) read back to the millisecond, the others at the produce time."""
+    if encoder == "aiokafka":
+        monkeypatch.setattr(_record_batch, "encode_batch", _record_batch.encode_batch_with_aiokafka)
+    options: dict[str, Any] = {"compression_type": "gzip"} if encoder == "gzip" else {}
+    started_ms = time.time() * 1000
+    async with pk.Producer(kafka_broker.url, topic=topic, **options) as producer:
+        for i in range(300):
+            stamp: float | datetime.datetime | None = (GIVEN + i, AWARE, None)[i % 3]
+            await producer.produce(b"%d" % i, key=b"k", timestamp=stamp, nonblocking=True)
+        delivery = await producer.produce(b"blocking", key=b"k", timestamp=GIVEN)
+        await producer.flush()
+    assert delivery is not None and delivery.timestamp == GIVEN
+    records = await read_kafka(kafka_broker.url, topic, 301)
+    assert len(records) == 301
+    for record in records:
+        if record["value"] == b"blocking":
+            assert record["timestamp"] == 1_600_000_000_123
+            continue
+        i = int(record["value"])
+        if i % 3 == 0:
+            assert record["timestamp"] == 1_600_000_000_123 + i * 1000
+        elif i % 3 == 1:
+            assert record["timestamp"] == AWARE_MS
+        else:
+            assert started_ms - 1000 < record["timestamp"] < time.time() * 1000 + 1000
+
+
+async def test_kafka_delivery_timestamp_is_what_was_stored(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    """Without timestamp= a blocking produce's (and on_delivery's) Delivery reports the
+    produce time the record was stored with."""
+    told: list[pk.Delivery | pk.Failure] = []
+    async with pk.Producer(
+        kafka_broker.url, topic=topic, on_delivery=lambda result, _: told.append(result)
+    ) as producer:
+        delivery = await producer.produce(b"now", key=b"k")
+        await producer.produce(b"given", key=b"k", timestamp=AWARE, nonblocking=True)
+        await producer.flush()
+    assert delivery is not None and delivery.timestamp is not None
+    stored = {r["value"]: r["timestamp"] for r in await read_kafka(kafka_broker.url, topic, 2)}
+    assert round(delivery.timestamp * 1000) == stored[b"now"]
+    assert [getattr(result, "timestamp", None) for result in told] == [
+        delivery.timestamp,
+        AWARE_MS / 1000,
+    ]
+
+
+async def test_memory_keeps_the_timestamp() -> None:
+    async with pk.Producer("memory://", topic="t") as producer:
+        delivery = await producer.produce(b"v", timestamp=GIVEN)
+        await producer.produce(b"w", nonblocking=True)
+        stored = producer.backend.records  # type: ignore[attr-defined]
+    assert delivery is not None and delivery.timestamp == GIVEN
+    assert stored[0].timestamp == GIVEN
+    assert stored[1].timestamp is None  # nonblocking, no timestamp=: none was fixed
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        datetime.datetime(2021, 5, 4),  # naive
+        -1,
+        float("nan"),
+        float("inf"),
+        True,
+        "1600000000",
+        253_402_300_800,  # year 10000
+    ],
+)
+async def test_bad_timestamps_are_message_errors(bad: object) -> None:
+    async with pk.Producer("memory://", topic="t") as producer:
+        with pytest.raises(pk.MessageError, match="timestamp"):
+            await producer.produce(b"v", timestamp=bad)  # type: ignore[arg-type]
+        assert producer.stats.produced == 0
+
+
+async def test_a_log_append_time_from_the_broker_is_what_delivery_reports() -> None:
+    """A topic with message.timestamp.type=LogAppendTime stores the broker's time: the sender
+    passes the response's log_append_time to the window, and the Delivery reports it (Tansu
+    keeps CreateTime only, so the window is driven directly here)."""
+    import asyncio
+
+    from producerkit._window import InFlightWindow
+
+    window = InFlightWindow(10, 30.0, 1, None)
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(2)]
+    records = [window.admit(b"v", None, "t", 0, None, None, 0, future, 1_000) for future in futures]
+    window.acked_run(records, 40, stored_at=1_700_000_000_123)
+    first, second = (future.result() for future in futures)
+    assert (first.offset, second.offset) == (40, 41)
+    assert first.timestamp == second.timestamp == 1_700_000_000.123
+    window.stop_timer()

@@ -1,0 +1,123 @@
+"""max_in_flight_bytes (a bound in bytes as well as in messages) and resume_at (where a full
+window lets waiting produces in again)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from conftest import BackendCase
+
+from producerkit import ConfigurationError, Outcome, Producer
+from producerkit._window import ByteBoundedWindow, InFlightWindow, record_size
+
+pytestmark = pytest.mark.anyio
+
+MESSAGE = b"m" * 100_000
+
+
+async def test_bytes_in_flight_never_pass_the_bound(backend: BackendCase, topic: str) -> None:
+    bound = 1_000_000
+    peaks: list[int] = []
+    producer: Producer
+
+    def watch(outcome: Outcome) -> None:  # after every settlement, read the window
+        window = producer._window
+        assert isinstance(window, ByteBoundedWindow)
+        peaks.append(window.bytes_in_flight)
+        assert window.bytes_in_flight <= bound
+
+    options: dict[str, Any] = {"max_message_size": 200_000} if backend.name == "memory" else {}
+    producer = Producer(
+        backend.url,
+        topic=topic,
+        max_in_flight_bytes=bound,
+        on_outcome=watch,
+        **backend.options,
+        **options,
+    )
+    async with producer:
+        for number in range(200):
+            await producer.produce(MESSAGE, key=b"%d" % number, nonblocking=True)
+            window = producer._window
+            assert isinstance(window, ByteBoundedWindow)
+            assert window.bytes_in_flight <= bound
+        await producer.flush()
+    stats = producer.stats
+    assert stats.acked == 200 and stats.failed == 0
+    assert stats.peak_bytes_in_flight is not None
+    assert 0 < stats.peak_bytes_in_flight <= bound
+    if backend.name in ("kafka", "jetstream"):
+        assert stats.window_waits > 0  # 20 MB through a 1 MB window
+
+
+async def test_a_message_larger_than_the_bound_goes_alone() -> None:
+    async with Producer("memory://", topic="t", max_in_flight_bytes=10) as producer:
+        await producer.produce(b"x" * 100)
+        assert producer.stats.peak_bytes_in_flight == 100
+
+
+async def test_without_a_byte_bound_the_peak_is_not_tracked() -> None:
+    async with Producer("memory://", topic="t") as producer:
+        await producer.produce(b"x")
+    assert producer.stats.peak_bytes_in_flight is None
+
+
+@pytest.mark.parametrize(("resume_at", "resumes_at"), [(0.5, 50), (0.9, 90), (1.0, 99), (0.0, 0)])
+async def test_waiters_resume_at_the_given_fraction(resume_at: float, resumes_at: int) -> None:
+    window = InFlightWindow(100, 30.0, 1, None, resume_at=resume_at)
+    records = [window.admit(b"v", None, "t", 0, None, None, 0, None) for _ in range(100)]
+    waiting = asyncio.ensure_future(window.wait_for_room())
+    await asyncio.sleep(0)
+    settled = 0
+    while not waiting.done():
+        window.acked(records[settled], settled)
+        settled += 1
+        await asyncio.sleep(0)
+    assert window.in_flight == resumes_at
+    window.stop_timer()
+
+
+async def test_byte_bound_resumes_when_both_bounds_have_drained() -> None:
+    window = ByteBoundedWindow(100, 30.0, 1, None, byte_limit=1000, resume_at=0.5)
+    records = [window.admit(b"v" * 100, None, "t", 0, None, None, 0, None) for _ in range(10)]
+    assert window.bytes_in_flight == 1000 == sum(record_size(r) for r in records)
+    assert window.is_full(1) and not window.is_full(0)
+    waiting = asyncio.ensure_future(window.wait_for_room(100))
+    settled = 0
+    await asyncio.sleep(0)
+    while not waiting.done():
+        window.acked(records[settled], settled)
+        settled += 1
+        await asyncio.sleep(0)
+    assert window.bytes_in_flight == 500
+    window.failed(records[settled], RuntimeError("x"))
+    assert window.bytes_in_flight == 400
+    window.acked_run(records[settled:], 0)
+    assert window.bytes_in_flight == 0
+    window.stop_timer()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"resume_at": 1.5},
+        {"resume_at": -0.1},
+        {"resume_at": "half"},
+        {"max_in_flight_bytes": 0},
+        {"max_in_flight_bytes": 1.5},
+    ],
+)
+def test_bad_bounds_are_configuration_errors(settings: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        Producer("null://", topic="t", **settings)
+
+
+def test_the_throughput_preset_brings_its_window_unless_one_is_given() -> None:
+    assert Producer("kafka://127.0.0.1:1", topic="t")._limit == 1000
+    assert Producer("kafka://127.0.0.1:1", topic="t", preset="throughput")._limit == 10_000
+    given = Producer(
+        "kafka://127.0.0.1:1", topic="t", preset="throughput", max_in_flight_messages=7
+    )
+    assert given._limit == 7
