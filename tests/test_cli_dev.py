@@ -160,3 +160,41 @@ def test_usage(env: dict[str, str]) -> None:
     assert result.returncode == 2 and "unknown broker 'zookeeper'" in result.stderr
     result = subprocess.run([*CLI, "stop"], env=env, capture_output=True, text=True)
     assert result.returncode == 0 and "nothing to stop" in result.stderr
+
+
+# ---------------------------------------------------------------------- the other commands' help
+
+
+def test_top_level_help_names_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from producerkit import cli
+
+    assert cli.main(["--help"]) == 0
+    assert "--version" in capsys.readouterr().out
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == pk.__version__
+
+
+def test_demo_help_is_plain_words(capsys: pytest.CaptureFixture[str]) -> None:
+    from producerkit import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for jargon in ("``", ":class:", "WAN", "sync vs", "RTT"):
+        assert jargon not in text, jargon
+    for said in ("one at a time", "many at once", "wait for their confirmation"):
+        assert said in " ".join(text.split()), said
+
+
+def test_a_mistyped_option_gets_a_did_you_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    from producerkit import cli
+
+    for argv, hint in (
+        (["produce", "--max-rates", "3", "in.txt"], "--max-rates: did you mean --max-rate?"),
+        (["dev", "--detatch"], "--detatch: did you mean --detach?"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 2
+        assert hint in capsys.readouterr().err

@@ -8,13 +8,19 @@ stream (test_broker_down_mid_run_then_replay).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
+import os
+import random
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +29,13 @@ import pytest
 from conftest import read_jetstream, read_kafka
 
 from producerkit.backends.memory import MemoryStore, get_store
-from producerkit.cli.produce import main
+from producerkit.cli.produce import (
+    _cli_syntax,
+    build_parser,
+    detect_format,
+    main,
+    progress_columns,
+)
 from producerkit.testing.brokers import LocalBroker, start_nats
 
 CLI = [sys.executable, "-m", "producerkit", "produce"]
@@ -232,7 +244,7 @@ def test_100k_jsonl_keyed_nonblocking_on_jetstream(
     elapsed = time.perf_counter() - started
     assert result.returncode == 0, result.stderr
     assert summary(result.stderr) == {"records": count, "acked": count, "failed": 0}
-    assert "records" in result.stderr.splitlines()[0]  # the progress line came first
+    assert "acked" in result.stderr.splitlines()[0]  # the progress line came first
     assert _stream_count(nats_broker.url, topic) == count
     print(f"100k JSONL lines to JetStream in {elapsed:.2f} s (process included)")
     assert elapsed < 60
@@ -569,3 +581,283 @@ def test_value_format_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture
             main([*base, *extra])
         assert exit_info.value.code == 2, extra
         assert message in capsys.readouterr().err, extra
+
+
+# ---------------------------------------------------------------------- Ctrl-C
+
+
+def _interrupted_run(
+    url: str, topic: str, lines: list[str], failed: Path, feed: str, rng: random.Random
+) -> dict[str, int]:
+    """Run the command on a pipe, send SIGINT at a random moment once the broker has acked a
+    record, and return its summary. ``idle``: a few lines, then the pipe stays open with
+    nothing to read; ``fast``: every line, written as fast as the command takes them."""
+    flags = ["--format", "jsonl", "--key-field", "user", "--failed-out", str(failed)]
+    flags += ["--no-progress", "--metrics-port", "0"]  # metrics: to see when the first ack came
+    process = subprocess.Popen(
+        [*CLI, "-", "--url", url, "--topic", topic, *flags],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdin is not None and process.stderr is not None
+    stdin = process.stdin
+
+    def write(chunk: list[str]) -> None:
+        with contextlib.suppress(BrokenPipeError, ValueError, OSError):  # the command ended
+            stdin.write("".join(line + "\n" for line in chunk))
+            stdin.flush()
+
+    writer = threading.Thread(
+        target=lambda: [write(lines[i : i + 500]) for i in range(0, len(lines), 500)]
+    )
+    stderr = ""
+    try:
+        if feed == "idle":
+            write(lines)
+        else:
+            writer.start()
+        while (match := re.search(r"metrics on (http://\S+)", stderr)) is None:
+            line = process.stderr.readline()
+            assert line, stderr
+            stderr += line
+        _wait_for_an_ack(match[1])
+        time.sleep(rng.uniform(0.0, 0.8))
+        process.send_signal(signal.SIGINT)
+        stderr += process.stderr.read()
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        with contextlib.suppress(BrokenPipeError, OSError):
+            stdin.close()
+        if writer.is_alive():
+            writer.join(timeout=60)
+    assert process.returncode == 130, stderr
+    for abort in ("Fatal Python error", "never awaited", "Traceback"):
+        assert abort not in stderr, stderr
+    return summary(stderr)
+
+
+def _wait_for_an_ack(metrics_url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        if re.search(r"^producerkit_messages_acked_total [1-9]", text, re.MULTILINE):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no ack within {timeout} s")
+
+
+@pytest.mark.parametrize("feed", ["idle", "fast"])
+@pytest.mark.parametrize("broker", ["jetstream", "kafka"])
+def test_ctrl_c_exits_130_with_every_record_read_acked_or_in_the_failures_file(
+    tmp_path: Path, request: pytest.FixtureRequest, broker: str, feed: str
+) -> None:
+    """Done when: SIGINT exits 130, read == acked + failed, every unsent record in --failed-out,
+    no abort, on every interrupt (idle stdin and a fast pipe, at random moments)."""
+    rng = random.Random()
+    local: LocalBroker = request.getfixturevalue(
+        f"{'nats' if broker == 'jetstream' else broker}_broker"
+    )
+    if broker == "jetstream":
+        url = f"jetstream://{local.host_port}?create_stream=true"
+    else:
+        url = local.url
+    for repetition in range(4):
+        topic = f"interrupt-{uuid.uuid4().hex[:8]}"
+        lines = [
+            json.dumps({"id": f"{repetition}-{i}", "user": f"user-{i % 50}", "n": i})
+            for i in range(200 if feed == "idle" else 300_000)
+        ]
+        failed = tmp_path / f"failed-{repetition}.jsonl"
+        counts = _interrupted_run(url, topic, lines, failed, feed, rng)
+        read = counts["records"]
+        assert read == counts["acked"] + counts["failed"], counts
+        failed_lines = failed.read_text().splitlines()
+        assert len(failed_lines) == counts["failed"]
+        stored = [r["value"].decode() for r in _read_back(local.url, topic, counts["acked"])]
+        assert len(stored) == counts["acked"]
+        # The records read are the input's first ones: each either stored or in the file, once.
+        assert sorted(stored + failed_lines) == sorted(lines[:read])
+        # idle: everything written was read; fast: interrupted mid-input
+        assert read == len(lines) if feed == "idle" else 0 < read < len(lines)
+
+
+def _read_back(url: str, topic: str, expected: int) -> list[dict[str, Any]]:
+    if url.startswith("kafka://"):
+        return asyncio.run(read_kafka(url, topic, expected))
+    return asyncio.run(read_jetstream(url, topic, expected))
+
+
+# ---------------------------------------------------------------------- first hour
+
+
+def test_csv_detected_from_the_extension_and_its_bom_dropped(tmp_path: Path) -> None:
+    """An Excel export: a .csv with a UTF-8 BOM and a quoted multi-line field, no --format."""
+    source = tmp_path / "export.csv"
+    source.write_bytes(b'\xef\xbb\xbfid,note\r\n1,"two\r\nlines"\r\n2,plain\r\n')
+    url, store = memory()
+    assert main([str(source), "--url", url, "--topic", "t", "--key-field", "id"]) == 0
+    assert [(r.key, json.loads(r.value)) for r in store.records] == [
+        (b"1", {"id": "1", "note": "two\r\nlines"}),
+        (b"2", {"id": "2", "note": "plain"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a.csv", "csv"),
+        ("A.CSV", "csv"),
+        ("a.jsonl", "jsonl"),
+        ("a.ndjson", "jsonl"),
+        ("a.txt", "lines"),
+        ("a", "lines"),
+        ("-", "lines"),
+    ],
+)
+def test_format_from_the_extension(name: str, expected: str) -> None:
+    assert detect_format(name) == expected
+
+
+def test_help_says_the_defaults() -> None:
+    text = build_parser().format_help()
+    for said in ("from the file's extension", "--one-by-one", "pipelined", "--max-rate"):
+        assert said in " ".join(text.split()), said
+
+
+def test_one_by_one_waits_for_each_ack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"{i}\n" for i in range(50)))
+    url, store = memory()
+    assert main([str(source), "--url", url, "--topic", "t", "--one-by-one"]) == 0
+    assert [r.value for r in store.records] == [b"%d" % i for i in range(50)]
+    with pytest.raises(SystemExit):
+        main([str(source), "--url", url, "--topic", "t", "--one-by-one", "--nonblocking"])
+
+
+def test_progress_line_fits_80_columns() -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    for width in (80, 120):
+        console = Console(file=io.StringIO(), width=width)
+        progress = Progress(*progress_columns(width), console=console)
+        progress.add_task(
+            "→ a-topic-name",
+            total=100,
+            records=12_345_678,
+            rate="1.23M",
+            in_flight=10_000,
+            acked=12_335_678,
+            failed=12_345,
+        )
+        console.print(progress.make_tasks_table(progress.tasks))
+        line = console.file.getvalue()  # type: ignore[attr-defined]
+        assert "…" not in line and line.count("\n") == 1, line
+        for number in ("12,345,678", "1.23M/s", "10,000", "12,335,678", "12,345"):
+            assert number in line, (number, line)
+
+
+def test_hints_in_cli_syntax() -> None:
+    assert (
+        _cli_syntax("no stream for subject 'orders': create one or pass create_stream=True")
+        == "no stream for subject 'orders': create one or pass -o create_stream=true"
+    )
+
+
+def test_a_clean_run_leaves_an_empty_failures_file_to_replay(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"user": "u1"}\n')
+    failed = tmp_path / "failed.jsonl"
+    url, store = memory()
+    argv = ["--url", url, "--topic", "t", "--key-field", "user", "--failed-out", str(failed)]
+    assert main([str(source), *argv]) == 0
+    assert failed.read_bytes() == b""
+    assert main([str(failed), *argv]) == 0  # the quickstart's replay step, after a clean run
+    assert len(store.records) == 1
+
+
+def test_rate_flags_reach_the_producer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"{i}\n" for i in range(20)))
+    url, store = memory()
+    argv = [str(source), "--url", url, "--topic", "t"]
+    started = time.perf_counter()
+    assert main([*argv, "--max-rate", "40"]) == 0
+    # 20 messages at 40/s: about half a second after the first; far less would mean no limit.
+    assert time.perf_counter() - started > 0.3
+    assert len(store.records) == 20
+    assert main([*argv, "--max-rate", "0"]) == 2
+    assert "max_rate must be a positive number" in capsys.readouterr().err
+    assert main([*argv, "--max-bytes-rate", "-1"]) == 2
+    assert "max_bytes_rate must be a positive number" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_starting_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    """SIGINT as soon as the metrics server is up: before or just as the run takes the signal."""
+    for _ in range(3):
+        process = subprocess.Popen(
+            [*CLI, "-", "--url", "null://", "--topic", "t", "--metrics-port", "0"],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stderr is not None
+        try:
+            stderr = process.stderr.readline()
+            assert "metrics on" in stderr, stderr
+            process.send_signal(signal.SIGINT)
+            stderr += process.stderr.read()
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            assert process.stdin is not None
+            process.stdin.close()
+        assert process.returncode == 130, stderr
+        assert "Traceback" not in stderr and "interrupted" in stderr, stderr
+
+
+@pytest.mark.brokers  # starts a broker of its own, and freezes it
+def test_a_second_ctrl_c_stops_waiting_for_acks(tmp_path: Path) -> None:
+    """The broker stops answering: the first Ctrl-C waits for the acks in flight, the second
+    fails them (Purged) into the failures file, and the accounting still adds up."""
+    lines = [json.dumps({"id": i, "user": f"u{i % 7}"}) for i in range(5000)]
+    failed = tmp_path / "failed.jsonl"
+    flags = ["--format", "jsonl", "--failed-out", str(failed), "--timeout", "300"]
+    with start_nats(jetstream=True, workdir=tmp_path / "nats") as broker:
+        assert broker.process is not None
+        process = subprocess.Popen(
+            [*CLI, "-", "--url", f"{broker.url}?create_stream=true", "--topic", "t", *flags],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdin is not None and process.stderr is not None
+        try:
+            process.stdin.write("".join(line + "\n" for line in lines[:2500]))
+            process.stdin.flush()
+            _wait_for_count(broker.url, "t", 2500)
+            os.kill(broker.process.pid, signal.SIGSTOP)  # no more acks
+            process.stdin.write("".join(line + "\n" for line in lines[2500:]))
+            process.stdin.flush()
+            time.sleep(1.0)
+            process.send_signal(signal.SIGINT)
+            assert "Ctrl-C again" in process.stderr.readline()
+            process.send_signal(signal.SIGINT)
+            stderr = process.stderr.read()
+            process.wait(timeout=60)  # not the 300 s --timeout
+        finally:
+            os.kill(broker.process.pid, signal.SIGCONT)
+            if process.poll() is None:
+                process.kill()
+            process.stdin.close()
+    assert process.returncode == 130, stderr
+    counts = summary(stderr)
+    assert counts["records"] == counts["acked"] + counts["failed"] and counts["failed"] > 0
+    assert "Purged" in stderr
+    failed_lines = failed.read_text().splitlines()
+    assert len(failed_lines) == counts["failed"] and set(failed_lines) <= set(lines)

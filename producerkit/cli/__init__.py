@@ -12,7 +12,10 @@ import sys
 from collections.abc import Sequence
 
 _COMMANDS = {
-    "demo": ("producerkit.cli.demo", "start local brokers and show sync vs nonblocking produce"),
+    "demo": (
+        "producerkit.cli.demo",
+        "start local brokers; compare sending one at a time with many at once",
+    ),
     "bench": ("producerkit.cli.bench", "open-loop latency/throughput benchmark (HDR, plots)"),
     "produce": ("producerkit.cli.produce", "publish each record of a file or stdin"),
     "dev": ("producerkit.cli.dev", "start local Kafka (Tansu) and NATS brokers for development"),
@@ -22,6 +25,7 @@ _COMMANDS = {
 def _usage() -> str:
     lines = ["usage: producerkit COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<9} {summary}" for name, (_, summary) in _COMMANDS.items()]
+    lines += ["", "options:", "  -h, --help  show this help", "  --version   show the version"]
     lines += ["", "producerkit COMMAND --help shows a command's options."]
     return "\n".join(lines)
 
@@ -40,8 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"producerkit: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(command[0])
-    code: int = module.main(args[1:])
+    try:
+        module = importlib.import_module(command[0])
+        code: int = module.main(args[1:])
+    except KeyboardInterrupt:  # Ctrl-C before a command took the signal over, or in one that
+        print(f"producerkit {args[0]}: interrupted", file=sys.stderr)  # does not take it
+        return 130
     return code
 
 

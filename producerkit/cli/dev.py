@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from producerkit.cli._args import ArgumentParser
 from producerkit.cli._signals import interruptible
 from producerkit.errors import ProducerError
 from producerkit.testing.brokers import LocalBroker, free_port, start_kafka, start_nats
@@ -181,7 +182,7 @@ def status(as_json: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="producerkit dev",
         description="Start local Kafka (Tansu) and NATS/JetStream brokers for development.",
         epilog="producerkit dev stop | producerkit dev status: manage --detach'ed brokers.",

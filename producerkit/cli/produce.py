@@ -4,33 +4,38 @@ Every record read ends up in exactly one of two places: acknowledged by the brok
 ``--failed-out FILE`` in the input's own format (and counted in the summary, and the exit code is
 1). A rerun with that file as input (and the same flags) therefore retries exactly what failed::
 
-    producerkit produce --url jetstream://127.0.0.1:4222 --topic orders --format jsonl \\
-        --key-field user --nonblocking --failed-out failed.jsonl orders.jsonl
+    producerkit produce --url jetstream://127.0.0.1:4222 --topic orders \\
+        --key-field user --failed-out failed.jsonl orders.jsonl
     producerkit produce ... --failed-out failed.jsonl failed.jsonl     # retry, same flags
 
 A record can fail in three ways, all written to the failures file: the broker did not ack it in
 ``--timeout`` seconds or refused it (``on_error``, or the exception of a blocking produce), the
 producer refused it at the call (too large, bad header), or the input line could not be parsed
-(written verbatim, so it can be fixed and replayed).
+(written verbatim, so it can be fixed and replayed). An interrupted run (Ctrl-C, SIGTERM: exit
+130) adds the records it read and never sent, as ``Interrupted``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import csv
 import json
 import os
+import re
+import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import anyio
+
 import producerkit as pk
 from producerkit import settings
+from producerkit.cli._args import ArgumentParser
+from producerkit.cli._reader import InputReader
 from producerkit.cli._signals import interruptible
 from producerkit.cli.values import VALUE_FORMATS, ValueFormat, value_format
 from producerkit.errors import (
@@ -42,6 +47,8 @@ from producerkit.errors import (
 )
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup, TaskStatus
+
     from producerkit.cli.metrics import Metrics
 
 FORMATS = ("lines", "jsonl", "csv")
@@ -60,6 +67,20 @@ class InvalidRecord(Exception):
     def __init__(self, raw: bytes, reason: str) -> None:
         super().__init__(reason)
         self.raw = raw
+
+
+class Interrupted(Exception):
+    """Why a record read was never sent: the run was interrupted (Ctrl-C, SIGTERM) first."""
+
+
+def _cli_syntax(message: str) -> str:
+    """A message's hints in this command's syntax: a producer keyword written as
+    ``create_stream=True`` reads ``-o create_stream=true``."""
+    return re.sub(
+        r"\b([a-z_]+)=(True|False)\b",
+        lambda match: f"-o {match[1]}={match[2].lower()}",
+        message,
+    )
 
 
 # ---------------------------------------------------------------------- formats
@@ -373,8 +394,8 @@ class FailureSink:
     """Counts failed records by reason and writes them to ``--failed-out`` as they happen.
 
     Writes go to ``FILE.partial`` and replace FILE at the end, so FILE may also be this run's
-    input (the usual retry). When nothing failed, an existing FILE is emptied: it always holds
-    what is left to send, and replaying an empty file sends nothing.
+    input (the usual retry). When nothing failed, FILE is created or emptied: it always exists
+    after a run and holds what is left to send; replaying an empty file sends nothing.
     """
 
     def __init__(self, fmt: Format, path: Path | None, metrics: Metrics | None = None) -> None:
@@ -422,7 +443,7 @@ class FailureSink:
         self.reasons[name] = seen + 1
         if not seen and len(self.examples) < 3:
             # One example per kind of failure, so a user sees why without a log per record.
-            self.examples.append(f"{name}: {exc}")
+            self.examples.append(f"{name}: {_cli_syntax(str(exc))}")
 
     def finish(self) -> None:
         if self._finished:
@@ -434,57 +455,68 @@ class FailureSink:
             return
         if self.count:
             os.replace(self._partial, self.path)
-        elif self.path.exists():
+        else:  # an empty file: replaying it (the usual next step) sends nothing and exits 0
             self.path.write_bytes(b"")
 
-    def copy_input(self, lines: Iterable[bytes]) -> int:
-        """Nothing could be sent (no broker): the whole input is left to send."""
+    def add_unsent(self, item: Parsed | InvalidRecord) -> None:
+        """A record read but never handed to the producer (the run was interrupted)."""
+        if isinstance(item, InvalidRecord):
+            self.add_raw(item.raw, item)
+        else:
+            self.add(*item, Interrupted("read, not sent: the run was interrupted"))
+
+    def write_raw(self, data: bytes) -> None:
+        """Input copied as it is (nothing could be sent); counted by :meth:`input_unsent`."""
         file = self._open()
-        count = 0
-        for line in lines:
-            count += 1
-            if file is not None:
-                file.write(line)
-        return count
+        if file is not None:
+            file.write(data)
+
+    def input_unsent(self, records: int, exc: BaseException) -> None:
+        """The whole input (``records`` of it) was left to send because of ``exc``."""
+        name = type(exc).__name__
+        self.count += records
+        self.reasons[name] = self.reasons.get(name, 0) + records
+        self.examples.append(f"{name}: {_cli_syntax(str(exc))}")
 
 
 # ---------------------------------------------------------------------- progress
 
 
 class _Progress:
-    """A rich progress line, refreshed ~10 times a second by a task, never per record."""
+    """A rich progress line, refreshed ~10 times a second by a task, never per record.
 
-    def __init__(self, enabled: bool, total_bytes: int | None, label: str) -> None:
+    ``records`` counts the records taken from the reader; the bar follows the bytes it read.
+    """
+
+    def __init__(
+        self, enabled: bool, total_bytes: int | None, label: str, bytes_read: Callable[[], int]
+    ) -> None:
         self.records = 0
-        self.bytes = 0
+        self._bytes_read = bytes_read
         self._producer: pk.Producer | None = None
+        self._failures: FailureSink | None = None
         self._progress: Any = None
-        self._task: asyncio.Task[None] | None = None
         self._started = time.perf_counter()
         if not enabled:
             return
         try:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress
         except ImportError:
             print(
                 'producerkit produce: no progress bar without rich: pip install "producerkit[cli]"',
                 file=sys.stderr,
             )
             return
+        console = Console(stderr=True)
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[records]:>10,} records  {task.fields[rate]:>9,.0f}/s"),
-            TextColumn("in flight {task.fields[in_flight]:>6,}  acked {task.fields[acked]:>10,}"),
-            TextColumn("failed {task.fields[failed]:>6,}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
+            *progress_columns(console.width),
+            console=console,
             auto_refresh=False,
             transient=False,
         )
         self._id = self._progress.add_task(
-            label, total=total_bytes, records=0, rate=0.0, in_flight=0, acked=0, failed=0
+            label, total=total_bytes, records=0, rate="0", in_flight=0, acked=0, failed=0
         )
 
     def start(self, producer: pk.Producer, failures: FailureSink) -> None:
@@ -493,44 +525,77 @@ class _Progress:
         self._started = time.perf_counter()
         if self._progress is not None:
             self._progress.start()
-            self._task = asyncio.ensure_future(self._refresh_loop())
 
-    async def _refresh_loop(self) -> None:
+    async def refresh_every(self, seconds: float) -> None:
+        """Refresh until cancelled (a task of the run's task group)."""
+        if self._progress is None:
+            return
         while True:
             self.refresh()
-            await asyncio.sleep(0.1)
+            await anyio.sleep(seconds)
 
     def refresh(self) -> None:
-        if self._progress is None or self._producer is None:
+        if self._progress is None or self._producer is None or self._failures is None:
             return
         stats = self._producer.stats
         elapsed = max(time.perf_counter() - self._started, 1e-9)
         self._progress.update(
             self._id,
-            completed=self.bytes,
+            completed=self._bytes_read(),
             records=self.records,
-            rate=self.records / elapsed,
+            rate=_short_number(self.records / elapsed),
             in_flight=stats.in_flight,
             acked=stats.acked,
             failed=self._failures.count,
             refresh=True,
         )
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    def stop(self) -> None:
         if self._progress is not None:
             self.refresh()
             self._progress.stop()
+
+
+#: Below this many columns the progress line is the counts alone (no label, bar or clock).
+_WIDE = 100
+
+
+def progress_columns(width: int) -> list[Any]:
+    """The progress line's columns for a terminal ``width`` wide: the counts in one column that
+    never wraps or truncates; the label, the bar (taking what is left) and the clock only
+    where there is room for them."""
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
+
+    counts = TextColumn(
+        "{task.fields[records]:,} read {task.fields[rate]}/s  acked {task.fields[acked]:,}  "
+        "failed {task.fields[failed]:,}  in flight {task.fields[in_flight]:,}",
+        table_column=Column(no_wrap=True),
+    )
+    if width < _WIDE:
+        return [counts]
+    return [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(bar_width=None),
+        counts,
+        TimeElapsedColumn(),
+    ]
+
+
+def _short_number(number: float) -> str:
+    """``number`` in at most 5 characters: 935, 63.1k, 1.23M."""
+    for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if number >= divisor:
+            scaled = number / divisor
+            return f"{scaled:.3g}{suffix}" if scaled < 1000 else f"{scaled:.0f}{suffix}"
+    return f"{number:.0f}"
 
 
 # ---------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="producerkit produce",
         description="Publish each record of a file (or stdin) to Kafka, NATS or JetStream.",
         epilog=(
@@ -544,7 +609,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--url", help="kafka://, jetstream://, nats://, memory:// or null:// URL")
     parser.add_argument("--topic", "-t", help="topic (Kafka) or subject (NATS)")
     parser.add_argument("--config", help="TOML settings file (default ./producerkit.toml)")
-    parser.add_argument("--format", "-f", choices=FORMATS, default="lines")
+    parser.add_argument(
+        "--format",
+        "-f",
+        choices=FORMATS,
+        help="lines: a message per line; jsonl: a JSON document per line; csv: a header row, then "
+        "a message per row (multi-line quoted fields kept). Default: from the file's extension "
+        "(.csv, .jsonl or .ndjson), else lines (stdin too)",
+    )
     parser.add_argument(
         "--value-format",
         choices=VALUE_FORMATS,
@@ -576,9 +648,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--partitioner", help="xxhash (default), murmur2, memphis or crc32")
     parser.add_argument(
-        "--nonblocking",
+        "--one-by-one",
         action="store_true",
-        help="keep up to --max-in-flight-messages messages in flight instead of one",
+        help="wait for each record's ack before sending the next (default: pipelined, up to "
+        "--max-in-flight-messages in flight, each key's records kept in order)",
+    )
+    parser.add_argument(  # pipelined is the default now; the flag stays accepted
+        "--nonblocking", action="store_true", help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--max-rate", type=float, metavar="N", help="send at most N messages per second"
+    )
+    parser.add_argument(
+        "--max-bytes-rate",
+        type=float,
+        metavar="B",
+        help="send at most B bytes (values and keys) per second",
     )
     parser.add_argument("--max-in-flight-messages", type=int, help="window size (default 1000)")
     parser.add_argument(  # the old name, for one more release
@@ -671,10 +756,21 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return pairs
 
 
+def detect_format(file: str) -> str:
+    """The input format a file's extension names (``lines`` for stdin and anything else)."""
+    return _FORMATS_BY_EXTENSION.get(Path(file).suffix.lower(), "lines") if file != "-" else "lines"
+
+
+_FORMATS_BY_EXTENSION = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.one_by_one and args.nonblocking:
+            raise ConfigurationError("--one-by-one and --nonblocking contradict each other")
+        args.format = args.format or detect_format(args.file)
         values = value_format(args.value_format, args.avro_schema, args.schema_id)
         fmt = _FORMAT_CLASSES[args.format](args, values)
         if args.format == "lines" and (args.key_field or args.value_field or args.msg_id_field):
@@ -692,6 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_in_flight_messages=args.max_in_flight_messages,
             timeout=args.timeout,
             connections=args.connections,
+            max_rate=args.max_rate,
+            max_bytes_rate=args.max_bytes_rate,
         )
         kwargs = settings.load(args.config, **overrides)
         if "topic" not in kwargs:
@@ -704,101 +802,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed_out = Path(args.failed_out) if args.failed_out else None
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     try:
-        return asyncio.run(_produce(args, fmt, kwargs, headers, failed_out, show_progress, metrics))
+        return anyio.run(_produce, args, fmt, kwargs, headers, failed_out, show_progress, metrics)
     except ConfigurationError as exc:  # e.g. a backend option, checked when the Producer is built
-        print(f"producerkit produce: error: {exc}", file=sys.stderr)
+        print(f"producerkit produce: error: {_cli_syntax(str(exc))}", file=sys.stderr)
         return 2
     finally:
         linger(metrics, args.metrics_linger)
-
-
-class _Stopped(Exception):
-    pass
-
-
-class _Reader:
-    """Reads and parses the input in a thread and hands the loop one batch per chunk read.
-
-    Reading on the event loop would block it whenever a pipe has no data yet (``tail -f |``):
-    no acks, no writes, no progress while waiting for the next line. The thread reads whatever
-    is available (``read1``), parses it, and hands over every complete record *before* it
-    blocks on the next read, so a record never waits for the ones after it. A bounded queue
-    keeps the reader at most a few chunks ahead of the producer.
-    """
-
-    CHUNK = 64 * 1024
-    MAX_BATCH = 4096
-
-    def __init__(self, fmt: Format, source: IO[bytes], progress: _Progress) -> None:
-        self._fmt = fmt
-        self._source = source
-        self._progress = progress
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[list[Parsed | InvalidRecord] | BaseException | None] = (
-            asyncio.Queue(8)
-        )
-        self._batch: list[Parsed | InvalidRecord] = []
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="producerkit-reader", daemon=True)
-        self._thread.start()
-
-    async def next_batch(self) -> list[Parsed | InvalidRecord] | None:
-        batch = await self._queue.get()
-        if isinstance(batch, BaseException):
-            raise batch
-        return batch
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    def _run(self) -> None:
-        end: BaseException | None = None
-        try:
-            for item in self._fmt.records(self._lines()):
-                # self._batch, not a local: _lines() hands it over (and replaces it) before reads
-                self._batch.append(item)
-                if len(self._batch) >= self.MAX_BATCH:
-                    self._hand_over()
-            self._hand_over()
-        except _Stopped:
-            return
-        except BaseException as exc:
-            end = exc
-        with contextlib.suppress(_Stopped):
-            self._put(end)
-
-    def _lines(self) -> Iterator[bytes]:
-        read = getattr(self._source, "read1", self._source.read)
-        pending = b""
-        while True:
-            self._hand_over()  # before a read that may block, what was parsed goes out
-            chunk = read(self.CHUNK)
-            if not chunk:
-                break
-            self._progress.bytes += len(chunk)
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                yield line + b"\n"
-        if pending:
-            yield pending
-
-    def _hand_over(self) -> None:
-        if self._batch:
-            batch, self._batch = self._batch, []
-            self._put(batch)
-
-    def _put(self, item: list[Parsed | InvalidRecord] | BaseException | None) -> None:
-        future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
-        while True:
-            if self._stopping.is_set():
-                future.cancel()
-                raise _Stopped
-            try:
-                future.result(0.1)
-                return
-            except TimeoutError:
-                continue
 
 
 def _open_input(name: str) -> tuple[IO[bytes], int | None]:
@@ -806,6 +815,161 @@ def _open_input(name: str) -> tuple[IO[bytes], int | None]:
         return sys.stdin.buffer, None
     file = open(name, "rb")  # noqa: SIM115 - closed by the caller
     return file, os.fstat(file.fileno()).st_size
+
+
+class _Run:
+    """One run: the producer, the input's reader, the failures file, and what a signal does.
+
+    SIGINT and SIGTERM are taken on the event loop, never as a KeyboardInterrupt raised at a
+    random point: they cancel what the run waits for and stop the reader. Every record read and
+    not handed to the producer then goes to the failures file, and the producer closes, settling
+    what is in flight (acked, or failed and written by ``on_error``). So the summary's ``read ==
+    acked + failed`` holds after an interrupt as after a full run.
+    """
+
+    def __init__(
+        self,
+        producer: pk.Producer,
+        reader: InputReader[Parsed | InvalidRecord],
+        failures: FailureSink,
+        progress: _Progress,
+        headers: dict[str, str] | None,
+        pipelined: bool,
+        metrics: Metrics | None,
+    ) -> None:
+        self.producer = producer
+        self.reader = reader
+        self.failures = failures
+        self.progress = progress
+        self.headers = headers
+        self.pipelined = pipelined
+        self.metrics = metrics
+        self.interrupted = False
+        self.records_copied: int | None = None  # the producer never started: input copied
+        self._scope: anyio.CancelScope | None = None
+        self._closing = False
+        # The batch being produced and how much of it is done, for what an interrupt leaves.
+        self._batch: list[Parsed | InvalidRecord] = []
+        self._done = 0
+        self._in_call = False  # inside produce() for self._batch[self._done]
+        self._calls = 0  # produce() calls made ...
+        self._refused = 0  # ... and refused at the call, never a message
+
+    @property
+    def records_read(self) -> int:
+        return self.reader.parsed if self.records_copied is None else self.records_copied
+
+    async def watch_signals(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Until cancelled: a SIGINT or SIGTERM interrupts the run; another one while the
+        producer closes stops waiting for the messages in flight (they fail as Purged)."""
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                if self._closing and self.interrupted:
+                    self.producer.purge()  # on_error writes each to the failures file
+                self.interrupted = True
+                self.reader.stop()
+                if self._scope is not None:
+                    self._scope.cancel()
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """A block that a signal cancels (at once, if one came already)."""
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            if self.interrupted:
+                scope.cancel()
+            try:
+                yield
+            finally:
+                self._scope = None
+
+    async def run(self, tasks: TaskGroup) -> None:
+        """Start the producer and publish the input; if the producer cannot start, the whole
+        input goes to the failures file."""
+        error: ProducerError | None = None
+        with self._interruptible():
+            try:
+                await self.producer.start()
+            except ProducerError as exc:
+                error = exc
+        if error is not None:
+            self.records_copied = await self.reader.copy(self.failures.write_raw)
+            self.failures.input_unsent(self.records_copied, error)
+            return
+        if self.interrupted:
+            return
+        self.progress.start(self.producer, self.failures)
+        tasks.start_soon(self.progress.refresh_every, 0.1)
+        if self.metrics is not None:
+            self.metrics.attach(self.producer)
+        send, receive = self.reader.open_stream()
+        tasks.start_soon(self.reader.run, send)
+        try:
+            with self._interruptible():
+                await self._produce_all(receive)
+        finally:
+            for item in self._unsent() + await self.reader.stopped(receive):
+                self.failures.add_unsent(item)
+
+    async def _produce_all(self, receive: AsyncIterable[list[Parsed | InvalidRecord]]) -> None:
+        """Produce every record received, then flush; a record refused at the call (a
+        MessageError) or a one-by-one produce's own failure goes to the failures file."""
+        produce, headers, nonblocking = self.producer.produce, self.headers, self.pipelined
+        failures, progress = self.failures, self.progress
+        async for batch in receive:
+            self._batch, self._done = batch, 0
+            for item in batch:
+                progress.records += 1
+                if isinstance(item, InvalidRecord):
+                    failures.add_raw(item.raw, item)
+                else:
+                    value, key, msg_id = item
+                    self._calls += 1
+                    self._in_call = True
+                    try:
+                        await produce(
+                            value, key=key, headers=headers, msg_id=msg_id, nonblocking=nonblocking
+                        )
+                    except (MessageError, ProducerClosed) as exc:
+                        self._refused += 1
+                        failures.add(value, key, msg_id, exc)
+                    except ProducerError as exc:  # a one-by-one produce's own failure
+                        failures.add(value, key, msg_id, exc)
+                    self._in_call = False
+                self._done += 1
+                if self._done & 1023 == 0:
+                    # A burst that never waits would starve the progress task and sockets.
+                    await anyio.sleep(0)
+        with contextlib.suppress(ProduceError):  # its failures were written by on_error
+            await self.producer.flush()
+
+    def _unsent(self) -> list[Parsed | InvalidRecord]:
+        """The records of the current batch not handed to the producer (after a cancel)."""
+        rest, self._batch = self._batch[self._done :], []
+        if rest and self._in_call:
+            admitted_before = self._calls - 1 - self._refused
+            if self.producer.stats.produced > admitted_before:
+                rest = rest[1:]  # it became a message: the producer settles it
+        return rest
+
+    async def close(self) -> None:
+        """Close the producer (not cancellable: it settles every message in flight)."""
+        self._closing = True
+        in_flight = self.producer.stats.in_flight
+        if self.interrupted and in_flight:
+            print(
+                f"producerkit produce: interrupted; waiting for the acks of {in_flight:,} "
+                "messages in flight (Ctrl-C again: stop waiting, they go to the failures file)",
+                file=sys.stderr,
+            )
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(ProduceError):  # its failures were written by on_error
+                await self.producer.close()
+            if self.metrics is not None:
+                self.metrics.detach()
 
 
 async def _produce(
@@ -827,80 +991,33 @@ async def _produce(
         value_serializer=fmt.values.serializer(),
     )
     source, size = _open_input(args.file)
-    progress = _Progress(show_progress, size, f"→ {kwargs['topic']}")
-    nonblocking: bool = args.nonblocking
-    interrupted = False
+    reader: InputReader[Parsed | InvalidRecord] = InputReader(fmt.records, source)
+    progress = _Progress(show_progress, size, f"→ {kwargs['topic']}", lambda: reader.bytes)
+    run = _Run(producer, reader, failures, progress, headers, not args.one_by_one, metrics)
     started = time.perf_counter()
-
     try:
-        try:
-            await producer.start()
-        except ProducerError as exc:
-            read = failures.copy_input(source)
-            failures.reasons[type(exc).__name__] = read
-            failures.count = read
-            failures.examples.append(f"{type(exc).__name__}: {exc}")
-            failures.finish()
-            _summary(kwargs, None, read, failures, time.perf_counter() - started, failed_out)
-            return 1
-        progress.start(producer, failures)
-        if metrics is not None:
-            metrics.attach(producer)
-        reader = _Reader(fmt, source, progress)
-        try:
-            await _produce_records(reader, producer, progress, failures, headers, nonblocking)
-        except ProduceError:
-            pass  # already written by on_error
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            interrupted = True
-        finally:
-            reader.stop()
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(run.watch_signals)
+            try:
+                await run.run(tasks)
+            finally:
+                await run.close()
+                progress.stop()
+                tasks.cancel_scope.cancel()  # the signal watcher and the progress refresh
     finally:
-        with contextlib.suppress(ProduceError):  # its failures were written by on_error
-            await producer.close()
-        if metrics is not None:
-            metrics.detach()
-        await progress.stop()
+        reader.close()
         if source is not sys.stdin.buffer:
             source.close()
         failures.finish()
+    if reader.error is not None:
+        raise reader.error  # e.g. a CSV header without the --key-field column
     elapsed = time.perf_counter() - started
-    _summary(kwargs, producer.stats, progress.records, failures, elapsed, failed_out, interrupted)
-    if interrupted:
+    _summary(
+        kwargs, producer.stats, run.records_read, failures, elapsed, failed_out, run.interrupted
+    )
+    if run.interrupted:
         return 130
     return 1 if failures.count else 0
-
-
-async def _produce_records(
-    reader: _Reader,
-    producer: pk.Producer,
-    progress: _Progress,
-    failures: FailureSink,
-    headers: dict[str, str] | None,
-    nonblocking: bool,
-) -> None:
-    """Produce every record the reader gives, then flush; a record refused at the call (a
-    MessageError) or a blocking produce's own failure goes to ``failures``."""
-    produce = producer.produce
-    while (batch := await reader.next_batch()) is not None:
-        for item in batch:
-            progress.records += 1
-            if progress.records & 1023 == 0:
-                # A burst that never waits would starve the progress task and sockets.
-                await asyncio.sleep(0)
-            if isinstance(item, InvalidRecord):
-                failures.add_raw(item.raw, item)
-                continue
-            value, key, msg_id = item
-            try:
-                await produce(
-                    value, key=key, headers=headers, msg_id=msg_id, nonblocking=nonblocking
-                )
-            except ProducerClosed:
-                raise
-            except ProducerError as exc:
-                failures.add(value, key, msg_id, exc)
-    await producer.flush()
 
 
 def _summary(
@@ -922,7 +1039,7 @@ def _summary(
         reasons = ", ".join(f"{count:,} {name}" for name, count in sorted(failures.reasons.items()))
         line += f" ({reasons})"
     if interrupted:
-        line += "; interrupted: records not yet read are not in any file"
+        line += "; interrupted (the input after the last record read was left unread)"
     print(line, file=sys.stderr)
     for example in failures.examples:
         print(f"  e.g. {example}", file=sys.stderr)

@@ -1,0 +1,34 @@
+"""The CLI's argument parser: argparse's, with a "did you mean" for a mistyped option."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from typing import NoReturn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose error for unrecognized arguments names, for each
+    mistyped option, the closest one it knows (``--nonblock``: did you mean ``--nonblocking``?)."""
+
+    def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            hints = [self._suggestion(word) for word in message[len(prefix) :].split()]
+            found = [hint for hint in hints if hint]
+            if found:
+                message += " (" + "; ".join(found) + ")"
+        super().error(message)
+
+    def _suggestion(self, word: str) -> str | None:
+        if not word.startswith("-"):
+            return None
+        name = word.split("=", 1)[0]
+        known = [
+            option
+            for action in self._actions
+            if action.help != argparse.SUPPRESS
+            for option in action.option_strings
+        ]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        return f"{name}: did you mean {close[0]}?" if close else None
