@@ -1,15 +1,31 @@
-"""Rows/s of producerkit.spark.publish on local[1] vs local[2], and of one plain producer process.
+"""Rows/s and CPU per row of producerkit.spark on local[1] and local[2], vs one producer process.
 
-All three publish the same rows (``--rows`` of ``--size``-byte values with 8-byte keys) to a Tansu
-broker with null storage (it acks and discards), so the broker's disk is out of the picture::
+Every run publishes the same rows (``--rows`` of ``--size``-byte values with 8-byte keys) to a
+Tansu broker with null storage (it acks and discards), so the broker's disk is out of the
+picture::
 
-    python benches/bench_spark.py --rows 1000000
+    python benches/bench_spark.py --rows 400000 [--json figures.json]
 
-Targets (issue 6): local[2] >= 1.6x local[1]; per core >= 0.8x the single process. Each Spark
-run happens in its own process (one SparkContext per process), does one warm-up publish (Python
-workers start, producers connect), then ``--repeat`` timed ones; the best is reported. The
-single-process baseline is producerkit's async Producer with nonblocking produce in a loop.
-Note that on a 2-core machine the broker, the JVM and the Python workers share the same cores.
+Each master runs in its own process (one SparkContext per process): one warm-up of each way in
+over as many partitions (every Python worker starts and connects), then ``--repeat`` rounds of
+``publish(df, ...)`` (mapInArrow) and ``df.foreachPartition(partition_writer(...))``,
+interleaved; the best of each is reported. The single-process baseline is producerkit's async
+Producer with nonblocking produce in a loop over prepared keys and values.
+
+Throughput targets (issue 6): local[2] >= 1.6x local[1]; per core >= 0.8x the single process. On a
+machine with few cores the broker, the executor JVM and the Python workers share them, so
+throughput cannot show scaling there; CPU per row can.
+
+CPU per row (issue 20): the user + system CPU seconds of Spark's Python worker processes during
+one timed action, over the rows. The workers are found with psutil among the descendants of the
+Spark driver process (the JVM is its child, ``pyspark.daemon`` the JVM's, the workers the daemon's
+forks): every process whose command line names ``pyspark.daemon`` or ``pyspark.worker``, each
+counted as its own CPU plus its reaped children's (so a worker that exits mid-job is still
+counted, through its parent). The difference of those sums before and after the action is the
+Python worker path: reading Spark's pipe, Arrow or pickle decoding, our chunking and the
+producer, its loop thread included. The JVM's CPU over the same action is shown beside it. The
+baseline is the single process's own user + system CPU over its timed loop. Target: the worker
+path <= 1.2x the baseline per row.
 """
 
 from __future__ import annotations
@@ -22,14 +38,17 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 import producerkit as pk
 from producerkit.testing.brokers import start_kafka
 
 _SPARK_RUN = """
-import json, os, sys
+import json, os, sys, time
 os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+import psutil
 from pyspark.sql import SparkSession, functions as F
-from producerkit.spark import publish
+from producerkit.spark import partition_writer, publish
 master, url, rows, size, partitions, repeat, limit = sys.argv[1:8]
 spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
          .config("spark.driver.memory", "1g").getOrCreate())
@@ -40,13 +59,51 @@ df = spark.range(int(rows), numPartitions=int(partitions)).select(
 ).cache()
 df.count()
 kwargs = dict(topic="bench-spark", max_in_flight_messages=int(limit))
-publish(df.limit(10000), url, **kwargs)  # warm-up: workers start, producers connect
-best = None
+
+def cpu(process):
+    times = process.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+def cpu_by_kind():
+    total = {"worker": 0.0, "jvm": 0.0}
+    for process in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(process.cmdline())
+            kind = "worker" if ("pyspark.daemon" in line or "pyspark.worker" in line) else (
+                "jvm" if process.name() == "java" else None)
+            if kind:
+                total[kind] += cpu(process)
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+def via_publish(frame):
+    report = publish(frame, url, **kwargs)
+    assert report.failed == 0, report
+
+def via_foreach_partition(frame):
+    frame.foreachPartition(partition_writer(url, **kwargs))
+
+ways = {"publish()": via_publish, "foreachPartition": via_foreach_partition}
+# warm-up with as many partitions as the timed runs: every Python worker they use starts
+# (imports, connects) here, not inside a measurement
+warm = spark.range(1000 * int(partitions), numPartitions=int(partitions)).select(
+    F.col("id").cast("string").alias("key"), F.col("id").cast("string").alias("value"))
+for run in ways.values():
+    run(warm)
+best = {}
 for _ in range(int(repeat)):
-    report = publish(df, url, **kwargs)
-    assert report.failed == 0 and report.delivered == int(rows), report
-    best = report if best is None or report.seconds < best.seconds else best
-print("RESULT " + json.dumps({"seconds": best.seconds, "rows": best.rows}))
+    for name, run in ways.items():
+        before = cpu_by_kind()
+        started = time.perf_counter()
+        run(df)
+        seconds = time.perf_counter() - started
+        after = cpu_by_kind()
+        figures = {"seconds": seconds, **{k: after[k] - before[k] for k in after}}
+        previous = best.get(name)
+        best[name] = figures if previous is None else {
+            k: min(previous[k], figures[k]) for k in figures}
+print("RESULT " + json.dumps(best))
 spark.stop()
 """
 
@@ -65,22 +122,28 @@ async def _create_topics(url: str, partitions: int) -> None:
         await admin.close()
 
 
-async def _single_process(url: str, rows: int, size: int, limit: int) -> float:
+def _cpu_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
+
+
+async def _single_process(url: str, rows: int, size: int, limit: int) -> dict[str, float]:
     keys = [b"%08d" % i for i in range(rows)]
     values = [(b"%d" % i).rjust(size, b"x") for i in range(rows)]
     async with pk.Producer(url, topic="bench-single", max_in_flight_messages=limit) as producer:
         for i in range(min(rows, 10000)):  # warm-up: connection, metadata
             await producer.produce(values[i], key=keys[i], nonblocking=True)
         await producer.flush()
+        cpu = _cpu_seconds()
         started = time.perf_counter()
         produce = producer.produce
         for key, value in zip(keys, values, strict=True):
             await produce(value, key=key, nonblocking=True)
         await producer.flush()
-        return time.perf_counter() - started
+        return {"seconds": time.perf_counter() - started, "worker": _cpu_seconds() - cpu}
 
 
-def _spark(master: str, url: str, args: argparse.Namespace) -> float:
+def _spark(master: str, url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     done = subprocess.run(
         [
             sys.executable,
@@ -96,12 +159,12 @@ def _spark(master: str, url: str, args: argparse.Namespace) -> float:
         ],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            seconds: float = json.loads(line[7:])["seconds"]
-            return seconds
+            result: dict[str, dict[str, float]] = json.loads(line[7:])
+            return result
     raise SystemExit(f"{master} run failed:\n{done.stderr[-4000:]}")
 
 
@@ -111,42 +174,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100, help="value bytes")
     parser.add_argument("--partitions", type=int, default=4, help="Spark partitions")
     parser.add_argument("--topic-partitions", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=2, help="timed Spark runs (best kept)")
+    parser.add_argument("--repeat", type=int, default=2, help="timed Spark rounds (best kept)")
     parser.add_argument("--limit", type=int, default=10_000, help="max_in_flight_messages")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
+    runs: dict[str, dict[str, float]] = {}
     with start_kafka(storage="null://sink") as broker:
         asyncio.run(_create_topics(broker.url, args.topic_partitions))
-        single = asyncio.run(_single_process(broker.url, args.rows, args.size, args.limit))
-        one = _spark("local[1]", broker.url, args)
-        two = _spark("local[2]", broker.url, args)
+        runs["single process"] = asyncio.run(
+            _single_process(broker.url, args.rows, args.size, args.limit)
+        )
+        for master in ("local[1]", "local[2]"):
+            for way, figures in _spark(master, broker.url, args).items():
+                runs[f"{master} {way}"] = figures
 
-    rate = {
-        name: args.rows / seconds
-        for name, seconds in (("single process", single), ("local[1]", one), ("local[2]", two))
+    baseline = runs["single process"]["worker"] / args.rows
+    table = {
+        name: {
+            "rows_per_second": args.rows / run["seconds"],
+            "python_cpu_us_per_row": run["worker"] / args.rows * 1e6,
+            "python_cpu_over_single": run["worker"] / args.rows / baseline,
+            "jvm_cpu_us_per_row": run["jvm"] / args.rows * 1e6 if "jvm" in run else None,
+        }
+        for name, run in runs.items()
     }
+    rate = {name: row["rows_per_second"] for name, row in table.items()}
     figures = {
         "rows": args.rows,
         "value_bytes": args.size,
         "cpus": os.cpu_count(),
-        "rows_per_second": rate,
-        "local2_over_local1": rate["local[2]"] / rate["local[1]"],
-        "local1_per_core_over_single": rate["local[1]"] / rate["single process"],
-        "local2_per_core_over_single": rate["local[2]"] / 2 / rate["single process"],
+        "runs": table,
+        "local2_over_local1": rate["local[2] publish()"] / rate["local[1] publish()"],
+        "local1_per_core_over_single": rate["local[1] publish()"] / rate["single process"],
     }
     print(f"{args.rows:,} rows of {args.size} B to Tansu (null storage), {os.cpu_count()} CPUs")
-    for name, value in rate.items():
-        print(f"  {name:<15} {value:>12,.0f} rows/s")
     print(
-        f"  local[2] / local[1]                 {figures['local2_over_local1']:.2f}x "
+        f"  {'run':<27} {'rows/s':>10} {'Python CPU us/row':>18} {'x single':>9} {'JVM us/row':>11}"
+    )
+    for name, row in table.items():
+        jvm = row["jvm_cpu_us_per_row"]
+        print(
+            f"  {name:<27} {row['rows_per_second']:>10,.0f} "
+            f"{row['python_cpu_us_per_row']:>18.2f} {row['python_cpu_over_single']:>9.2f} "
+            f"{'' if jvm is None else f'{jvm:.2f}':>11}"
+        )
+    print(
+        f"  local[2] / local[1] publish()       {figures['local2_over_local1']:.2f}x "
         "(target >= 1.6)"
     )
     print(
-        f"  local[1] per core / single process  {figures['local1_per_core_over_single']:.2f}x "
-        "(target >= 0.8)"
+        f"  local[1] publish() / single process {figures['local1_per_core_over_single']:.2f}x "
+        "(target >= 0.8); Python CPU per row: target <= 1.2x single"
     )
-    print(f"  local[2] per core / single process  {figures['local2_per_core_over_single']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(figures, file, indent=2)

@@ -9,39 +9,12 @@ aiokafka to show the report's count is what the broker holds.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 
-from aiokafka import AIOKafkaConsumer
-
-from producerkit.testing.brokers import start_kafka
-
-# Executors must run a Python that has producerkit: this one.
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-
+from _kafka import count_records, orders_frame  # sets PYSPARK_PYTHON before pyspark loads
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from producerkit.spark import publish
-
-
-async def count_records(url: str, topic: str, expected: int) -> int:
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=url.removeprefix("kafka://"), auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        seen = 0
-        for _ in range(60):
-            batches = await consumer.getmany(timeout_ms=500, max_records=50_000)
-            seen += sum(len(messages) for messages in batches.values())
-            if seen >= expected and not batches:
-                break
-        return seen
-    finally:
-        await consumer.stop()
+from producerkit.testing.brokers import start_kafka
 
 
 def main() -> None:
@@ -50,11 +23,7 @@ def main() -> None:
         spark = spark.config("spark.ui.showConsoleProgress", "false")
         spark = spark.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
-        orders = spark.range(100_000, numPartitions=4).select(
-            F.format_string("customer-%d", F.col("id") % 1000).alias("key"),
-            F.to_json(F.struct(F.col("id").alias("order"), (F.col("id") % 97).alias("amount")))
-            .alias("value"),
-        )
+        orders = orders_frame(spark)
         report = publish(orders, kafka.url, topic="orders", linger_ms=5)
         print("report:", report)
         for partition in report.partitions:

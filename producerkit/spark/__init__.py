@@ -10,6 +10,7 @@
     df.write.format("producerkit").option("url", url).option("topic", "orders").save()
     df.writeStream.format("producerkit").option("url", url).option("topic", "orders").start()
     df.writeStream.foreachBatch(batch_publisher(url, topic="orders")).start()   # older Sparks
+    df.foreachPartition(partition_writer(url, topic="orders"))   # beside per-partition code
 
 Delivery guarantees: with ``id_col`` on ``jetstream://`` a publish is exactly-once within the
 stream's duplicate window (a retried task republishes the same ``Nats-Msg-Id``\\ s and the server
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from producerkit.spark._partition import PartitionCounters, partition_writer, read_report
 from producerkit.spark._publish import PartitionReport, PublishReport, batch_publisher, publish
 from producerkit.spark._worker import close_all
 
@@ -31,12 +33,15 @@ if TYPE_CHECKING:
     from producerkit.spark._datasource import ProducerkitDataSource
 
 __all__ = [
+    "PartitionCounters",
     "PartitionReport",
     "ProducerkitDataSource",
     "PublishReport",
     "batch_publisher",
     "close_all",
+    "partition_writer",
     "publish",
+    "read_report",
     "register",
 ]
 

@@ -147,10 +147,13 @@ def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> Producerki
     from pyspark import TaskContext
 
     columns = config.sink.columns()
+    text_as_bytes = config.sink.byte_roles()
     if arrow:
-        chunks = chunks_from_arrow(data, columns)
+        chunks = chunks_from_arrow(data, columns, text_as_bytes)
     else:
-        chunks = chunks_from_rows(data, columns, structured=config.structured)
+        chunks = chunks_from_rows(
+            data, columns, structured=config.structured, as_bytes=text_as_bytes
+        )
     counts = publish_task(config.sink, chunks)
     context = TaskContext.get()
     return ProducerkitCommit(

@@ -1,4 +1,5 @@
-"""The function Spark runs in ``mapInArrow``, shipped by value so a bad executor Python says so.
+"""The functions Spark runs on the executors (``mapInArrow``'s for ``publish()``, and
+``partition_writer``'s for ``foreachPartition``), shipped by value so a bad executor Python says so.
 
 The driver registers this module with cloudpickle's ``register_pickle_by_value``: the function
 arrives on the executor without naming producerkit, imports it itself, and if that import fails
@@ -9,7 +10,7 @@ plain data may be used at module level here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 #: mapInArrow output: one row per task, collected by the driver (never accumulators).
@@ -24,22 +25,14 @@ def make_partition_function(config: dict[str, Any], driver: str) -> Any:
 
     def publish_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import json
-        import sys
 
-        try:
-            from producerkit.spark._worker import SinkConfig, chunks_from_arrow, publish_task
-        except ImportError as exc:
-            raise RuntimeError(
-                f"producerkit cannot be imported by this Spark executor's Python "
-                f"({sys.executable}, Python {sys.version.split()[0]}): {exc}. The driver runs "
-                f"{driver}. Install producerkit into the executors' Python, or point "
-                "PYSPARK_PYTHON (or spark.pyspark.python) at a Python that has it."
-            ) from exc
+        worker = _import_producerkit("producerkit.spark._worker", driver)
         import pyarrow as pa
         from pyspark import TaskContext
 
-        sink = SinkConfig.from_dict(config)
-        counts = publish_task(sink, chunks_from_arrow(batches, sink.columns()))
+        sink = worker.SinkConfig.from_dict(config)
+        chunks = worker.chunks_from_arrow(batches, sink.columns(), sink.byte_roles())
+        counts = worker.publish_task(sink, chunks)
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else -1
         attempt = context.attemptNumber() if context is not None else 0
@@ -69,3 +62,30 @@ def make_partition_function(config: dict[str, Any], driver: str) -> Any:
         )
 
     return publish_partition
+
+
+def make_partition_writer(write: dict[str, Any], driver: str) -> Any:
+    """The ``foreachPartition`` function of one ``partition_writer``: plain data (and Spark's
+    own accumulators) in, a closure out; it never holds a producer."""
+
+    def write_partition(rows: Iterable[Any]) -> None:
+        partition = _import_producerkit("producerkit.spark._partition", driver)
+        partition.write_rows(write, rows)
+
+    return write_partition
+
+
+def _import_producerkit(module: str, driver: str) -> Any:
+    """``module`` imported in this executor, or an error naming its Python and the fix."""
+    import importlib
+    import sys
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise RuntimeError(
+            f"producerkit cannot be imported by this Spark executor's Python "
+            f"({sys.executable}, Python {sys.version.split()[0]}): {exc}. The driver runs "
+            f"{driver}. Install producerkit into the executors' Python, or point "
+            "PYSPARK_PYTHON (or spark.pyspark.python) at a Python that has it."
+        ) from exc

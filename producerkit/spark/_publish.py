@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from producerkit.errors import ConfigurationError
-from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, SinkConfig
+from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, Column, SinkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from producerkit.serializers import Serializer
 
-__all__ = ["PartitionReport", "PublishReport", "batch_publisher", "publish"]
+__all__ = ["PartitionReport", "PublishReport", "batch_publisher", "publish", "task_rates"]
 
 logger = logging.getLogger("producerkit.spark")
 
@@ -127,12 +127,12 @@ def make_config(
     url: str,
     *,
     topic: str | None,
-    value_col: str = "value",
-    key_col: str | None = "key",
-    topic_col: str | None = None,
-    partition_col: str | None = None,
-    headers_col: str | None = None,
-    id_col: str | None = None,
+    value_col: Column = "value",
+    key_col: Column | None = "key",
+    topic_col: Column | None = None,
+    partition_col: Column | None = None,
+    headers_col: Column | None = None,
+    id_col: Column | None = None,
     on_error: str = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     producer_kwargs: Mapping[str, Any] | None = None,
@@ -200,12 +200,12 @@ def _publish_config(
     url: str,
     *,
     topic: str | None = None,
-    value_col: str = "value",
-    key_col: str | None = "key",
-    topic_col: str | None = None,
-    partition_col: str | None = None,
-    headers_col: str | None = None,
-    id_col: str | None = None,
+    value_col: Column = "value",
+    key_col: Column | None = "key",
+    topic_col: Column | None = None,
+    partition_col: Column | None = None,
+    headers_col: Column | None = None,
+    id_col: Column | None = None,
     max_in_flight_messages: int | None = 10_000,
     connections: int | None = None,
     timeout: float | None = None,
@@ -248,6 +248,11 @@ def check_columns(types: Mapping[str, str], config: SinkConfig, key_given: bool)
     if config.key_col is not None and config.key_col not in types and not key_given:
         config = attrs.evolve(config, key_col=None)  # the default "key" column is optional
     for role, column in config.columns().items():
+        if not isinstance(column, str):
+            raise ConfigurationError(
+                f"{role}_col={column!r}: a DataFrame's columns are named (positions are for "
+                "partition_writer's tuples)"
+            )
         if column not in types:
             raise ConfigurationError(
                 f"{role}_col={column!r} is not a column of the DataFrame "
@@ -290,7 +295,7 @@ def structured_roles(types: Mapping[str, str], config: SinkConfig) -> tuple[str,
     return tuple(
         role
         for role, column in config.columns().items()
-        if role in ("value", "key") and "struct<" in types.get(column, "")
+        if role in ("value", "key") and "struct<" in types.get(str(column), "")
     )
 
 
@@ -316,12 +321,51 @@ def check_python(spark: SparkSession) -> None:
         )
 
 
-def _register_entry_by_value() -> None:
+def register_entry_by_value() -> None:
+    """Have cloudpickle ship ``_entry``'s functions by value (see that module)."""
     from pyspark import cloudpickle
 
     from producerkit.spark import _entry
 
     cloudpickle.register_pickle_by_value(_entry)  # type: ignore[no-untyped-call]
+
+
+def driver_python() -> str:
+    """This driver's interpreter, as the executors' import error names it."""
+    return f"{sys.executable} (Python {sys.version.split()[0]})"
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks of one job can run at once: Spark's ``defaultParallelism`` (the executors'
+    cores, unless ``spark.default.parallelism`` says otherwise) over ``spark.task.cpus``."""
+    context = spark.sparkContext
+    cpus_per_task = int(context.getConf().get("spark.task.cpus") or 1)
+    return max(1, context.defaultParallelism // max(1, cpus_per_task))
+
+
+def task_rates(
+    spark: SparkSession,
+    max_rate: float | None,
+    max_bytes_rate: float | None,
+    partitions: int | None = None,
+) -> dict[str, float]:
+    """A job's ``max_rate`` / ``max_bytes_rate`` as each task's producer settings: divided by the
+    tasks that run at once, ``min(partitions, task_slots(spark))`` (the slots alone when the
+    partition count is not known). Tasks that run at once never exceed the job's figure together;
+    empty when neither is given."""
+    limits = {"max_rate": max_rate, "max_bytes_rate": max_bytes_rate}
+    given = {name: value for name, value in limits.items() if value is not None}
+    if not given:
+        return {}
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigurationError(f"{name} must be a number > 0 (per second), got {value!r}")
+    tasks = task_slots(spark)
+    if partitions is not None:
+        tasks = max(1, min(tasks, partitions))
+    rates = {name: float(value) / tasks for name, value in given.items()}
+    logger.info("job rate limit %s split over %d concurrent task(s): %s each", given, tasks, rates)
+    return rates
 
 
 def publish(
@@ -344,6 +388,8 @@ def publish(
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     value_serializer: str | Serializer | None = None,
     key_serializer: str | Serializer | None = None,
+    max_rate: float | None = None,
+    max_bytes_rate: float | None = None,
     **backend_options: Any,
 ) -> PublishReport:
     """Publish every row of ``df`` from the executors and return the counts.
@@ -379,6 +425,11 @@ def publish(
             ``serializers.avro(schema, schema_id)``). It gets structs and maps as dicts,
             arrays as lists. A lambda holding a lock or a connection is refused here.
         key_serializer: likewise for the key column (a null key stays null).
+        max_rate: most messages per second for the whole job: each task's producer gets
+            ``max_rate / min(partitions, task slots)`` (``task_rates`` in this module), so the
+            tasks that run at once stay within it together. None: no limit.
+        max_bytes_rate: likewise in bytes (value + key) per second. (``rate_burst``, a backend
+            option here, is per producer.)
         **backend_options: backend options (``create_stream=True``, ``linger_ms=5``, ...).
     """
     if df.isStreaming:
@@ -405,10 +456,20 @@ def publish(
         idle_timeout=idle_timeout,
         value_serializer=value_serializer,
         key_serializer=key_serializer,
+        **_task_rates_of(df, max_rate, max_bytes_rate),
         **backend_options,
     )
     config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
     return run_publish(df, config)
+
+
+def _task_rates_of(
+    df: DataFrame, max_rate: float | None, max_bytes_rate: float | None
+) -> dict[str, float]:
+    """:func:`task_rates` for a publish of ``df`` (its partition count is read only if needed)."""
+    if max_rate is None and max_bytes_rate is None:
+        return {}
+    return task_rates(df.sparkSession, max_rate, max_bytes_rate, df.rdd.getNumPartitions())
 
 
 def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
@@ -418,15 +479,14 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
     from producerkit.spark._entry import RESULT_SCHEMA, make_partition_function
 
     check_python(df.sparkSession)
-    _register_entry_by_value()
+    register_entry_by_value()
     selected = []
     for role, column in config.columns().items():
-        expression = F.col(column)
+        expression = F.col(str(column))  # check_columns let only names through
         if role == "id":
             expression = expression.cast("string")  # ids travel as str whatever their type
-        selected.append(expression.alias(column))
-    driver = f"{sys.executable} (Python {sys.version.split()[0]})"
-    function = make_partition_function(config.to_dict(), driver)
+        selected.append(expression.alias(str(column)))
+    function = make_partition_function(config.to_dict(), driver_python())
     started = time.perf_counter()
     rows = df.select(*selected).mapInArrow(function, RESULT_SCHEMA).collect()
     seconds = time.perf_counter() - started

@@ -33,13 +33,27 @@ from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
 from producerkit.errors import ConfigurationError, MessageError, ProduceError, ProducerError
 
-__all__ = ["Chunk", "SinkConfig", "TaskCounts", "publish_task"]
+__all__ = ["Chunk", "Column", "SinkConfig", "TaskCounts", "publish_task"]
 
 logger = logging.getLogger("producerkit.spark")
 
 #: Producer settings (not backend options) a sink config may carry.
-PRODUCER_SETTINGS = ("max_in_flight_messages", "connections", "keyless", "partitioner", "timeout")
+PRODUCER_SETTINGS = (
+    "max_in_flight_messages",
+    "connections",
+    "keyless",
+    "partitioner",
+    "timeout",
+    "max_rate",
+    "max_bytes_rate",
+    "rate_burst",
+)
 _INT_SETTINGS = ("max_in_flight_messages", "connections")
+_FLOAT_SETTINGS = ("timeout", "max_rate", "max_bytes_rate", "rate_burst")
+
+#: A column by name (a DataFrame's, a Row's, a dict's) or by position (a tuple's, a Row's;
+#: only ``partition_writer`` takes positions: a DataFrame's columns are named).
+Column = str | int
 
 #: Seconds a cached producer may sit unused in a worker before the reaper closes it.
 DEFAULT_IDLE_TIMEOUT = 60.0
@@ -51,12 +65,12 @@ class SinkConfig:
 
     url: str
     topic: str | None = None
-    value_col: str = "value"
-    key_col: str | None = "key"
-    topic_col: str | None = None
-    partition_col: str | None = None
-    headers_col: str | None = None
-    id_col: str | None = None
+    value_col: Column = "value"
+    key_col: Column | None = "key"
+    topic_col: Column | None = None
+    partition_col: Column | None = None
+    headers_col: Column | None = None
+    id_col: Column | None = None
     on_error: Literal["fail", "count"] = "fail"
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     #: Producer keyword arguments (settings and backend options), sorted by name.
@@ -70,7 +84,7 @@ class SinkConfig:
         if self.on_error not in ("fail", "count"):
             raise ConfigurationError(f'on_error must be "fail" or "count", got {self.on_error!r}')
 
-    def columns(self) -> dict[str, str]:
+    def columns(self) -> dict[str, Column]:
         """Role (value, key, topic, partition, headers, id) -> DataFrame column, for used roles."""
         roles = {
             "value": self.value_col,
@@ -81,6 +95,12 @@ class SinkConfig:
             "id": self.id_col,
         }
         return {role: column for role, column in roles.items() if column is not None}
+
+    def byte_roles(self) -> tuple[str, ...]:
+        """The value/key roles without a serializer: their text may travel as its UTF-8 bytes
+        (what the producer would send for it), which takes the producer's fast path."""
+        serializers = {"value": self.value_serializer, "key": self.key_serializer}
+        return tuple(role for role, serializer in serializers.items() if serializer is None)
 
     def cache_key(self) -> str:
         # repr of a frozen attrs instance of plain values is stable; sha keeps keys short
@@ -100,8 +120,9 @@ class SinkConfig:
         for name in _INT_SETTINGS:  # options from format("producerkit") arrive as strings
             if isinstance(kwargs.get(name), str):
                 kwargs[name] = _parse_number(name, kwargs[name], int)
-        if isinstance(kwargs.get("timeout"), str):
-            kwargs["timeout"] = _parse_number("timeout", kwargs["timeout"], float)
+        for name in _FLOAT_SETTINGS:
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = _parse_number(name, kwargs[name], float)
         for name in ("value_serializer", "key_serializer"):
             shipped = getattr(self, name)
             if shipped is not None:
@@ -302,7 +323,7 @@ async def _send_chunk(producer: Producer, chunk: Chunk, tally: _Tally, fail_fast
                 topic=topics[i] if topics is not None else None,
                 partition=partitions[i] if partitions is not None else None,
                 # pairs, not a dict: Kafka headers may repeat a name; produce() takes both
-                headers=_headers(headers[i]) if headers is not None else None,  # type: ignore[arg-type]
+                headers=_headers(headers[i]) if headers is not None else None,
                 msg_id=_msg_id(ids[i]) if ids is not None else None,
                 nonblocking=True,
             )
@@ -418,20 +439,32 @@ def _flush_counting(entry: _Entry, tally: _Tally) -> bool:
 _SERIALIZED_ROLES = ("value", "key")
 
 
-def chunks_from_arrow(batches: Iterable[Any], columns: Mapping[str, str]) -> Iterator[Chunk]:
+def chunks_from_arrow(
+    batches: Iterable[Any], columns: Mapping[str, Column], as_bytes: Iterable[str] = ()
+) -> Iterator[Chunk]:
     """Arrow record batches -> chunks: each used column as one Python list (one C call each).
 
     Structs arrive as dicts, arrays as lists; maps in the value and key columns as dicts (Arrow's
     default is a list of pairs, which JSON would write as an array), elsewhere (headers) as pairs.
+    A string column of an ``as_bytes`` role arrives as its UTF-8 bytes (Arrow's cast to binary
+    keeps the buffers: no decoding, and bytes take the producer's fast path).
     """
+    binary = frozenset(as_bytes)
     for batch in batches:
         yield {
-            role: _pylist(batch.column(name), role in _SERIALIZED_ROLES)
+            role: _pylist(batch.column(name), role in _SERIALIZED_ROLES, role in binary)
             for role, name in columns.items()
         }
 
 
-def _pylist(column: Any, maps_as_dicts: bool) -> list[Any]:
+def _pylist(column: Any, maps_as_dicts: bool, text_as_bytes: bool = False) -> list[Any]:
+    if text_as_bytes:
+        import pyarrow as pa
+
+        if pa.types.is_string(column.type):
+            return column.cast(pa.binary()).to_pylist()  # type: ignore[no-any-return]
+        if pa.types.is_large_string(column.type):
+            return column.cast(pa.large_binary()).to_pylist()  # type: ignore[no-any-return]
     if not (maps_as_dicts and _has_map(column.type)):
         return column.to_pylist()  # type: ignore[no-any-return]
     try:
@@ -480,15 +513,19 @@ def _maps_as_dicts(value: Any, arrow_type: Any) -> Any:
 
 def chunks_from_rows(
     rows: Iterable[Any],
-    columns: Mapping[str, str],
+    columns: Mapping[str, Column],
     size: int = 10_000,
     structured: Iterable[str] = (),
+    as_bytes: Iterable[str] = (),
 ) -> Iterator[Chunk]:
-    """Spark Rows -> chunks of ``size`` rows (the row-based writers of Sparks without Arrow
-    ones). The ``structured`` roles' values hold structs: each becomes plain Python (a Row a
-    dict, recursively), as :func:`chunks_from_arrow` gives; other columns pay nothing."""
+    """Rows -> chunks of ``size`` rows (the row-based writers of Sparks without Arrow ones, and
+    ``partition_writer``): Spark Rows, dicts or tuples, each column read as ``row[column]``.
+    The ``structured`` roles' values hold structs: each becomes plain Python (a Row a dict,
+    recursively), as :func:`chunks_from_arrow` gives; other columns pay nothing. The text of
+    the ``as_bytes`` roles is encoded to UTF-8 here, a chunk at a time."""
     names = list(columns.items())
     plain = frozenset(structured)
+    encoded = [role for role in as_bytes if role in columns]
     buffer: dict[str, list[Any]] = {role: [] for role, _ in names}
     filled = 0
     for row in rows:
@@ -497,11 +534,31 @@ def chunks_from_rows(
             buffer[role].append(_plain(value) if role in plain and value is not None else value)
         filled += 1
         if filled == size:
-            yield buffer
+            yield _encode_text(buffer, encoded)
             buffer = {role: [] for role, _ in names}
             filled = 0
     if filled:
-        yield buffer
+        yield _encode_text(buffer, encoded)
+
+
+def _encode_text(chunk: dict[str, list[Any]], roles: Iterable[str]) -> dict[str, list[Any]]:
+    """Each ``roles`` column's str values as their UTF-8 bytes (what the producer would send);
+    text that cannot be encoded (a lone surrogate) stays, for the producer to refuse that row."""
+    for role in roles:
+        try:
+            chunk[role] = [value.encode() if type(value) is str else value for value in chunk[role]]
+        except UnicodeEncodeError:
+            chunk[role] = [_utf8_or_text(value) for value in chunk[role]]
+    return chunk
+
+
+def _utf8_or_text(value: Any) -> Any:
+    if type(value) is not str:
+        return value
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        return value
 
 
 def _plain(value: Any) -> Any:
