@@ -1,6 +1,25 @@
 """Throughput suite: producerkit and raw clients, one process, the same broker and messages.
 
     python benches/throughput.py [--messages 300000] [--repeat 3] [--json results/throughput.json]
+    python benches/throughput.py --only defaults [--windows 2000,5000,10000] [--linger-ms 5]
+    python benches/throughput.py --only memory
+    python benches/throughput.py --only production [--messages 300000] [--repeat 5]
+    python benches/throughput.py --only compression [--messages 200000] [--repeat 3]
+
+``--only defaults``: on Tansu null storage, producerkit at its true defaults, with
+``preset="throughput"`` alone, and with larger windows (with and without the preset), against
+confluent-kafka at librdkafka's defaults and at linger 0; the ratios to confluent-kafka are per
+round, and the table gives each runner's best round and the median ratio.
+``--only memory``: what one record in flight costs producerkit (tracemalloc), on Kafka with the
+acks held back by a paused proxy.
+``--only production``: what the production features cost on Kafka (Tansu null storage) and
+JetStream, against the same producer publishing bytes with none of them, rounds interleaved and
+rotated, median ratios: a JSON value serializer (dicts in), ProducerMetrics at its defaults,
+``on_delivery`` with a context per message, ``propagate_trace`` inside a span; and the plain run
+twice, so the noise between two identical runners shows.
+``--only compression``: each codec (gzip, snappy, lz4, zstd) on Tansu null storage, producerkit
+(its throughput settings here) beside confluent-kafka (librdkafka's defaults) with the same
+``compression.type``, on values that compress about as well as JSON does (hex text).
 
 Brokers are started here from the installed wheels: Tansu with ``null://`` storage (the protocol
 path only, as in seed 004) and with memory storage, and nats-server with JetStream (memory
@@ -13,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +49,7 @@ VALUE = b"x" * 512
 #: producerkit's settings on Kafka here, next to librdkafka's defaults that confluent-kafka runs
 #: with: up to 100,000 messages queued, linger 5 ms, 1,000,000 requests in flight per connection.
 #: producerkit's defaults (1000 in flight, no linger, one batch per partition in flight) are for
-#: latency and strict order; its throughput preset is linger 5 ms and 5 batches per partition.
+#: latency and strict order; its throughput preset is 5 batches per partition, no linger.
 #: The window and batch size were chosen by interleaved runs (docs/tuning.md): every record in
 #: flight is a cache miss when its ack comes back, so more than the broker's pace needs costs CPU.
 KAFKA_SETTINGS: dict[str, Any] = {
@@ -75,7 +95,7 @@ async def trivial_produce_floor(url: str, topic: str, messages: Messages) -> int
     return _rate(len(messages), time.perf_counter() - started)
 
 
-def on_public_path(run: Callable[[], Awaitable[int]]) -> Callable[[], Awaitable[int]]:
+def on_public_path(run: Runner) -> Runner:
     """The same run with PRODUCERKIT_CLIENT_PATH=public: aiokafka's and nats-py's public API
     only, as with a client release whose internals the adapters do not recognise."""
 
@@ -146,8 +166,9 @@ async def aiokafka_batches_by_hand(url: str, topic: str, messages: Messages) -> 
     return _rate(len(messages), elapsed)
 
 
-async def confluent_kafka(url: str, topic: str, messages: Messages) -> int:
-    """librdkafka through confluent-kafka: produce() with a delivery callback, poll, flush."""
+async def confluent_kafka(url: str, topic: str, messages: Messages, **settings: Any) -> int:
+    """librdkafka through confluent-kafka at its defaults (linger 5 ms, acks all) and
+    ``settings`` (``{"linger.ms": 0}``): produce() with a delivery callback, poll, flush."""
     from confluent_kafka import Producer
 
     delivered = failed = 0
@@ -159,7 +180,7 @@ async def confluent_kafka(url: str, topic: str, messages: Messages) -> int:
         else:
             failed += 1
 
-    producer = Producer({"bootstrap.servers": _servers(url), "acks": 1})
+    producer = Producer({"bootstrap.servers": _servers(url), **settings})
     producer.produce(topic, b"warm-up", key=b"warm-up")
     producer.flush(30)
     delivered = 0
@@ -256,7 +277,7 @@ def _rate(count: int, elapsed: float) -> int:
     return round(count / elapsed)
 
 
-Runner = Callable[[], Awaitable[int]]
+Runner = Callable[[], Coroutine[Any, Any, int]]
 
 
 def best_of(runners: dict[str, Runner], repeat: int) -> dict[str, int]:
@@ -300,19 +321,7 @@ def kafka_runners(url: str, count: int, tag: str) -> dict[str, Runner]:
     keyed, keyless = make_messages(count, True), make_messages(count, False)
 
     def on_new_topic(name: str, run: Callable[[str], Awaitable[int]]) -> Runner:
-        """Each run publishes to a topic of its own, deleted afterwards: Tansu's memory storage
-        keeps every record, and a broker holding the earlier runs' gigabytes slowed every later
-        runner (a round-by-round drift that decided the ratios)."""
-
-        async def runner() -> int:
-            topic = f"{tag}-{name}-{time.monotonic_ns()}"
-            await create_topic(url, topic)
-            try:
-                return await run(topic)
-            finally:
-                await delete_topic(url, topic)
-
-        return runner
+        return on_new_topic_of(url, f"{tag}-{name}", run)
 
     window = KAFKA_SETTINGS  # see its comment, and docs/tuning.md
     return {
@@ -338,6 +347,135 @@ def kafka_runners(url: str, count: int, tag: str) -> dict[str, Runner]:
     }
 
 
+def on_new_topic_of(url: str, tag: str, run: Callable[[str], Awaitable[int]]) -> Runner:
+    """Each run publishes to a topic of its own, deleted afterwards: Tansu's memory storage
+    keeps every record, and a broker holding the earlier runs' gigabytes slowed every later
+    runner (a round-by-round drift that decided the ratios)."""
+
+    async def runner() -> int:
+        topic = f"{tag}-{time.monotonic_ns()}"
+        await create_topic(url, topic)
+        try:
+            return await run(topic)
+        finally:
+            await delete_topic(url, topic)
+
+    return runner
+
+
+#: The peer the defaults are held to, and its linger-0 twin.
+CONFLUENT_DEFAULTS, CONFLUENT_LINGER_0 = (
+    "confluent-kafka (librdkafka defaults)",
+    "confluent linger 0",
+)
+
+
+def defaults_runners(
+    url: str, count: int, windows: list[int], linger_ms: int | None = None
+) -> dict[str, Runner]:
+    """producerkit's defaults, the throughput preset alone, and larger windows with and without
+    it (and with it and ``linger_ms``, if given), beside confluent-kafka at librdkafka's
+    defaults and at linger 0: keyed messages."""
+    keyed = make_messages(count, True)
+
+    def producerkit_with(tag: str, **settings: Any) -> Runner:
+        return on_new_topic_of(
+            url, tag, lambda topic: producerkit_run(url, topic, keyed, **settings)
+        )
+
+    runners = {
+        "producerkit defaults": producerkit_with("d"),
+        'producerkit preset="throughput"': producerkit_with("p", preset="throughput"),
+    }
+    for window in windows:
+        runners[f"producerkit window {window}"] = producerkit_with(
+            f"w{window}", max_in_flight_messages=window
+        )
+        runners[f"producerkit window {window} + preset"] = producerkit_with(
+            f"wp{window}", max_in_flight_messages=window, preset="throughput"
+        )
+        if linger_ms is not None:
+            runners[f"producerkit window {window} + preset, linger {linger_ms} ms"] = (
+                producerkit_with(
+                    f"wpl{window}",
+                    max_in_flight_messages=window,
+                    preset="throughput",
+                    linger_ms=linger_ms,
+                )
+            )
+    runners[CONFLUENT_DEFAULTS] = on_new_topic_of(
+        url, "ck", lambda topic: confluent_kafka(url, topic, keyed)
+    )
+    runners[CONFLUENT_LINGER_0] = on_new_topic_of(
+        url, "ck0", lambda topic: confluent_kafka(url, topic, keyed, **{"linger.ms": 0})
+    )
+    return runners
+
+
+def rounds_of(runners: dict[str, Runner], repeat: int) -> list[dict[str, int]]:
+    """Every runner once per round, ``repeat`` rounds, the order rotated each round."""
+    names = list(runners)
+    rounds = []
+    for number in range(repeat):
+        shift = number % len(names)
+        rates: dict[str, int] = {}
+        for name in names[shift:] + names[:shift]:
+            rates[name] = asyncio.run(runners[name]())
+            print(f"  round {number + 1} {name:<44} {rates[name]:>10,} msg/s", flush=True)
+        rounds.append(rates)
+    return rounds
+
+
+def defaults_table(rounds: list[dict[str, int]]) -> list[dict[str, Any]]:
+    """Per runner: its best rate, and the median over rounds of its rate over each confluent
+    run's in the same round."""
+    from statistics import median
+
+    rows = []
+    for name in rounds[0]:
+        row: dict[str, Any] = {"runner": name, "best": max(r[name] for r in rounds)}
+        for peer, label in ((CONFLUENT_DEFAULTS, "vs_defaults"), (CONFLUENT_LINGER_0, "vs_l0")):
+            row[label] = median(r[name] / r[peer] for r in rounds)
+            row[label + "_best"] = row["best"] / max(r[peer] for r in rounds)
+        rows.append(row)
+    return rows
+
+
+async def in_flight_memory(url: str, count: int, window: int) -> dict[str, float]:
+    """Bytes producerkit holds per record in flight (tracemalloc), 512-byte values made before
+    the baseline: ``count`` records produced while a paused proxy holds every ack back."""
+    import tracemalloc
+
+    from producerkit.testing.proxy import DelayProxy
+
+    topic = f"memory-{time.monotonic_ns()}"
+    await create_topic(url, topic)
+    values = [os.urandom(len(VALUE)) for _ in range(count)]
+    keys = [b"user-%d" % (i % 10_000) for i in range(count)]
+    with DelayProxy.for_url(url, 0) as proxy:
+        async with pk.Producer(
+            proxy.url, topic=topic, max_in_flight_messages=window, preset="throughput"
+        ) as producer:
+            await producer.produce(b"warm-up", key=b"warm-up")
+            tracemalloc.start()
+            proxy.pause()
+            before = tracemalloc.get_traced_memory()[0]
+            for key, value in zip(keys, values, strict=True):
+                await producer.produce(value, key=key, nonblocking=True)
+            await asyncio.sleep(0.2)  # the batches are built and written to the socket
+            held = tracemalloc.get_traced_memory()[0] - before
+            in_flight = producer.stats.in_flight
+            tracemalloc.stop()
+            proxy.resume()
+            await producer.flush()
+    await delete_topic(url, topic)
+    return {
+        "records_in_flight": in_flight,
+        "bytes_per_record": held / in_flight,
+        "value_bytes": len(VALUE),
+    }
+
+
 async def purge_streams(url: str) -> None:
     """Empty every JetStream stream on the server."""
     import nats
@@ -346,7 +484,8 @@ async def purge_streams(url: str) -> None:
     try:
         manager = nc.jsm()
         for stream in await manager.streams_info():
-            await manager.purge_stream(stream.config.name)
+            if stream.config.name is not None:
+                await manager.purge_stream(stream.config.name)
     finally:
         await nc.close()
 
@@ -354,7 +493,7 @@ async def purge_streams(url: str) -> None:
 def nats_runners(url: str, count: int) -> dict[str, Runner]:
     keyed, keyless = make_messages(count, True), make_messages(count, False)
 
-    def on_empty_stream(run: Callable[[], Awaitable[int]]) -> Runner:
+    def on_empty_stream(run: Runner) -> Runner:
         """Each run starts on an empty stream, as each Kafka run gets its own topic: the memory
         stream kept every earlier run's messages (about 2 GB by round 5), and the later runners
         paid for it (producerkit keyed fell from 84k to 49k msg/s over three rounds)."""
@@ -474,13 +613,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=["null", "kafka", "jetstream"], action="append")
+    parser.add_argument(
+        "--only",
+        choices=["null", "kafka", "jetstream", "defaults", "memory", "production", "compression"],
+        action="append",
+    )
+    parser.add_argument(
+        "--windows", default="2000,5000,10000", type=lambda t: [int(x) for x in t.split(",")]
+    )
+    parser.add_argument(
+        "--linger-ms", type=int, help="--only defaults: also each window + preset with this linger"
+    )
     parser.add_argument("--json", type=Path, default=Path("results/throughput.json"))
     args = parser.parse_args(argv)
     only = set(args.only or ["null", "kafka", "jetstream"])
     from producerkit._fast import SPEEDUPS
 
     print(f"producerkit C speedups: {SPEEDUPS}", flush=True)
+    if only & {"defaults", "memory"}:
+        return defaults_main(args, only)
+    if "production" in only:
+        return production_main(args)
+    if "compression" in only:
+        return compression_main(args)
     results: dict[str, dict[str, int]] = {}
     if "null" in only:
         print("null:// (no I/O: producerkit's own overhead)", flush=True)
@@ -539,6 +694,204 @@ def main(argv: list[str] | None = None) -> int:
             indent=2,
         )
     )
+    print(f"\nsaved {args.json}")
+    return 0
+
+
+def defaults_main(args: argparse.Namespace, only: set[str]) -> int:
+    """``--only defaults`` and ``--only memory``: see the module docstring."""
+    report: dict[str, Any] = {"messages": args.messages, "repeat": args.repeat}
+    with start_kafka(storage="null://sink") as kafka:
+        print(f"Kafka: tansu null storage at {kafka.url}", flush=True)
+        if "memory" in only:
+            for window in (1000, 10_000):
+                cost = asyncio.run(in_flight_memory(kafka.url, window, window))
+                report[f"in_flight_memory_{window}"] = cost
+                print(
+                    f"window {window}: {cost['records_in_flight']} records in flight, "
+                    f"{cost['bytes_per_record']:,.0f} bytes each ({cost['value_bytes']}-byte "
+                    "values)",
+                    flush=True,
+                )
+        if "defaults" in only:
+            runners = defaults_runners(kafka.url, args.messages, args.windows, args.linger_ms)
+            rounds = rounds_of(runners, args.repeat)
+            rows = defaults_table(rounds)
+            report.update(rounds=rounds, table=rows)
+            print(
+                f"\n| runner | best msg/s | median ratio to {CONFLUENT_DEFAULTS} | best/best "
+                f"| median ratio to {CONFLUENT_LINGER_0} |\n|---|---:|---:|---:|---:|"
+            )
+            for row in rows:
+                print(
+                    f"| {row['runner']} | {row['best']:,} | {row['vs_defaults']:.2f}x "
+                    f"| {row['vs_defaults_best']:.2f}x | {row['vs_l0']:.2f}x |"
+                )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"\nsaved {args.json}")
+    return 0
+
+
+# --------------------------------------------------------------------------- compression
+
+CODECS = ("gzip", "snappy", "lz4", "zstd")
+
+
+def compression_main(args: argparse.Namespace) -> int:
+    """``--only compression``: see the module docstring."""
+    import random
+
+    generator = random.Random(1)
+    values = [generator.randbytes(256).hex().encode() for _ in range(1000)]
+    messages = [(b"user-%d" % (i % 10_000), values[i % 1000]) for i in range(args.messages)]
+    report: dict[str, Any] = {"messages": args.messages, "repeat": args.repeat}
+    with start_kafka(storage="null://sink") as kafka:
+        url = kafka.url
+        runners: dict[str, Runner] = {}
+        for codec in CODECS:
+            runners[f"producerkit {codec}"] = on_new_topic_of(
+                url,
+                f"pk-{codec}",
+                lambda topic, codec=codec: producerkit_run(
+                    url, topic, messages, compression_type=codec, **KAFKA_SETTINGS
+                ),
+            )
+            runners[f"confluent-kafka {codec}"] = on_new_topic_of(
+                url,
+                f"ck-{codec}",
+                lambda topic, codec=codec: confluent_kafka(
+                    url, topic, messages, **{"compression.type": codec}
+                ),
+            )
+        rounds = rounds_of(runners, args.repeat)
+    report["rounds"] = rounds
+    print("\n| codec | producerkit msg/s | confluent-kafka msg/s | median ratio |")
+    print("|---|---:|---:|---:|")
+    for codec in CODECS:
+        mine, theirs = f"producerkit {codec}", f"confluent-kafka {codec}"
+        ratios_of = sorted(one[mine] / one[theirs] for one in rounds)
+        print(
+            f"| {codec} | {max(r[mine] for r in rounds):,} | {max(r[theirs] for r in rounds):,} "
+            f"| {ratios_of[len(ratios_of) // 2]:.2f}x |"
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"\nsaved {args.json}")
+    return 0
+
+
+# --------------------------------------------------------------------------- production features
+
+
+async def producerkit_values_run(
+    url: str, topic: str, messages: Messages, values: list[Any], **options: Any
+) -> int:
+    """:func:`producerkit_run` with ``values`` (not bytes) for a value_serializer, a context
+    per message when ``on_delivery`` is set, and an OpenTelemetry span around the run when
+    ``propagate_trace`` is."""
+    context_manager: Any = contextlib.nullcontext()
+    if options.get("propagate_trace"):
+        from opentelemetry.sdk.trace import TracerProvider
+
+        context_manager = TracerProvider().get_tracer("bench").start_as_current_span("run")
+    metrics = options.pop("metrics", None)
+    if metrics is not None:
+        options["on_outcome"] = metrics
+    with context_manager:
+        async with pk.Producer(url, topic=topic, **options) as producer:
+            if metrics is not None:
+                metrics.watch(producer)
+            await producer.produce(values[0], key=b"warm-up")
+            started = time.perf_counter()
+            produce = producer.produce
+            with_context = "on_delivery" in options
+            for (key, _), value in zip(messages, values, strict=True):
+                if with_context:
+                    await produce(value, key=key, nonblocking=True, context=key)
+                else:
+                    await produce(value, key=key, nonblocking=True)
+            await producer.flush()
+            elapsed = time.perf_counter() - started
+            assert producer.stats.acked == len(messages) + 1, producer.stats
+    return _rate(len(messages), elapsed)
+
+
+def production_runners(url: str, count: int, kafka: bool) -> dict[str, Runner]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from producerkit.otel import ProducerMetrics
+
+    keyed = make_messages(count, True)
+    as_bytes = [value for _, value in keyed]
+    as_dicts = [{"id": n, "name": f"user-{n % 10_000}", "note": "x" * 440} for n in range(count)]
+    settings: dict[str, Any] = dict(KAFKA_SETTINGS) if kafka else {}
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+    def done(result: Any, context: Any) -> None:
+        pass
+
+    variants: dict[str, tuple[list[Any], dict[str, Any]]] = {
+        "bytes (baseline)": (as_bytes, {}),
+        "bytes (baseline, again)": (as_bytes, {}),
+        "dicts, value_serializer=json": (as_dicts, {"value_serializer": "json"}),
+        "bytes, ProducerMetrics (defaults)": (as_bytes, {"metrics": None}),
+        "bytes, on_delivery + context": (as_bytes, {"on_delivery": done}),
+        "bytes, propagate_trace in a span": (as_bytes, {"propagate_trace": True}),
+    }
+    runners: dict[str, Runner] = {}
+    for name, (values, extra) in variants.items():
+
+        def run(topic: str, values: list[Any] = values, extra: dict[str, Any] = extra) -> Any:
+            options = {**settings, **extra}
+            if "metrics" in options:
+                options["metrics"] = ProducerMetrics(provider)
+            return producerkit_values_run(url, topic, keyed, values, **options)
+
+        if kafka:
+            runners[name] = on_new_topic_of(url, "prod", run)
+        else:
+
+            def on_stream(run: Callable[[str], Awaitable[int]] = run) -> Awaitable[int]:
+                async def purged() -> int:
+                    try:
+                        return await run("bench")
+                    finally:
+                        await purge_streams(url)
+
+                return purged()
+
+            runners[name] = on_stream
+    return runners
+
+
+def production_main(args: argparse.Namespace) -> int:
+    """``--only production``: see the module docstring."""
+    report: dict[str, Any] = {"messages": args.messages, "repeat": args.repeat}
+    print(
+        "\n| broker | runner | best msg/s | median ratio to bytes (baseline) |\n|---|---|---:|---:|"
+    )
+    with start_kafka(storage="null://sink") as kafka, start_nats(jetstream=True) as nats:
+
+        async def create_stream() -> None:
+            async with pk.Producer(nats.url, topic="bench", create_stream=True) as producer:
+                await producer.produce(b"create")
+
+        asyncio.run(create_stream())
+        for broker, runners in (
+            ("kafka (tansu null)", production_runners(kafka.url, args.messages, kafka=True)),
+            ("jetstream", production_runners(nats.url, args.messages // 3, kafka=False)),
+        ):
+            rounds = rounds_of(runners, args.repeat)
+            report[broker] = rounds
+            for name in runners:
+                ratios_to_baseline = sorted(one[name] / one["bytes (baseline)"] for one in rounds)
+                median = ratios_to_baseline[len(ratios_to_baseline) // 2]
+                best = max(one[name] for one in rounds)
+                print(f"| {broker} | {name} | {best:,} | {median:.2f}x |", flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
     print(f"\nsaved {args.json}")
     return 0
 

@@ -134,10 +134,37 @@ def test_compare_peers_on_kafka(kafka_broker: LocalBroker, topic: str, tmp_path:
         "peers",
     )
     assert result["summary"]["acked"] == 600
-    assert set(result["peers"]) == {"aiokafka", "confluent-kafka"}
+    assert set(result["peers"]) == {"aiokafka", "confluent-kafka", "confluent-kafka-linger0"}
     for peer in result["peers"].values():
         assert peer["summary"]["acked"] == 600
         assert peer["percentiles"]["response_time"]["count"] == 600
+    # librdkafka's own view of its requests, for explaining its latency.
+    intervals = result["peers"]["confluent-kafka"]["diagnostics"]["librdkafka_intervals"]
+    assert all("produce_requests" in interval for interval in intervals)
+
+
+def test_repeat_interleaves_rounds_and_gives_median_ratios(
+    nats_broker: LocalBroker, topic: str, tmp_path: Path
+) -> None:
+    url = f"jetstream://{nats_broker.host_port}"
+    result = _bench(
+        tmp_path,
+        *("--url", url, "--topic", topic, "--rate", "2000", "--num-records", "400"),
+        *("--repeat", "3", "--loop-lag-ms", "1"),
+    )
+    assert [one["round"] for one in result["rounds"]] == [1, 2, 3]
+    for one in result["rounds"]:
+        assert set(one["results"]) == {"producerkit", "nats-py"}
+        for each in one["results"].values():
+            assert each["summary"]["acked"] == 400
+            assert each["loop_lag"]["wakeups"] > 0
+        ratios = one["ratios"]["nats-py"]
+        ours = one["results"]["producerkit"]["percentiles"]["response_time"]["p99_ms"]
+        theirs = one["results"]["nats-py"]["percentiles"]["response_time"]["p99_ms"]
+        assert ratios["response_time"]["p99"] == pytest.approx(ours / theirs)
+    p99s = sorted(one["ratios"]["nats-py"]["response_time"]["p99"] for one in result["rounds"])
+    assert result["median_ratios"]["nats-py"]["response_time"]["p99"] == p99s[1]
+    assert result["summary"] == {"failed": 0, "unacknowledged": 0}
 
 
 def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:

@@ -28,11 +28,13 @@ from typing import Any, Protocol
 from producerkit._producer import Producer
 from producerkit._types import Outcome, Stats
 
-__all__ = ["ProducerTarget", "RunTimings", "Target", "run_open_loop", "warm_up"]
+__all__ = ["LoopLagProbe", "ProducerTarget", "RunTimings", "Target", "run_open_loop", "warm_up"]
 
 #: When the sender is behind schedule it still yields to the loop this often, so acks and the
 #: progress reporter are not starved (rate 0 on null:// never awaits otherwise).
 _YIELD_EVERY = 256
+#: The percentiles the loop-lag summary and the round ratios give.
+PERCENTILES = ("p50", "p99", "p99.9")
 #: Outcome codes in ``RunTimings.status``.
 PENDING, OK, FAILED = 0, 1, 2
 
@@ -141,6 +143,7 @@ class RunTimings:
         self.t0 = 0
         self.interval = 0
         self.end = 0
+        self.loop_lag: LoopLagProbe | None = None
 
     def grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
@@ -175,6 +178,7 @@ async def run_open_loop(
     drain_timeout: float = 60.0,
     progress: ProgressCallback | None = None,
     progress_interval: float = 5.0,
+    loop_lag_interval: float | None = None,
 ) -> RunTimings:
     """Send ``messages`` (cycled) to a started ``target`` on the open-loop schedule.
 
@@ -182,7 +186,8 @@ async def run_open_loop(
     ``duration`` seconds of schedule have been sent. ``mode`` ``"nonblocking"``: one sender hands
     each message off when due; ``"sync"``: ``senders`` coroutines each send one message and wait
     for its ack before taking the next due one. ``warmup`` messages are sent and acked first,
-    untimed.
+    untimed. ``loop_lag_interval`` (seconds): a probe sleeps that long, over and over, and
+    ``timings.loop_lag`` gets how late (ns) each of its wake-ups was: the event loop's stalls.
     """
     if count is None and duration is None:
         raise ValueError("give count or duration")
@@ -204,6 +209,10 @@ async def run_open_loop(
     reporter = None
     if progress is not None:
         reporter = asyncio.ensure_future(_report(timings, progress, progress_interval))
+    probe = LoopLagProbe(loop_lag_interval) if loop_lag_interval else None
+    if probe is not None:
+        timings.loop_lag = probe
+        probe.start()
     try:
         if mode == "sync":
             state = [0]
@@ -224,7 +233,62 @@ async def run_open_loop(
         timings.end = time.perf_counter_ns()
         if reporter is not None:
             reporter.cancel()
+        if probe is not None:
+            probe.stop()
     return timings
+
+
+class LoopLagProbe:
+    """A task that sleeps ``interval`` seconds over and over and keeps, in ``lags``, how many
+    nanoseconds after its due time each wake-up came: what else held the event loop. With each
+    lag it keeps, in ``cpu``, the CPU time the loop's thread used from the sleep to the wake-up:
+    a stall with little CPU is the thread waiting to be scheduled (the machine), one with as
+    much CPU as wall time is code running on the loop."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.lags = array("q")
+        self.cpu = array("q")
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        """Percentiles (ms) of the wake-up lags, their max, the count over 10 ms, and the share
+        of those stalls' wall time the loop's thread spent on a CPU."""
+        import numpy as np
+
+        values = np.asarray(self.lags, dtype=np.int64) / 1e6
+        if not len(values):
+            return {}
+        cpu = np.asarray(self.cpu, dtype=np.int64) / 1e6
+        stalls = values > 10
+        stall_wall = float((values[stalls] + self.interval * 1e3).sum())
+        cut = {f"{q}_ms": float(np.percentile(values, float(q[1:]))) for q in PERCENTILES}
+        return {
+            **cut,
+            "max_ms": float(values.max()),
+            "wakeups": len(values),
+            "stalls_over_10ms": int(stalls.sum()),
+            "stall_cpu_share": float(cpu[stalls].sum()) / stall_wall if stall_wall else None,
+        }
+
+    async def _run(self) -> None:
+        perf_counter_ns, thread_time_ns = time.perf_counter_ns, time.thread_time_ns
+        sleep, add_lag, add_cpu = asyncio.sleep, self.lags.append, self.cpu.append
+        interval = self.interval
+        interval_ns = round(interval * 1e9)
+        while True:
+            due = perf_counter_ns() + interval_ns
+            cpu = thread_time_ns()
+            await sleep(interval)
+            add_lag(max(perf_counter_ns() - due, 0))
+            add_cpu(thread_time_ns() - cpu)
 
 
 async def warm_up(target: Target, messages: Sequence[tuple[bytes | None, bytes]], n: int) -> None:

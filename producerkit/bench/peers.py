@@ -2,8 +2,11 @@
 
 - ``aiokafka``: ``await producer.send()`` per message (it returns a future; acks through its
   done-callback), ``linger_ms=0``, ``acks=1`` (producerkit's defaults);
-- ``confluent-kafka``: ``produce(..., on_delivery=...)`` with a thread calling ``poll()`` (so acks
-  are timed when librdkafka reports them, not when the event loop next gets round to polling);
+- ``confluent-kafka``: librdkafka's defaults (linger 5 ms, acks all), ``produce(...,
+  on_delivery=...)`` with a thread blocked in ``poll()`` (so acks are timed when librdkafka reports
+  them, not when the event loop next gets round to polling); ``confluent-kafka-linger0`` the
+  same with ``linger.ms=0``. Both keep librdkafka's per-second statistics (round trip to the
+  broker, time in its queues, messages per request) in ``diagnostics``;
 - ``nats-py``: JetStream ``publish_async`` (a future per message, at most ``limit`` pending).
 
 Other suites reuse them (``benches/throughput.py``)::
@@ -21,15 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from producerkit._urls import parse_url
-from producerkit.bench.openloop import AckCallback, RunTimings, Target, run_open_loop
+from producerkit.bench.openloop import (
+    PERCENTILES,
+    AckCallback,
+    RunTimings,
+    Target,
+    run_open_loop,
+)
 from producerkit.errors import ConfigurationError
 
-__all__ = ["PEERS", "make_peer", "peers_for", "run_peer"]
+__all__ = ["PEERS", "make_peer", "median_ratios", "peers_for", "round_ratios", "run_peer"]
 
 
 def _ignore(index: int, ok: bool) -> None:
@@ -77,13 +87,18 @@ class AiokafkaPeer:
 
 
 class ConfluentPeer:
+    """confluent-kafka at librdkafka's defaults; ``settings`` (subclasses) changes some."""
+
     name = "confluent-kafka"
+    settings: dict[str, Any] = {}
 
     def __init__(self, url: str, topic: str, limit: int = 1000) -> None:
         self.bootstrap = ",".join(parse_url(url).server_strings())
         self.topic = topic
         self.on_ack: AckCallback = _ignore
         self._stop = threading.Event()
+        #: librdkafka's statistics, one entry a second: see :func:`librdkafka_interval`.
+        self.diagnostics: dict[str, Any] = {"librdkafka_intervals": []}
 
     async def start(self) -> None:
         import confluent_kafka
@@ -91,9 +106,9 @@ class ConfluentPeer:
         self.producer = confluent_kafka.Producer(
             {
                 "bootstrap.servers": self.bootstrap,
-                "linger.ms": 0,
-                "acks": 1,
-                "enable.idempotence": False,
+                "statistics.interval.ms": 1000,
+                "stats_cb": self._statistics,
+                **self.settings,
             }
         )
         self._poller = threading.Thread(target=self._poll, name="confluent-poll", daemon=True)
@@ -105,8 +120,12 @@ class ConfluentPeer:
         )
 
     def _poll(self) -> None:
+        # poll() returns as soon as a delivery report is served, not after the timeout.
         while not self._stop.is_set():
             self.producer.poll(0.05)
+
+    def _statistics(self, text: str) -> None:
+        self.diagnostics["librdkafka_intervals"].append(librdkafka_interval(json.loads(text)))
 
     def _delivered(self, index: int, err: Any, msg: Any) -> None:
         self.on_ack(index, err is None)
@@ -149,6 +168,29 @@ class ConfluentPeer:
         await self.flush()
         self._stop.set()
         self._poller.join()
+
+
+class ConfluentLingerZeroPeer(ConfluentPeer):
+    name = "confluent-kafka-linger0"
+    settings = {"linger.ms": 0}
+
+
+def librdkafka_interval(stats: dict[str, Any]) -> dict[str, Any]:
+    """One statistics callback of librdkafka, cut to what explains its latency (ms): the round
+    trip of its requests (``rtt``), the time messages waited in its partition queues
+    (``int_latency``) and in the broker's send buffer (``outbuf_latency``), and the produce
+    requests and messages sent so far, summed over the brokers."""
+    brokers = [b for b in stats.get("brokers", {}).values() if b.get("nodeid", -1) >= 0]
+    cut: dict[str, Any] = {
+        "produce_requests": sum(b.get("req", {}).get("Produce", 0) for b in brokers),
+        "messages": stats.get("txmsgs", 0),
+    }
+    for window in ("rtt", "int_latency", "outbuf_latency"):
+        busiest = max(brokers, key=lambda b: b.get(window, {}).get("cnt", 0), default=None)
+        if busiest is not None:
+            for q in ("p50", "p99"):
+                cut[f"{window}_{q}_ms"] = busiest[window].get(q, 0) / 1000
+    return cut
 
 
 def _set_once(future: asyncio.Future[bool], ok: bool) -> None:
@@ -206,10 +248,14 @@ class NatsPeer:
 PEERS: dict[str, Callable[[str, str, int], Target]] = {
     "aiokafka": AiokafkaPeer,
     "confluent-kafka": ConfluentPeer,
+    "confluent-kafka-linger0": ConfluentLingerZeroPeer,
     "nats-py": NatsPeer,
 }
 
-_BY_SCHEME = {"kafka": ("aiokafka", "confluent-kafka"), "jetstream": ("nats-py",)}
+_BY_SCHEME = {
+    "kafka": ("aiokafka", "confluent-kafka", "confluent-kafka-linger0"),
+    "jetstream": ("nats-py",),
+}
 
 
 def peers_for(url: str) -> tuple[str, ...]:
@@ -299,3 +345,43 @@ class _Tee:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+RATIO_MEASURES = ("response_time", "ack_latency", "send_delay")
+
+
+def round_ratios(ours: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """producerkit's result over each peer's from the same round: per measure, the ratio of each
+    percentile (None where the peer's is 0), and the ratio of throughputs."""
+    ratios: dict[str, Any] = {}
+    for name, theirs in peers.items():
+        by_measure: dict[str, Any] = {}
+        for measure in RATIO_MEASURES:
+            mine, other = ours["percentiles"][measure], theirs["percentiles"][measure]
+            by_measure[measure] = {
+                q: (mine[f"{q}_ms"] / other[f"{q}_ms"] if other.get(f"{q}_ms") else None)
+                for q in PERCENTILES
+            }
+        peer_rate = theirs["summary"]["throughput_msgs"]
+        by_measure["throughput"] = (
+            ours["summary"]["throughput_msgs"] / peer_rate if peer_rate else 0
+        )
+        ratios[name] = by_measure
+    return ratios
+
+
+def median_ratios(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over rounds of every ratio :func:`round_ratios` gives."""
+    from statistics import median
+
+    out: dict[str, Any] = {}
+    for name in rounds[0]:
+        by_measure: dict[str, Any] = {}
+        for measure in RATIO_MEASURES:
+            by_measure[measure] = {}
+            for q in PERCENTILES:
+                known = [r[name][measure][q] for r in rounds if r[name][measure][q] is not None]
+                by_measure[measure][q] = median(known) if known else None
+        by_measure["throughput"] = median(r[name]["throughput"] for r in rounds)
+        out[name] = by_measure
+    return out

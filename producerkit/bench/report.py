@@ -106,16 +106,23 @@ def analyze(
 
 
 def timeseries(columns: Columns, record_size: int) -> list[dict[str, Any]]:
-    """One row per second of the run: sent, acked, failed, MB/s, response time p50/p99/max."""
+    """One row per second of the run: sent, acked, failed (counts), response time p50/p99/max,
+    and the rates over the row's own span (``seconds``): ``acked_per_s`` and ``mb_per_s``.
+
+    Every row spans one second but the last, which ends at the run's last send or ack: its
+    counts are a fraction of a second's, its rates are not (plot the rates, not the counts, or
+    the line falls at the end as if the run had stalled).
+    """
     import numpy as np
 
     if not columns.n:
         return []
     second = 1_000_000_000
     done = columns.ok | columns.failed
-    seconds = math.ceil((max(columns.end, int(columns.ack.max())) - columns.t0) / second)
-    seconds = max(seconds, 1)
-    bins = np.arange(seconds + 1, dtype=np.int64) * second + columns.t0
+    last = int(max(columns.send.max(), columns.ack[done].max() if done.any() else 0))
+    span = max(last + 1 - columns.t0, 1)
+    seconds = math.ceil(span / second)
+    bins = np.minimum(np.arange(seconds + 1, dtype=np.int64) * second, span) + columns.t0
     sent = np.histogram(columns.send, bins)[0]
     acked = np.histogram(columns.ack[columns.ok], bins)[0]
     failed = np.histogram(columns.ack[columns.failed], bins)[0]
@@ -124,12 +131,15 @@ def timeseries(columns: Columns, record_size: int) -> list[dict[str, Any]]:
     rows = []
     for t in range(seconds):
         mask = (which == t) & done
+        length = float(bins[t + 1] - bins[t]) / second
         row: dict[str, Any] = {
             "t": t + 1,
+            "seconds": length,
             "sent": int(sent[t]),
             "acked": int(acked[t]),
             "failed": int(failed[t]),
-            "mb_per_s": float(acked[t]) * record_size / 1e6,
+            "acked_per_s": float(acked[t]) / length,
+            "mb_per_s": float(acked[t]) / length * record_size / 1e6,
         }
         if mask.any():
             values = response[mask] / 1e6
@@ -137,8 +147,6 @@ def timeseries(columns: Columns, record_size: int) -> list[dict[str, Any]]:
             row["response_p99_ms"] = float(np.percentile(values, 99))
             row["response_max_ms"] = float(values.max())
         rows.append(row)
-    while rows and not (rows[-1]["sent"] or rows[-1]["acked"] or rows[-1]["failed"]):
-        rows.pop()  # the partial second after the last ack
     return rows
 
 
