@@ -14,7 +14,16 @@ Convention for writers of docs (fences are what matter):
 - ```bash / ```console / ```sh / ```shell
                         each line starting with ``producerkit `` (after an optional ``$ ``) is
                         parsed with that command's real argument parser (an unknown option
-                        fails); nothing is run. Other lines are not checked.
+                        fails). Other lines are not checked. In README.md and
+                        docs/quickstart.md (RUN_AS_PASTED) every ```bash block also runs, in
+                        order with the page's python blocks, in the same temporary directory, as
+                        a reader pastes them: bash with the venv's ``bin`` first on PATH, the
+                        broker placeholders replaced, ``export`` lines carried to later blocks,
+                        ``pip install`` lines skipped (the venv is the install) and
+                        ``producerkit dev`` keeping its state in that directory.
+- ```bash norun        parsed, never run (a fresh machine's install and the whole test suite).
+- ```bash interrupt    a command that runs until Ctrl-C: run, sent SIGINT once it is up, and
+                        it must exit 130.
 - ```toml              parsed with tomllib.
 - anything else        (```text, ```json, ...) not checked.
 
@@ -37,6 +46,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -78,7 +88,9 @@ def _mkdocs_build(root: Path, site_dir: Path) -> subprocess.CompletedProcess[str
 def test_site_builds_strict(tmp_path: Path) -> None:
     result = _mkdocs_build(ROOT, tmp_path / "site")
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "site" / "api" / "index.html").exists()
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    for name in ("Producer.flush", "SyncProducer.flush", "SyncProducer.close"):
+        assert f'id="producerkit.{name}"' in api, name
 
 
 def test_strict_build_catches(tmp_path: Path) -> None:
@@ -103,13 +115,19 @@ def test_strict_build_catches(tmp_path: Path) -> None:
         assert complaint in result.stderr, result.stderr
 
 
+RUN_AS_PASTED = {ROOT / "README.md", ROOT / "docs" / "quickstart.md"}
+SHELL_RUNS = ("bash", "bash interrupt")
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=page_id)
-def test_python_blocks_run(
+def test_blocks_run(
     page: Path, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code_blocks = [(info, code, line) for info, code, line in blocks(page) if info == "python"]
+    """The python blocks of every page, and the shell blocks of RUN_AS_PASTED, in order."""
+    runs = ("python", *SHELL_RUNS) if page in RUN_AS_PASTED else ("python",)
+    code_blocks = [(info, code, line) for info, code, line in blocks(page) if info in runs]
     if not code_blocks:
-        pytest.skip("no python blocks")
+        pytest.skip("no blocks to run")
     everything = "".join(code for _, code, _ in code_blocks)
     urls = {}
     if "kafka://127.0.0.1:9092" in everything:
@@ -122,7 +140,12 @@ def test_python_blocks_run(
     if "kafka://127.0.0.1:9092" in urls:
         monkeypatch.setenv("PRODUCERKIT_URL", urls["kafka://127.0.0.1:9092"])
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
-    for _, code, line in code_blocks:
+    shell = _Shell(tmp_path, urls)
+    request.addfinalizer(shell.stop_dev_brokers)
+    for info, code, line in code_blocks:
+        if info != "python":
+            shell.run(code, f"{page_id(page)}:{line}", interrupt=info == "bash interrupt")
+            continue
         if "pyspark" in code and not _spark_available():
             continue
         for placeholder, url in urls.items():
@@ -133,6 +156,83 @@ def test_python_blocks_run(
         result = eval(compiled, namespace)
         if compiled.co_flags & inspect.CO_COROUTINE:
             asyncio.run(result)
+
+
+class _Shell:
+    """Runs a page's shell blocks one after the other, as a reader pastes them in a terminal."""
+
+    def __init__(self, cwd: Path, urls: dict[str, str]) -> None:
+        self.cwd = cwd
+        self.urls = urls
+        self.exports: list[str] = []
+        self.env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PRODUCERKIT_DEV_STATE": str(cwd / "dev.json"),
+        }
+        for name in ("PRODUCERKIT_URL", "PRODUCERKIT_TOPIC"):
+            self.env.pop(name, None)
+
+    def script(self, code: str, interrupt: bool = False) -> str:
+        for placeholder, url in self.urls.items():
+            code = code.replace(placeholder, url)
+        code = code.replace("--metrics-port 9464", "--metrics-port 0")  # any free port
+        lines = [line for line in code.splitlines() if not line.lstrip().startswith("pip install")]
+        if interrupt:
+            # As an interactive shell does: Ctrl-C ends the pipeline, not the shell, which then
+            # exits with the last command's status (producerkit's, not tail's).
+            head, tail = ["trap : INT"], ['exit "${PIPESTATUS[${#PIPESTATUS[@]}-1]}"']
+        else:
+            head, tail = ["set -euo pipefail"], []
+        script = "\n".join([*head, *self.exports, *lines, *tail])
+        self.exports += [line for line in lines if line.startswith("export ")]
+        return script
+
+    def run(self, code: str, where: str, interrupt: bool = False) -> None:
+        script = self.script(code, interrupt)
+        if interrupt:
+            self._run_until_interrupted(script, where)
+            return
+        result = subprocess.run(
+            ["bash", "-c", script],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, f"{where} failed as pasted:\n{result.stderr}"
+
+    def _run_until_interrupted(self, script: str, where: str) -> None:
+        """Ctrl-C as a terminal sends it: SIGINT to the pipeline's process group."""
+        process = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=self.cwd,
+            env=self.env,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert process.stderr is not None
+        try:
+            seen = ""
+            while "metrics on http" not in seen and process.poll() is None:
+                seen += process.stderr.readline()
+            os.killpg(process.pid, signal.SIGINT)
+            seen += process.stderr.read()
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        assert process.returncode == 130, f"{where}: Ctrl-C gave {process.returncode}:\n{seen}"
+        assert "interrupted" in seen and "Traceback" not in seen, seen
+
+    def stop_dev_brokers(self) -> None:
+        """What a failed block left running under ``producerkit dev --detach``."""
+        if (self.cwd / "dev.json").exists():
+            subprocess.run(
+                ["producerkit", "dev", "stop"], env=self.env, capture_output=True, timeout=60
+            )
 
 
 def _spark_available() -> bool:
