@@ -42,7 +42,8 @@ async def test_purge_unsent_only_leaves_what_is_in_flight(
     kafka_broker: SessionBroker, topic: str
 ) -> None:
     async with pk.Producer(kafka_broker.url, topic=topic, linger_ms=10_000) as producer:
-        await producer.produce(b"warm-up")
+        await producer.produce(b"warm-up", nonblocking=True)
+        await producer.flush()  # ships at once (a blocking produce would wait out the linger)
         for number in range(100):  # gathered, not yet sent: the linger holds them
             await producer.produce(b"v%d" % number, nonblocking=True)
         purged = producer.purge(in_flight=False)
