@@ -67,7 +67,8 @@ DEFAULT_NEWEST = {"aiokafka": "0.14.0", "nats-py": "2.16.0"}
 BROKER_MARK = "brokers and not slow and not spark"
 CORE_MARK = "not brokers and not slow and not spark"
 #: Every pyproject extra is installed but these: spark (pyspark is huge and no backend test
-#: needs it) and the aggregates (their own parts are installed one by one, spark excepted).
+#: needs it) and the aggregates (their own parts are installed one by one, spark excepted, and
+#: what they add besides producerkit's extras, such as all's uvloop, is installed too).
 SKIP_EXTRAS = frozenset({"spark", "all", "dev"})
 #: Entries of the ``dev`` extra that no test imports.
 DEV_SKIP = frozenset({"mypy", "ruff", "pyinstrument"})
@@ -596,8 +597,9 @@ def prune(root: Path, keep: int) -> None:
 
 
 def requirements(source: Path, aiokafka: str, nats_py: str) -> list[str]:
-    """pyproject's runtime deps, its extras but SKIP_EXTRAS and the dev extra's test tools (but
-    DEV_SKIP), with the two clients pinned
+    """pyproject's runtime deps, its extras but SKIP_EXTRAS, what the all extra adds of its own
+    (uvloop: the broker tests run on it too) and the dev extra's test tools (but DEV_SKIP), with
+    the two clients pinned
     (every other requirement on them is dropped: a raised lower bound must not block a pin)."""
     project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
     optional: dict[str, list[str]] = project.get("optional-dependencies", {})
@@ -605,6 +607,7 @@ def requirements(source: Path, aiokafka: str, nats_py: str) -> list[str]:
     for extra, extra_requirements in optional.items():
         if extra not in SKIP_EXTRAS:
             wanted += extra_requirements
+    wanted += [r for r in optional.get("all", []) if _req_name(r) != "producerkit"]
     wanted += [r for r in optional.get("dev", []) if _req_name(r) not in DEV_SKIP]
     out: list[str] = ["pip"]  # uv's venvs have none; test_packaging builds a wheel with it
     for requirement in wanted:

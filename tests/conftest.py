@@ -13,6 +13,7 @@ asyncio, and asyncio with uvloop for the tests that reach a real broker (``broke
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -59,8 +60,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _UVLOOP = ("asyncio", {"use_uvloop": True})
 
 
+_UVLOOP_MISSING = importlib.util.find_spec("uvloop") is None
+
+
 @pytest.fixture(
-    params=[pytest.param(("asyncio", {}), id="asyncio"), pytest.param(_UVLOOP, id="uvloop")]
+    params=[
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(
+            _UVLOOP,
+            id="uvloop",
+            marks=pytest.mark.skipif(
+                _UVLOOP_MISSING, reason='uvloop is not installed (pip install "producerkit[all]")'
+            ),
+        ),
+    ]
 )
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """The event loops every ``pytest.mark.anyio`` test runs on: asyncio, and asyncio with
