@@ -619,14 +619,13 @@ class Producer:
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
         header_pairs = None
-        size = _payload_size(value, key)
         if msg_id is not None and (type(msg_id) is not str or not msg_id):
             raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
         if headers is not None:
             header_pairs = _normalize_headers(headers)
             # The spec's check takes Headers: the backends that refuse None values say so.
             self._spec.check_headers(header_pairs)  # type: ignore[arg-type]
-            size += sum(len(name) + len(data or b"") for name, data in header_pairs)
+        size = message_size(value, key, header_pairs)
         if size > self._max_payload:
             raise MessageTooLarge(
                 f"message of {size} bytes (value, key and headers) is larger than "
@@ -955,8 +954,6 @@ def _report_left_open(producer: str, in_flight: int, never_acked: int) -> None:
 
 # ---------------------------------------------------------------------- validation helpers
 
-
-#: What the byte bound cannot count yet (producerkit._window.message_size reads len(value)).
 
 #: What ``produce(headers=...)`` takes: a mapping, or (name, value) pairs where names may repeat.
 HeadersArgument = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]

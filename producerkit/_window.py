@@ -43,7 +43,7 @@ from producerkit._types import (
     Delivery,
     DeliveryNotice,
     Failure,
-    Headers,
+    HeaderPairs,
     Outcome,
     Record,
     failure_of,
@@ -507,7 +507,7 @@ def delivery_of(
     )
 
 
-def message_size(value: bytes | None, key: bytes | None, headers: Headers | None) -> int:
+def message_size(value: bytes | None, key: bytes | None, headers: HeaderPairs | None) -> int:
     """The bytes of a message that count against ``max_in_flight_bytes`` (a tombstone's None
     value and a None header value count nothing)."""
     size = 0 if value is None else len(value)
