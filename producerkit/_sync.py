@@ -348,16 +348,17 @@ class _LoopBridge:
         """The counters, read on the loop so that buffer and window are seen at one moment."""
         if self.stopped or _get_ident() == self.thread_id:
             return self.snapshot()
-        answer: concurrent.futures.Future[Stats] = concurrent.futures.Future()
-
-        def read() -> None:
-            answer.set_result(self.snapshot())
-
         try:
-            self.loop.call_soon_threadsafe(read)
-            return answer.result(_LOOP_MARGIN)
+            return self._ask_loop(self.snapshot, _LOOP_MARGIN)
         except (RuntimeError, TimeoutError):  # the loop stopped, or does not answer
             return self.snapshot()
+
+    def _ask_loop(self, function: Callable[[], T], wait: float) -> T:
+        """``function()`` run on the loop as a callback, its result within ``wait`` seconds:
+        RuntimeError if the loop is closed, TimeoutError if it does not answer."""
+        answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(lambda: answer.set_result(function()))
+        return answer.result(wait)
 
     def snapshot(self) -> Stats:
         stats = self.producer.stats
@@ -547,10 +548,8 @@ class _LoopBridge:
                 logger.warning("%d task(s) left running on the closed producer's loop", len(still))
 
     def _loop_answers(self) -> bool:
-        answer: concurrent.futures.Future[None] = concurrent.futures.Future()
         try:
-            self.loop.call_soon_threadsafe(answer.set_result, None)
-            answer.result(_LEFTOVER_GRACE)
+            self._ask_loop(lambda: None, _LEFTOVER_GRACE)
         except (RuntimeError, TimeoutError):
             return False
         return True
