@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -426,16 +427,25 @@ def rounds_of(runners: dict[str, Runner], repeat: int) -> list[dict[str, int]]:
     return rounds
 
 
+def median_ratio(rounds: list[dict[str, int]], name: str, peer: str) -> float:
+    """The median over rounds of ``name``'s rate over ``peer``'s in the same round."""
+    return statistics.median(one[name] / one[peer] for one in rounds)
+
+
+def save_report(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nsaved {path}")
+
+
 def defaults_table(rounds: list[dict[str, int]]) -> list[dict[str, Any]]:
     """Per runner: its best rate, and the median over rounds of its rate over each confluent
     run's in the same round."""
-    from statistics import median
-
     rows = []
     for name in rounds[0]:
         row: dict[str, Any] = {"runner": name, "best": max(r[name] for r in rounds)}
         for peer, label in ((CONFLUENT_DEFAULTS, "vs_defaults"), (CONFLUENT_LINGER_0, "vs_l0")):
-            row[label] = median(r[name] / r[peer] for r in rounds)
+            row[label] = median_ratio(rounds, name, peer)
             row[label + "_best"] = row["best"] / max(r[peer] for r in rounds)
         rows.append(row)
     return rows
@@ -677,24 +687,20 @@ def main(argv: list[str] | None = None) -> int:
         overhead_ns = 1e9 / keyed_null - 1e9 / floor
         per_message = 1e9 / keyed_null
         print(f"null:// keyed: {per_message:.0f} ns/message, {overhead_ns:.0f} beyond the floor")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "messages": args.messages,
-                "repeat": args.repeat,
-                "value_bytes": len(VALUE),
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "speedups": SPEEDUPS,
-                "kafka_settings": KAFKA_SETTINGS,
-                "results": results,
-                "ratios": [{"claim": c, "measured": m, "target": t} for c, m, t in claims],
-            },
-            indent=2,
-        )
+    save_report(
+        args.json,
+        {
+            "messages": args.messages,
+            "repeat": args.repeat,
+            "value_bytes": len(VALUE),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "speedups": SPEEDUPS,
+            "kafka_settings": KAFKA_SETTINGS,
+            "results": results,
+            "ratios": [{"claim": c, "measured": m, "target": t} for c, m, t in claims],
+        },
     )
-    print(f"\nsaved {args.json}")
     return 0
 
 
@@ -727,9 +733,7 @@ def defaults_main(args: argparse.Namespace, only: set[str]) -> int:
                     f"| {row['runner']} | {row['best']:,} | {row['vs_defaults']:.2f}x "
                     f"| {row['vs_defaults_best']:.2f}x | {row['vs_l0']:.2f}x |"
                 )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    print(f"\nsaved {args.json}")
+    save_report(args.json, report)
     return 0
 
 
@@ -770,14 +774,11 @@ def compression_main(args: argparse.Namespace) -> int:
     print("|---|---:|---:|---:|")
     for codec in CODECS:
         mine, theirs = f"producerkit {codec}", f"confluent-kafka {codec}"
-        ratios_of = sorted(one[mine] / one[theirs] for one in rounds)
         print(
             f"| {codec} | {max(r[mine] for r in rounds):,} | {max(r[theirs] for r in rounds):,} "
-            f"| {ratios_of[len(ratios_of) // 2]:.2f}x |"
+            f"| {median_ratio(rounds, mine, theirs):.2f}x |"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    print(f"\nsaved {args.json}")
+    save_report(args.json, report)
     return 0
 
 
@@ -886,13 +887,10 @@ def production_main(args: argparse.Namespace) -> int:
             rounds = rounds_of(runners, args.repeat)
             report[broker] = rounds
             for name in runners:
-                ratios_to_baseline = sorted(one[name] / one["bytes (baseline)"] for one in rounds)
-                median = ratios_to_baseline[len(ratios_to_baseline) // 2]
+                median = median_ratio(rounds, name, "bytes (baseline)")
                 best = max(one[name] for one in rounds)
                 print(f"| {broker} | {name} | {best:,} | {median:.2f}x |", flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    print(f"\nsaved {args.json}")
+    save_report(args.json, report)
     return 0
 
 

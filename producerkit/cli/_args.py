@@ -9,7 +9,7 @@ from typing import NoReturn
 
 class ArgumentParser(argparse.ArgumentParser):
     """An ``argparse.ArgumentParser`` whose error for unrecognized arguments names, for each
-    mistyped option, the closest one it knows (``--nonblock``: did you mean ``--nonblocking``?)."""
+    mistyped option, the closest one it knows (``--one-by-on``: did you mean ``--one-by-one``?)."""
 
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
