@@ -190,7 +190,7 @@ def write_rows(write: Mapping[str, Any], rows: Iterable[Any]) -> TaskCounts:
         chunks = chunks_from_rows(
             itertools.chain([first], iterator),
             columns,
-            structured=_structured_roles(sink),
+            structured=sink.roles_taking_structures(),
             as_bytes=sink.byte_roles(),
         )
         counts = publish_task(sink, chunks)
@@ -225,16 +225,6 @@ def _row_columns(row: Any, columns: Mapping[str, Column], key_given: bool) -> di
             )
         used[role] = column
     return used
-
-
-def _structured_roles(sink: SinkConfig) -> tuple[str, ...]:
-    """The value/key roles whose serializer takes structures (a Row becomes a dict for it)."""
-    serializers = {"value": sink.value_serializer, "key": sink.key_serializer}
-    return tuple(
-        role
-        for role, serializer in serializers.items()
-        if serializer is not None and serializer not in ("str", "bytes")
-    )
 
 
 def _append_report(path: str, counts: TaskCounts) -> None:

@@ -99,8 +99,19 @@ class SinkConfig:
     def byte_roles(self) -> tuple[str, ...]:
         """The value/key roles without a serializer: their text may travel as its UTF-8 bytes
         (what the producer would send for it), which takes the producer's fast path."""
-        serializers = {"value": self.value_serializer, "key": self.key_serializer}
-        return tuple(role for role, serializer in serializers.items() if serializer is None)
+        return tuple(role for role, serializer in self._serializers().items() if serializer is None)
+
+    def roles_taking_structures(self) -> tuple[str, ...]:
+        """The value/key roles whose serializer takes structures (a Row becomes a dict for it):
+        any but none, ``"str"`` and ``"bytes"``."""
+        return tuple(
+            role
+            for role, serializer in self._serializers().items()
+            if serializer is not None and serializer not in ("str", "bytes")
+        )
+
+    def _serializers(self) -> dict[str, Any]:
+        return {"value": self.value_serializer, "key": self.key_serializer}
 
     def cache_key(self) -> str:
         # repr of a frozen attrs instance of plain values is stable; sha keeps keys short
