@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -207,3 +209,24 @@ async def read_jetstream(
         return records
     finally:
         await nc.close()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkSession for every Spark test of the session (one takes seconds to start):
+    ``local[2,3]``, two cores and up to three attempts per task, so a retry test can fail a task
+    once. Executors run this interpreter (it has producerkit; see docs/spark.md)."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("producerkit-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

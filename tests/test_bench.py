@@ -108,7 +108,7 @@ def test_sync_behind_rtt_shows_coordinated_omission(
 ) -> None:
     """Rate 200/s over a 20 ms RTT: a sync producer manages 50/s, so the response time (from the
     schedule) grows far beyond the ack latency; nonblocking keeps both near the RTT."""
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     common = ["--url", url, "--topic", topic, "--rate", "200", "--duration", "1", "--rtt-ms", "20"]
     sync = _bench(tmp_path, *common, "--mode", "sync")["percentiles"]
     nonblocking = _bench(tmp_path, *common, "--mode", "nonblocking")["percentiles"]
@@ -146,7 +146,7 @@ def test_compare_peers_on_kafka(kafka_broker: LocalBroker, topic: str, tmp_path:
 def test_repeat_interleaves_rounds_and_gives_median_ratios(
     nats_broker: LocalBroker, topic: str, tmp_path: Path
 ) -> None:
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     result = _bench(
         tmp_path,
         *("--url", url, "--topic", topic, "--rate", "2000", "--num-records", "400"),
@@ -169,7 +169,7 @@ def test_repeat_interleaves_rounds_and_gives_median_ratios(
 
 def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:
     acks: list[int] = []
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     timings = asyncio.run(
         run_peer(
             "nats-py",

@@ -76,7 +76,7 @@ def test_random_cancellation_never_leaks_a_slot(
     if scheme == "kafka":
         url, options = kafka_broker.url, {}
     else:
-        url, options = f"jetstream://{nats_broker.host_port}", {"create_stream": True}
+        url, options = nats_broker.jetstream_url, {"create_stream": True}
     topic = f"cancel-{scheme}"
     cut = {"nonblocking": 0, "blocking": 0, "flush": 0}  # steps a cancel scope cut short
 

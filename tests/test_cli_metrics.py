@@ -118,7 +118,7 @@ def test_produce_metrics_while_running_and_after(nats_broker: LocalBroker) -> No
     message too large), and in flight back to zero."""
     topic = f"metrics-{uuid.uuid4().hex[:8]}"
     argv = [
-        *CLI, "produce", "-", "--url", f"jetstream://{nats_broker.host_port}", "--topic", topic,
+        *CLI, "produce", "-", "--url", nats_broker.jetstream_url, "--topic", topic,
         "-o", "create_stream=true", "--format", "jsonl",
         "--key-field", "user", "--nonblocking", "--no-progress",
         "--metrics-port", "0", "--metrics-linger", "60",
@@ -161,7 +161,7 @@ def test_produce_metrics_while_running_and_after(nats_broker: LocalBroker) -> No
 def test_produce_metrics_count_failures_by_error(nats_broker: LocalBroker) -> None:
     """No stream for the subject: every message fails, counted under its error's name."""
     argv = [
-        *CLI, "produce", "-", "--url", f"jetstream://{nats_broker.host_port}",
+        *CLI, "produce", "-", "--url", nats_broker.jetstream_url,
         "--topic", f"nostream-{uuid.uuid4().hex[:8]}", "--timeout", "5", "--nonblocking",
         "--no-progress", "--metrics-port", "0", "--metrics-linger", "60",
     ]  # fmt: skip

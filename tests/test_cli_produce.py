@@ -225,7 +225,7 @@ def test_100k_jsonl_keyed_nonblocking_on_jetstream(
             *CLI,
             str(source),
             "--url",
-            f"jetstream://{nats_broker.host_port}",
+            nats_broker.jetstream_url,
             "--topic",
             topic,
             "-o",
@@ -510,7 +510,7 @@ def test_value_format_avro_on_jetstream_and_replay_of_delivery_failures(
     )
     failed = tmp_path / "failed.jsonl"
     topic = f"avro-{uuid.uuid4().hex[:8]}"
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     flags = [
         "--url", url, "--topic", topic, "--format", "jsonl", "--key-field", "user",
         "--msg-id-field", "id", "--value-format", "avro", "--avro-schema", str(schema_file),

@@ -27,7 +27,7 @@ def _url(
     if scheme == "kafka":
         return kafka_broker.url, {}
     if scheme == "jetstream":
-        return f"jetstream://{nats_broker.host_port}", {"create_stream": True}
+        return nats_broker.jetstream_url, {"create_stream": True}
     return f"nats://{nats_broker.host_port}", {}
 
 

@@ -60,7 +60,7 @@ async def test_jetstream_acks_and_refusals_interleaved(
     """Pipelined publishes to a stored subject and to one no stream stores, interleaved: the
     PubAcks and the 503s are matched to the right messages."""
 
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     async with pk.Producer(url, topic=topic, create_stream=True) as creator:
         await creator.produce(b"create the stream")
     async with pk.Producer(url, topic=topic, timeout=10) as producer:  # creates no stream

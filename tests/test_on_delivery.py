@@ -30,7 +30,7 @@ async def test_every_message_is_told_once_with_its_own_context(
     if scheme == "kafka":
         url, options["timeout"] = kafka_broker.url, 3.0
     else:
-        url = f"jetstream://{nats_broker.host_port}"
+        url = nats_broker.jetstream_url
         async with pk.Producer(url, topic=good, create_stream=True) as setup:
             await setup.produce(b"a stream for the good subject")  # and none for "nostream-x"
     async with pk.Producer(url, topic=good, on_delivery=on_delivery, **options) as producer:

@@ -230,7 +230,7 @@ async def test_four_kafka_connections_keep_per_key_order(kafka_broker: SessionBr
 async def test_four_jetstream_connections_keep_per_key_order(nats_broker: SessionBroker) -> None:
     topic = new_topic()
     messages = keyed_messages()
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
 
     async def main() -> tuple[list[dict[str, Any]], pk.Stats, int]:
         async with pk.Producer(
@@ -269,7 +269,7 @@ async def test_keyless_traffic_spreads_over_connections(
     async def main() -> tuple[pk.Stats, pk.Stats]:
         # JetStream, unpartitioned: keyless messages take the connections in turn.
         async with pk.Producer(
-            f"jetstream://{nats_broker.host_port}",
+            nats_broker.jetstream_url,
             topic=new_topic(),
             connections=4,
             create_stream=True,
@@ -305,7 +305,7 @@ async def test_jetstream_partitions_spread_keys_by_the_chosen_partitioner(
     nats_broker: SessionBroker, name: str
 ) -> None:
     topic = new_topic()
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     keys = [b"k%d" % i for i in range(400)]
     choose = partitioners.PARTITIONERS[name]
 
@@ -336,7 +336,7 @@ async def test_jetstream_partitions_spread_keys_by_the_chosen_partitioner(
 
 async def test_jetstream_without_partitions_adds_no_suffix(nats_broker: SessionBroker) -> None:
     topic = new_topic()
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
 
     async def main() -> list[dict[str, Any]]:
         async with pk.Producer(url, topic=topic, create_stream=True) as producer:

@@ -117,7 +117,7 @@ def backend_kafka(kafka_broker: SessionBroker) -> BackendCase:
 
 @pytest.fixture
 def backend_jetstream(nats_broker: SessionBroker) -> BackendCase:
-    return BackendCase("jetstream", f"jetstream://{nats_broker.host_port}", {"create_stream": True})
+    return BackendCase("jetstream", nats_broker.jetstream_url, {"create_stream": True})
 
 
 async def test_kafka_keys_and_headers_round_trip(kafka_broker: SessionBroker, topic: str) -> None:
@@ -158,7 +158,7 @@ async def test_flush_raises_produce_error_with_failures(
     seen: list[pk.Failure] = []
 
     async def main() -> None:
-        url = f"jetstream://{nats_broker.host_port}"
+        url = nats_broker.jetstream_url
         async with pk.Producer(url, topic=topic, on_error=seen.append, timeout=10) as producer:
             for i in range(10):
                 await producer.produce(b"%d" % i, key=b"k", nonblocking=True)

@@ -66,7 +66,7 @@ def test_confluent_kafka_through_proxy_adds_the_rtt(kafka_broker: LocalBroker, t
 
 
 def test_jetstream_through_proxy_and_pause(nats_broker: LocalBroker, topic: str) -> None:
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     direct = asyncio.run(_round_trip_ms(url, topic, create_stream=True))
     with DelayProxy.for_url(url, RTT_MS) as proxy:
         assert proxy.url.startswith("jetstream://")

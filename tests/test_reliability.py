@@ -325,7 +325,7 @@ async def test_slow_broker_window_holds_memory_flat(
     """40 ms of round trip between producer and broker: the window stays bounded, and the
     memory traced in the producer's process does not grow with the number of messages."""
     limit, count = 500, 12_000
-    url = kafka_broker.url if name == "kafka" else f"jetstream://{nats_broker.host_port}"
+    url = kafka_broker.url if name == "kafka" else nats_broker.jetstream_url
     with DelayProxy.for_url(url, 40) as proxy:
 
         async def main() -> tuple[int, int, pk.Stats]:
@@ -358,7 +358,7 @@ async def test_stalled_broker_times_out_each_message_at_its_own_deadline(
     """Messages produced 50 ms apart into a stalled link fail one by one, each ``timeout`` after
     its own produce, not all together when a batch or connection gives up."""
     timeout, spacing, count = 1.0, 0.05, 12
-    url = kafka_broker.url if name == "kafka" else f"jetstream://{nats_broker.host_port}"
+    url = kafka_broker.url if name == "kafka" else nats_broker.jetstream_url
     failed_at: dict[bytes, float] = {}
 
     def on_error(failure: pk.Failure) -> None:
@@ -416,7 +416,7 @@ async def test_random_cancellations_leak_nothing(
     flight, every admitted message is acked, the stream holds exactly the acked ones, and the
     window still admits ``limit`` messages at once (no slot leaked)."""
     topic = f"cancel-{uuid.uuid4().hex[:10]}"
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
 
     async def main() -> tuple[pk.Stats, set[bytes]]:
         async with pk.Producer(
@@ -466,7 +466,7 @@ async def test_many_tasks_keep_invariant_and_per_key_order(
     """50 tasks produce on one producer (2 connections, limit 200) at once, each with its own
     keys, mixing blocking and nonblocking; every key's messages are stored in produce order."""
     tasks, per_task, limit = 50, 200, 200
-    url = kafka_broker.url if name == "kafka" else f"jetstream://{nats_broker.host_port}"
+    url = kafka_broker.url if name == "kafka" else nats_broker.jetstream_url
 
     async def main() -> pk.Stats:
         async with pk.Producer(
@@ -546,7 +546,7 @@ async def test_ten_thousand_failures_log_a_handful_of_lines(
     subject = f"nostream-{uuid.uuid4().hex[:8]}"
 
     async def main() -> int:
-        async with pk.Producer(f"jetstream://{nats_broker.host_port}", topic=subject) as producer:
+        async with pk.Producer(nats_broker.jetstream_url, topic=subject) as producer:
             for i in range(10_000):
                 await producer.produce(b"%d" % i, nonblocking=True)
             with pytest.raises(pk.ProduceError) as caught:

@@ -96,7 +96,7 @@ async def test_json_dicts_read_back_by_another_client(
     if scheme == "kafka":
         url, options = kafka_broker.url, {}
     else:
-        url, options = f"jetstream://{nats_broker.host_port}", {"create_stream": True}
+        url, options = nats_broker.jetstream_url, {"create_stream": True}
 
     async def main() -> list[dict[str, Any]]:
         async with pk.Producer(url, topic=topic, value_serializer="json", **options) as producer:

@@ -1,8 +1,8 @@
 """The PySpark sink on a real local[2] session against the suite's Tansu and NATS brokers.
 
-One SparkSession for the module (they take seconds to start). Its master is ``local[2,3]``: two
-cores and up to three attempts per task, so the retry test can fail a task once. Everything is
-read back with a plain aiokafka / nats-py client.
+The SparkSession is conftest's ``spark``, one for the whole session (they take seconds to
+start). Its master is ``local[2,3]``: two cores and up to three attempts per task, so the retry
+test can fail a task once. Everything is read back with a plain aiokafka / nats-py client.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from conftest import read_jetstream, read_kafka
 
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import LocalBroker
+from producerkit.testing.pytest_plugin import NatsSessionBroker
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.spark
@@ -37,33 +37,8 @@ import producerkit.spark as pks  # noqa: E402
 N = 100_000
 
 
-def _spark_env() -> None:
-    # executors must run this interpreter (it has producerkit); see docs/spark.md
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    _spark_env()
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("producerkit-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 def _topic() -> str:
     return f"spark-{uuid.uuid4().hex[:10]}"
-
-
-def _js(broker: LocalBroker) -> str:
-    return f"jetstream://{broker.host_port}"
 
 
 def _read_js(url: str, subject: str, expected: int) -> list[dict[str, Any]]:
@@ -120,7 +95,9 @@ def test_format_producerkit_100k_read_back(
     assert len({(r["key"], r["value"]) for r in records}) == N
 
 
-def test_kafka_sink_columns_on_jetstream(spark: SparkSession, nats_broker: LocalBroker) -> None:
+def test_kafka_sink_columns_on_jetstream(
+    spark: SparkSession, nats_broker: NatsSessionBroker
+) -> None:
     """Spark's Kafka sink contract: value, key, topic (per row), partition, headers."""
     base = _topic()
     df = spark.range(40, numPartitions=2).select(
@@ -136,15 +113,15 @@ def test_kafka_sink_columns_on_jetstream(spark: SparkSession, nats_broker: Local
     )
     (
         df.write.format("producerkit")
-        .option("url", _js(nats_broker))
+        .option("url", nats_broker.jetstream_url)
         .option("topic", base)
         .option("partitions", "3")
         .option("create_stream", "true")
         .mode("append")
         .save()
     )
-    even = _read_js(_js(nats_broker), f"{base}-even.>", 20)
-    odd = _read_js(_js(nats_broker), f"{base}.>", 20)
+    even = _read_js(nats_broker.jetstream_url, f"{base}-even.>", 20)
+    odd = _read_js(nats_broker.jetstream_url, f"{base}.>", 20)
     assert len(even) == len(odd) == 20
     for record in even + odd:
         number = int(record["headers"]["n"])
@@ -170,7 +147,7 @@ def _fail_once_at(row: int) -> Any:
 
 
 def test_retry_is_exactly_once_on_jetstream_with_id_col(
-    spark: SparkSession, nats_broker: LocalBroker
+    spark: SparkSession, nats_broker: NatsSessionBroker
 ) -> None:
     n, half_of_first_partition = 2000, 500
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
@@ -188,32 +165,36 @@ def test_retry_is_exactly_once_on_jetstream_with_id_col(
 
         with_ids, without_ids = _topic(), _topic()
         report = pks.publish(
-            df(), _js(nats_broker), topic=with_ids, id_col="id", create_stream=True
+            df(), nats_broker.jetstream_url, topic=with_ids, id_col="id", create_stream=True
         )
-        control = pks.publish(df(), _js(nats_broker), topic=without_ids, create_stream=True)
+        control = pks.publish(
+            df(), nats_broker.jetstream_url, topic=without_ids, create_stream=True
+        )
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert report.delivered == control.delivered == n
     assert report.retried_partitions == control.retried_partitions == 1
 
-    stored = _read_js(_js(nats_broker), with_ids, n)
+    stored = _read_js(nats_broker.jetstream_url, with_ids, n)
     assert len(stored) == n
     assert sorted(int(r["headers"]["Nats-Msg-Id"]) for r in stored) == list(range(n))
     # the same failure without ids stores the first attempt's rows twice: the retry did happen
-    duplicated = _read_js(_js(nats_broker), without_ids, n)
+    duplicated = _read_js(nats_broker.jetstream_url, without_ids, n)
     assert len(duplicated) > n
     assert {r["value"].split(b"-")[1] for r in duplicated} == {b"%d" % i for i in range(n)}
 
 
-def test_on_error_count_and_fail(spark: SparkSession, nats_broker: LocalBroker) -> None:
+def test_on_error_count_and_fail(spark: SparkSession, nats_broker: NatsSessionBroker) -> None:
     """No stream for the subject: every message fails; counted, or the job fails."""
     df = _rows(spark, 100, partitions=2)
-    report = pks.publish(df, _js(nats_broker), topic=_topic(), on_error="count", timeout=5.0)
+    report = pks.publish(
+        df, nats_broker.jetstream_url, topic=_topic(), on_error="count", timeout=5.0
+    )
     assert (report.delivered, report.failed) == (0, 100)
     assert set(report.errors) == {"DeliveryError"}
     assert report.first_error
     with pytest.raises(Exception, match="message\\(s\\) failed"):
-        pks.publish(df, _js(nats_broker), topic=_topic(), timeout=5.0)
+        pks.publish(df, nats_broker.jetstream_url, topic=_topic(), timeout=5.0)
 
 
 def test_bad_configuration_fails_on_the_driver(spark: SparkSession) -> None:
@@ -338,7 +319,7 @@ def test_struct_column_as_json_to_kafka(spark: SparkSession, kafka_broker: Local
 
 
 def test_format_producerkit_serializers_on_jetstream(
-    spark: SparkSession, nats_broker: LocalBroker
+    spark: SparkSession, nats_broker: NatsSessionBroker
 ) -> None:
     """By name, as options: a map value and a struct key, each as JSON. On NATS the key picks
     the partition (the subject's last token): it is the JSON key's partition."""
@@ -353,7 +334,7 @@ def test_format_producerkit_serializers_on_jetstream(
     )
     (
         df.write.format("producerkit")
-        .option("url", _js(nats_broker))
+        .option("url", nats_broker.jetstream_url)
         .option("topic", topic)
         .option("create_stream", "true")
         .option("partitions", "3")
@@ -362,7 +343,7 @@ def test_format_producerkit_serializers_on_jetstream(
         .mode("append")
         .save()
     )
-    stored = _read_js(_js(nats_broker), f"{topic}.>", n)
+    stored = _read_js(nats_broker.jetstream_url, f"{topic}.>", n)
     values = [json.loads(r["value"]) for r in stored]
     assert sorted(values, key=lambda v: v["id"]) == [{"id": i, "square": i * i} for i in range(n)]
     for record, value in zip(stored, values, strict=True):

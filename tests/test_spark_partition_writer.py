@@ -5,13 +5,11 @@ brokers; everything read back with a plain aiokafka / nats-py client."""
 from __future__ import annotations
 
 import asyncio
-import os
 import pickle
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from conftest import read_jetstream, read_kafka
 
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import LocalBroker
+from producerkit.testing.pytest_plugin import NatsSessionBroker
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.spark
@@ -34,26 +33,8 @@ from producerkit.spark._publish import task_rates  # noqa: E402
 N = 100_000
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,3]")  # two cores, three attempts per task
-        .appName("producerkit-partition-writer")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 def _topic() -> str:
     return f"pw-{uuid.uuid4().hex[:10]}"
-
-
-def _js(broker: LocalBroker) -> str:
-    return f"jetstream://{broker.host_port}"
 
 
 def test_foreach_partition_100k_to_kafka(
@@ -94,7 +75,7 @@ def _fail_once_at(row: int) -> Any:
 
 
 def test_tuples_retry_exactly_once_on_jetstream_and_counted_once(
-    spark: SparkSession, nats_broker: LocalBroker
+    spark: SparkSession, nats_broker: NatsSessionBroker
 ) -> None:
     """rdd.foreachPartition over (id, value) tuples, columns by position; partition 0 fails once
     after its first 10,000-row chunk was sent. With id_col the stream holds each row once, the
@@ -105,7 +86,7 @@ def test_tuples_retry_exactly_once_on_jetstream_and_counted_once(
     def run(topic: str, **ids: Any) -> pks.PartitionCounters:
         counters = pks.PartitionCounters(spark)
         writer = pks.partition_writer(
-            _js(nats_broker),
+            nats_broker.jetstream_url,
             topic=topic,
             value_col=1,
             key_col=None,
@@ -121,9 +102,9 @@ def test_tuples_retry_exactly_once_on_jetstream_and_counted_once(
     control = run(without_ids)
     assert (counted.rows, counted.delivered, counted.failed) == (n, n, 0)
     assert (control.rows, control.delivered) == (n, n)
-    stored = asyncio.run(read_jetstream(_js(nats_broker), with_ids, n))
+    stored = asyncio.run(read_jetstream(nats_broker.jetstream_url, with_ids, n))
     assert sorted(int(r["headers"]["Nats-Msg-Id"]) for r in stored) == list(range(n))
-    assert len(asyncio.run(read_jetstream(_js(nats_broker), without_ids, n + 10_000))) > n
+    assert len(asyncio.run(read_jetstream(nats_broker.jetstream_url, without_ids, n + 10_000))) > n
 
 
 def test_the_writer_pickles_without_a_producer_and_checks_rows(spark: SparkSession) -> None:

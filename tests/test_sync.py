@@ -91,7 +91,7 @@ def test_from_on_error_on_jetstream(nats_broker: LocalBroker) -> None:
         elapsed.append(time.monotonic() - started)
 
     subject = f"nostream-{uuid.uuid4().hex[:8]}"
-    sync = pk.SyncProducer(f"jetstream://{nats_broker.host_port}", topic=subject, on_error=on_error)
+    sync = pk.SyncProducer(nats_broker.jetstream_url, topic=subject, on_error=on_error)
     for i in range(5):
         sync.produce(b"%d" % i, nonblocking=True)
     with pytest.raises(pk.ProduceError) as caught:
@@ -107,7 +107,7 @@ def test_from_on_error_on_jetstream(nats_broker: LocalBroker) -> None:
 def test_close_leaves_no_task_running(
     name: str, kafka_broker: LocalBroker, nats_broker: LocalBroker, topic: str
 ) -> None:
-    url = kafka_broker.url if name == "kafka" else f"jetstream://{nats_broker.host_port}"
+    url = kafka_broker.url if name == "kafka" else nats_broker.jetstream_url
     options = {"create_stream": True} if name == "jetstream" else {}
     sync = pk.SyncProducer(url, topic=topic, **options)
     for i in range(500):
@@ -155,7 +155,7 @@ def test_kafka_accounting_exact_with_a_dead_broker(tmp_path: Any, topic: str) ->
 
 def test_jetstream_accounting_exact_with_failures(nats_broker: LocalBroker, topic: str) -> None:
     """1,000 to a stream and 100 to a subject no stream stores, interleaved, nonblocking."""
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     with pk.SyncProducer(url, topic=topic, create_stream=True) as creator:
         creator.produce(b"stream created")
     nowhere = f"nostream-{uuid.uuid4().hex[:8]}"
@@ -245,7 +245,7 @@ def test_bad_input_raises_at_the_call_and_the_producer_stays_usable(
 def test_many_threads_share_one_producer(nats_broker: LocalBroker, topic: str) -> None:
     """Eight threads, blocking and nonblocking produces mixed: all stored, each thread's
     messages in the order it produced them."""
-    url = f"jetstream://{nats_broker.host_port}"
+    url = nats_broker.jetstream_url
     threads, per_thread = 8, 400
     errors: list[BaseException] = []
     with pk.SyncProducer(url, topic=topic, create_stream=True, max_in_flight_messages=64) as sync:
@@ -344,7 +344,7 @@ def test_on_delivery_context_expect_and_byte_bound_through_the_sync_path(
     told: list[tuple[Any, Any]] = []
     subject = f"sync-{uuid.uuid4().hex[:8]}"
     with pk.SyncProducer(
-        f"jetstream://{nats_broker.host_port}",
+        nats_broker.jetstream_url,
         topic=subject,
         create_stream=True,
         on_delivery=lambda result, context: told.append((result, context)),

@@ -32,7 +32,7 @@ async def test_every_message_carries_the_current_traceparent(
     if scheme == "kafka":
         url, options = kafka_broker.url, {}
     else:
-        url, options = f"jetstream://{nats_broker.host_port}", {"create_stream": True}
+        url, options = nats_broker.jetstream_url, {"create_stream": True}
 
     async def main() -> tuple[str, list[dict[str, Any]]]:
         async with pk.Producer(url, topic=topic, propagate_trace=True, **options) as producer:
