@@ -20,14 +20,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from throughput import KAFKA_SETTINGS, confluent_kafka, create_topic, delete_topic, make_messages
+from throughput import (
+    KAFKA_SETTINGS,
+    confluent_kafka,
+    create_topic,
+    delete_topic,
+    make_messages,
+    save_report,
+)
 
 import producerkit as pk
 from producerkit.testing.brokers import start_kafka
@@ -140,21 +146,17 @@ def main() -> int:
     for label, ratio in ratios.items():
         print(f"{label:<40} {ratio:>12.2f}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "messages": args.messages,
-                    "repeat": args.repeat,
-                    "kafka_settings": KAFKA_SETTINGS,
-                    "speedups": pk._fast.SPEEDUPS,
-                    "rates": best,
-                    "ratios": ratios,
-                },
-                indent=2,
-            )
+        save_report(
+            args.json,
+            {
+                "messages": args.messages,
+                "repeat": args.repeat,
+                "kafka_settings": KAFKA_SETTINGS,
+                "speedups": pk._fast.SPEEDUPS,
+                "rates": best,
+                "ratios": ratios,
+            },
         )
-        print(f"\nsaved {args.json}")
     return 0
 
 
