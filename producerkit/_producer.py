@@ -662,7 +662,7 @@ class Producer:
     async def _wait_for_rate(self, size: int) -> None:
         assert self._rate is not None
         if not self._rate.try_acquire(size):
-            await self._rate.acquire(size)
+            await self._rate.wait_for_turn(size)
             if not self._running:
                 raise ProducerClosed("the producer was closed while this produce waited")
 

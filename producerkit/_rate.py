@@ -101,8 +101,12 @@ class RateLimit:
     async def acquire(self, size: int) -> None:
         """Wait (first in, first out) until one message of ``size`` bytes may go, and take it.
         A caller cancelled while waiting takes nothing."""
-        if self.try_acquire(size):
-            return
+        if not self.try_acquire(size):
+            await self.wait_for_turn(size)
+
+    async def wait_for_turn(self, size: int) -> None:
+        """:meth:`acquire` for a caller whose :meth:`try_acquire` has just failed: queue at
+        once, without trying again."""
         loop = self._loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append((waiter, size))
