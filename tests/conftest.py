@@ -18,6 +18,7 @@ import os
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -230,3 +231,32 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+#: The start of a local-cluster script: this interpreter on the executors, two executor JVMs.
+_LOCAL_CLUSTER_START = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession, functions as F
+import producerkit.spark as pks
+spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
+         .config("spark.ui.enabled", "false").config("spark.driver.memory", "512m").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias("value"))
+"""
+
+
+def run_local_cluster(body: str, workdir: Path) -> list[int]:
+    """Run ``body`` on a ``local-cluster[2,1,1024]`` session (two executor JVMs) in a subprocess
+    (one Python process holds one SparkContext), with ``spark``, ``F``, ``pks`` and ``df`` (20,000
+    string ``value`` rows in 4 partitions) defined; ``body`` prints ``RESULT`` and integers,
+    which are returned."""
+    import subprocess
+
+    script = _LOCAL_CLUSTER_START + body + "\nspark.stop()\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=workdir
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, done.stderr[-3000:]
+    return list(map(int, lines[0].split()[1:]))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_jetstream, read_kafka
+from conftest import read_jetstream, read_kafka, run_local_cluster
 
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import LocalBroker
@@ -431,30 +431,12 @@ def test_local_cluster_separate_executor_jvms(kafka_broker: LocalBroker, tmp_pat
     """local-cluster[2,1,1024]: two executor JVMs, each with its own Python workers. Runs in a
     subprocess, since one Python process holds one SparkContext."""
     topic = _topic()
-    script = f"""
-import os, sys
-os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-from pyspark.sql import SparkSession, functions as F
-import producerkit.spark as pks
-spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
-         .config("spark.ui.enabled", "false").config("spark.driver.memory", "512m").getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
-df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias("value"))
+    body = f"""
 report = pks.publish(df, {kafka_broker.url!r}, topic={topic!r})
 jvms = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # executors + driver
 print("RESULT", report.delivered, report.failed, jvms - 1)
-spark.stop()
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, done.stderr[-3000:]
-    delivered, failed, executors = map(int, lines[0].split()[1:])
+    delivered, failed, executors = run_local_cluster(body, tmp_path)
     assert (delivered, failed, executors) == (20000, 0, 2)
     records = asyncio.run(read_kafka(kafka_broker.url, topic, 20000))
     assert len(records) == 20000

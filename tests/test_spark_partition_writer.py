@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_jetstream, read_kafka
+from conftest import read_jetstream, read_kafka, run_local_cluster
 
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import LocalBroker
@@ -168,26 +166,12 @@ def test_local_cluster_foreach_partition(kafka_broker: LocalBroker, tmp_path: Pa
     """local-cluster[2,1,1024]: two executor JVMs; the report file and the accumulators agree with
     what aiokafka reads back. In a subprocess: one Python process holds one SparkContext."""
     topic, report_path = _topic(), str(tmp_path / "report.jsonl")
-    script = f"""
-import os, sys
-os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-from pyspark.sql import SparkSession, functions as F
-import producerkit.spark as pks
-spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
-         .config("spark.ui.enabled", "false").config("spark.driver.memory", "512m").getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
-df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias("value"))
+    body = f"""
 counters = pks.PartitionCounters(spark)
 df.foreachPartition(pks.partition_writer({kafka_broker.url!r}, topic={topic!r},
                                          counters=counters, report_path={report_path!r}))
 report = pks.read_report({report_path!r})
 print("RESULT", counters.delivered, counters.failed, report.delivered, len(report.partitions))
-spark.stop()
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=tmp_path
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, done.stderr[-3000:]
-    assert list(map(int, lines[0].split()[1:])) == [20000, 0, 20000, 4]
+    assert run_local_cluster(body, tmp_path) == [20000, 0, 20000, 4]
     assert len(asyncio.run(read_kafka(kafka_broker.url, topic, 20000))) == 20000
