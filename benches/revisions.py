@@ -1,0 +1,160 @@
+"""Two producerkit source trees side by side: the same cases, rounds interleaved, one run.
+
+    python benches/revisions.py --before ../baseline [--after .] [--rounds 3]
+        [--messages 200000] [--cases null,kafka,kafka-preset,jetstream,sync-null,sync-kafka]
+        [--json results/revisions.json]
+
+For a change that must not cost speed: ``--before`` is a checkout of the earlier commit (with its
+C extension built in place: ``python setup.py build_ext --inplace`` there), ``--after`` this one.
+Every case runs in a fresh interpreter that imports producerkit from one tree, against brokers
+started once here (Tansu with null storage, nats-server with JetStream in memory), so the two
+trees meet the same brokers, messages and machine; in each round the trees' order alternates.
+The table gives each tree's best round and the median of the per-round after/before ratios.
+
+Cases publish 512-byte values with 10,000 distinct keys, as fast as they can, and count acked
+messages: ``null`` (null://), ``kafka`` (defaults; a new topic of 4 partitions), ``kafka-preset``
+(``preset="throughput"``), ``jetstream`` (``create_stream``), ``sync-null`` and ``sync-kafka``
+(SyncProducer, nonblocking: compare them to the ``null`` and ``kafka`` rows of the same tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+CASES = ("null", "kafka", "kafka-preset", "jetstream", "sync-null", "sync-kafka")
+
+#: The program each case runs in its own interpreter: argv = tree, case, url, count.
+WORKER = textwrap.dedent(
+    """
+    import asyncio, sys, time, uuid
+    tree, case, url, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    sys.path.insert(0, tree)
+    import producerkit as pk
+    assert pk.__file__.startswith(tree), (pk.__file__, tree)
+    value = b"x" * 512
+    keys = [b"user-%d" % (i % 10_000) for i in range(count)]
+    topic = "rev-" + uuid.uuid4().hex[:10]
+    options = {}
+    if case == "kafka-preset":
+        options["preset"] = "throughput"
+    if case == "jetstream":
+        options["create_stream"] = True
+        topic = "rev" + uuid.uuid4().hex[:10]
+
+    async def create_topic():
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 4, 1)])
+        finally:
+            await admin.close()
+
+    if url.startswith("kafka://"):  # Tansu's null storage does not create topics itself
+        asyncio.run(create_topic())
+
+    async def run_async():
+        async with pk.Producer(url, topic=topic, **options) as producer:
+            await producer.produce(b"warm-up", key=b"warm-up")
+            produce = producer.produce
+            started = time.perf_counter()
+            for key in keys:
+                await produce(value, key=key, nonblocking=True)
+            await producer.flush()
+            elapsed = time.perf_counter() - started
+            assert producer.stats.acked == count + 1, producer.stats
+        return elapsed
+
+    def run_sync():
+        with pk.SyncProducer(url, topic=topic, **options) as producer:
+            producer.produce(b"warm-up", key=b"warm-up")
+            produce = producer.produce
+            started = time.perf_counter()
+            for key in keys:
+                produce(value, key=key, nonblocking=True)
+            producer.flush()
+            elapsed = time.perf_counter() - started
+            assert producer.stats.acked == count + 1, producer.stats
+        return elapsed
+
+    elapsed = run_sync() if case.startswith("sync-") else asyncio.run(run_async())
+    print(round(count / elapsed))
+    """
+)
+
+
+def url_for(case: str, kafka: str, nats: str) -> str:
+    if case.endswith("null"):
+        return "null://"
+    if case.startswith(("kafka", "sync-kafka")):
+        return kafka
+    return f"jetstream://{nats}"
+
+
+def run_case(tree: Path, case: str, url: str, count: int) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, str(tree), case, url, str(count)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{case} on {tree} failed:\n{done.stderr[-2000:]}")
+    return int(done.stdout.split()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--after", type=Path, default=Path("."))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    cases = [case for case in args.cases.split(",") if case]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+
+    from producerkit.testing.brokers import start_kafka, start_nats
+
+    rates: dict[str, dict[str, list[int]]] = {case: {"before": [], "after": []} for case in cases}
+    with (
+        start_kafka(storage="null://sink") as kafka,
+        start_nats(jetstream=True) as nats,
+    ):
+        kafka_url = f"kafka://{kafka.host_port}"
+        for number in range(args.rounds):
+            order = ["before", "after"] if number % 2 == 0 else ["after", "before"]
+            for case in cases:
+                url = url_for(case, kafka_url, nats.host_port)
+                for name in order:
+                    rate = run_case(trees[name], case, url, args.messages)
+                    rates[case][name].append(rate)
+                    print(f"round {number + 1} {case:13} {name:6} {rate:>10,} msg/s", flush=True)
+    report: dict[str, Any] = {"rounds": args.rounds, "messages": args.messages, "cases": {}}
+    print(f"\n{'case':13} {'before':>12} {'after':>12} {'median ratio':>13}")
+    for case in cases:
+        before, after = rates[case]["before"], rates[case]["after"]
+        ratio = statistics.median(a / b for a, b in zip(after, before, strict=True))
+        report["cases"][case] = {"before": before, "after": after, "median_ratio": ratio}
+        print(f"{case:13} {max(before):>12,} {max(after):>12,} {ratio:>13.3f}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
