@@ -21,7 +21,7 @@ from typing import Any
 from producerkit.bench.plot import plot_results
 from producerkit.cli.bench import measure
 from producerkit.testing.brokers import start_kafka, start_nats
-from producerkit.testing.proxy import DelayProxy
+from producerkit.testing.proxy import FaultProxy
 
 FRACTIONS = (0.25, 0.50, 0.75)
 
@@ -71,7 +71,7 @@ def main() -> int:
             url = stack.enter_context(start_nats(jetstream=True)).url
             options = {"create_stream": True}
         if args.rtt_ms:
-            url = stack.enter_context(DelayProxy.for_url(url, args.rtt_ms)).url
+            url = stack.enter_context(FaultProxy.for_url(url, args.rtt_ms)).url
         results = asyncio.run(run(url, args, options))
     print(
         "\n| run | msg/s | response p50 | p99 | p99.9 | p99.99 | max | ack p99 | "

@@ -4,7 +4,7 @@
                                 [--kafka-settings "none;preset=throughput"] [--seconds 1]
                                 [--json rtt_sweep.json] [--markdown rtt_sweep.md]
 
-For each added round trip (a :class:`~producerkit.testing.proxy.DelayProxy` in front of each local
+For each added round trip (a :class:`~producerkit.testing.proxy.FaultProxy` in front of each local
 broker, its delay changed with ``set_rtt`` between runs) it runs producerkit as fast as it goes:
 
 - sync (``await produce()`` per message): lesson 1 says about 1/RTT messages/s;
@@ -30,7 +30,7 @@ from typing import Any
 
 from producerkit.cli.bench import measure
 from producerkit.testing.brokers import start_kafka, start_nats
-from producerkit.testing.proxy import DelayProxy
+from producerkit.testing.proxy import FaultProxy
 
 #: The size of the RTT-0 runs, which have no model yet to be sized by.
 BASELINE_MESSAGES = {"sync": 2_000, "nonblocking": 40_000}
@@ -74,7 +74,7 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         brokers = [("kafka", kafka.url, {}), ("jetstream", nats.url, {"create_stream": True})]
         for backend, url, options in brokers:
             ceilings: dict[Case, float] = {}
-            with DelayProxy.for_url(url, 0) as proxy:
+            with FaultProxy.for_url(url, 0) as proxy:
                 for rtt in rtts:
                     proxy.set_rtt(rtt)
                     for case in cases_for(backend, args):

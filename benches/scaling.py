@@ -8,7 +8,7 @@
 The seed's lessons "embrace partitions" and "use more than one connection", on this machine. Each
 cell runs one ``Producer(connections=C, max_in_flight_messages=L)`` as fast as it goes
 (nonblocking, 100-byte values, keys cycling over ``--keys`` distinct keys so that messages spread
-over the partitions) through a :class:`~producerkit.testing.proxy.DelayProxy` adding ``--rtt-ms``
+over the partitions) through a :class:`~producerkit.testing.proxy.FaultProxy` adding ``--rtt-ms``
 of round trip, then flushes; msgs/s is acked messages over the time from the first produce to the
 end of the flush. A last row per backend runs ``--producers`` separate Producers (one window
 each, as the seed's "1 to 4 producers" did) on 4 partitions.
@@ -50,8 +50,8 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 # The proxy, in a child process: prints its URL, runs until its stdin closes.
 _PROXY_MAIN = """
 import sys
-from producerkit.testing.proxy import DelayProxy
-proxy = DelayProxy.for_url(sys.argv[1], float(sys.argv[2])).start()
+from producerkit.testing.proxy import FaultProxy
+proxy = FaultProxy.for_url(sys.argv[1], float(sys.argv[2])).start()
 print(proxy.url, flush=True)
 sys.stdin.read()
 proxy.stop()
@@ -59,7 +59,7 @@ proxy.stop()
 
 
 class ProxyProcess:
-    """A DelayProxy in its own Python process."""
+    """A FaultProxy in its own Python process."""
 
     def __init__(self, url: str, rtt_ms: float) -> None:
         self.process = subprocess.Popen(

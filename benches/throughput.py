@@ -456,13 +456,13 @@ async def in_flight_memory(url: str, count: int, window: int) -> dict[str, float
     the baseline: ``count`` records produced while a paused proxy holds every ack back."""
     import tracemalloc
 
-    from producerkit.testing.proxy import DelayProxy
+    from producerkit.testing.proxy import FaultProxy
 
     topic = f"memory-{time.monotonic_ns()}"
     await create_topic(url, topic)
     values = [os.urandom(len(VALUE)) for _ in range(count)]
     keys = [b"user-%d" % (i % 10_000) for i in range(count)]
-    with DelayProxy.for_url(url, 0) as proxy:
+    with FaultProxy.for_url(url, 0) as proxy:
         async with pk.Producer(
             proxy.url, topic=topic, max_in_flight_messages=window, preset="throughput"
         ) as producer:

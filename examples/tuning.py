@@ -19,7 +19,7 @@ from typing import Any
 
 import producerkit as pk
 from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
-from producerkit.testing.proxy import DelayProxy
+from producerkit.testing.proxy import FaultProxy
 
 VALUE = b"x" * 512
 
@@ -45,7 +45,7 @@ def delayed(url: str, rtt_ms: float) -> Iterator[str]:
     if not rtt_ms:
         yield url
         return
-    with DelayProxy.for_url(url, rtt_ms=rtt_ms) as proxy:
+    with FaultProxy.for_url(url, rtt_ms=rtt_ms) as proxy:
         yield proxy.url
 
 

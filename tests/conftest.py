@@ -29,6 +29,7 @@ BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
 
 
 _REAL_BACKENDS = ("kafka", "jetstream", "nats")
+_BROKER_FIXTURES = ("kafka_broker", "nats_broker", "private_kafka_broker", "private_nats_broker")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,8 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
         if (
-            "kafka_broker" in fixtures
-            or "nats_broker" in fixtures
+            any(name in fixtures for name in _BROKER_FIXTURES)
             or params.get("backend") in _REAL_BACKENDS
         ):
             item.add_marker(pytest.mark.brokers)

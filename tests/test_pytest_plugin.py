@@ -1,5 +1,5 @@
 """producerkit's pytest plugin as a user meets it: a test suite of its own, run by pytest in a
-subprocess (the plugin loaded through its entry point), with real brokers."""
+subprocess (the plugin loaded through its entry point), with real brokers and their faults."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ pytest_plugins = ["pytester"]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
 
 
-def docs_example() -> str:
-    """The complete example of docs/testing.md: the first python block of its section."""
-    section = DOCS.read_text().split("## A complete example", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+def docs_example(section: str = "## A complete example") -> str:
+    """The first python block of a section of docs/testing.md."""
+    text = DOCS.read_text().split(f"\n{section}\n", 1)[1]
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 def test_docs_example_writes_msgs_per_s_to_json(pytester: pytest.Pytester) -> None:
@@ -46,6 +46,11 @@ def test_session_brokers(kafka_broker: SessionBroker, nats_broker: NatsSessionBr
     assert kafka_broker.url == f"kafka://127.0.0.1:{kafka_broker.port}"
     assert nats_broker.url == f"nats://{nats_broker.host_port}"
     assert nats_broker.jetstream_url == f"jetstream://127.0.0.1:{nats_broker.port}"
+    kafka_proxy, nats_proxy = kafka_broker.faults.host_port, nats_broker.faults.host_port
+    assert kafka_broker.faulty_url == f"kafka://{kafka_proxy}" != kafka_broker.url
+    assert nats_broker.faulty_url == f"nats://{nats_proxy}"
+    assert nats_broker.faulty_jetstream_url == f"jetstream://{nats_proxy}"
+    assert kafka_broker.faults is kafka_broker.faults
 
 
 def test_plugin_is_inert_for_a_suite_that_uses_none_of_it(pytester: pytest.Pytester) -> None:
@@ -61,7 +66,70 @@ def test_plugin_is_inert_for_a_suite_that_uses_none_of_it(pytester: pytest.Pytes
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    assert [name for name in vars(pytest_plugin) if name.startswith("pytest_")] == []
+    hooks = [name for name in vars(pytest_plugin) if name.startswith("pytest_")]
+    assert hooks == ["pytest_runtest_teardown"]
+
+
+def test_docs_fault_example_loses_nothing(pytester: pytest.Pytester) -> None:
+    """The fault injection example of docs/testing.md, as a user's test file."""
+    pytester.makepyfile(test_stalls=docs_example("## Fault injection"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+LEAVES_FAULTS = """
+import time
+
+def test_leaves_faults_on(kafka_broker, nats_broker):
+    kafka_broker.faults.stall(60)
+    kafka_broker.faults.set_rtt(100)
+    nats_broker.faults.refuse(60)
+    nats_broker.faults.kill()
+
+def test_finds_them_cleared(kafka_broker, nats_broker):
+    for broker in (kafka_broker, nats_broker):
+        assert broker.faults.log.active() == ()
+        assert broker.faults.rtt_ms == 0
+        assert broker.local.running
+    modes = [window.mode for window in nats_broker.faults.log.windows()]
+    assert modes == ["refuse", "kill"]
+
+def test_the_links_work(kafka_broker, nats_broker):
+    import socket
+    for broker in (kafka_broker, nats_broker):
+        host, port = broker.faults.host_port.split(":")
+        socket.create_connection((host, int(port)), timeout=5).close()
+"""
+
+
+def test_faults_are_cleared_after_each_test(pytester: pytest.Pytester) -> None:
+    """The session brokers are shared: a fault (a kill included) a test leaves on is gone by
+    the next test."""
+    pytester.makepyfile(test_faults_left=LEAVES_FAULTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+PRIVATE_BROKERS = """
+def test_private_brokers(private_kafka_broker, private_nats_broker, kafka_broker):
+    assert private_kafka_broker.port != kafka_broker.port
+    private_nats_broker.faults.kill()
+    assert not private_nats_broker.local.running
+    private_nats_broker.faults.restart()
+    assert private_nats_broker.local.running
+    assert private_nats_broker.faults.log.active() == ()
+    test_private_brokers.seen = (private_kafka_broker.local, private_nats_broker.local)
+
+def test_stopped_after_the_test():
+    for local in test_private_brokers.seen:
+        assert not local.running
+"""
+
+
+def test_private_brokers_live_for_one_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_private=PRIVATE_BROKERS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
 
 
 ROUND_DELAY = """

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import producerkit as pk
 from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
-from producerkit.testing.proxy import DelayProxy
+from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -326,7 +326,7 @@ async def test_slow_broker_window_holds_memory_flat(
     memory traced in the producer's process does not grow with the number of messages."""
     limit, count = 500, 12_000
     url = kafka_broker.url if name == "kafka" else nats_broker.jetstream_url
-    with DelayProxy.for_url(url, 40) as proxy:
+    with FaultProxy.for_url(url, 40) as proxy:
 
         async def main() -> tuple[int, int, pk.Stats]:
             async with pk.Producer(
@@ -364,7 +364,7 @@ async def test_stalled_broker_times_out_each_message_at_its_own_deadline(
     def on_error(failure: pk.Failure) -> None:
         failed_at[failure.value] = time.monotonic()
 
-    with DelayProxy.for_url(url, 0) as proxy:
+    with FaultProxy.for_url(url, 0) as proxy:
 
         async def main() -> dict[bytes, float]:
             produced_at = {}

@@ -3,9 +3,11 @@
 
 - :mod:`producerkit.testing.brokers`: local Kafka (Tansu) and NATS brokers started from the
   installed wheels (``producerkit[brokers]``), used by the test suite, ``producerkit dev``, the
-  demo and the benchmarks.
-- :mod:`producerkit.testing.proxy`: :class:`~producerkit.testing.proxy.DelayProxy`, a TCP proxy
-  adding a round trip between a client and a broker (a WAN on loopback), or stalling it.
-
-The pytest plugin (fixtures for these brokers) will live here too.
+  demo and the benchmarks; :class:`~producerkit.testing.brokers.BrokerFaults` adds a fault proxy
+  in front of one and can kill and restart it.
+- :mod:`producerkit.testing.proxy`: :class:`~producerkit.testing.proxy.FaultProxy`, a TCP proxy
+  between a client and a broker that adds a round trip (a WAN on loopback) and injects faults:
+  stall, blackhole, refuse, slow, reset.
+- :mod:`producerkit.testing.pytest_plugin`: the pytest plugin (``producerkit[pytest]``): these
+  brokers as fixtures, with their faults, and ``produce_benchmark``.
 """

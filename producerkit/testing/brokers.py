@@ -5,6 +5,15 @@ The demo, ``producerkit dev``, the benchmarks and the test suite all start broke
 
     with start_kafka() as kafka, start_nats(jetstream=True) as nats:
         print(kafka.url, nats.url)     # kafka://127.0.0.1:PORT  jetstream://127.0.0.1:PORT
+
+``BrokerFaults`` puts a fault proxy (``producerkit.testing.proxy.FaultProxy``) in front of one of
+them and adds the broker's own faults, ``kill()`` and ``restart()``::
+
+    with start_nats(jetstream=True) as nats, BrokerFaults(nats) as faults:
+        url = faults.url               # jetstream://127.0.0.1:PROXY_PORT
+        faults.stall(2.0)              # the proxy's faults, see producerkit.testing.proxy
+        faults.kill()                  # SIGKILL the broker
+        faults.restart()               # the same port, the same storage directory
 """
 
 from __future__ import annotations
@@ -16,13 +25,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
 
+from producerkit._urls import parse_url
 from producerkit.errors import BrokerUnavailable, MissingDependencyError
+from producerkit.testing.proxy import FaultProxy
 
-__all__ = ["LocalBroker", "free_port", "start_kafka", "start_nats"]
+__all__ = ["BrokerFaults", "LocalBroker", "free_port", "start_kafka", "start_nats"]
 
 
 def free_port() -> int:
@@ -57,6 +69,11 @@ class LocalBroker:
     def host_port(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        """The broker process is alive (started, and not stopped, killed or exited)."""
+        return self.process is not None and self.process.poll() is None
+
     def start(self, wait: float = 20.0) -> LocalBroker:
         with open(self._log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -83,10 +100,16 @@ class LocalBroker:
         raise BrokerUnavailable(f"{self.kind} broker did not listen on {self.port} within {wait}s")
 
     def kill(self) -> None:
-        """``kill -9`` the broker (fault tests); ``start()`` brings it back on the same port."""
+        """``kill -9`` the broker (fault tests); ``restart()`` brings it back on the same port."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+    def restart(self, wait: float = 20.0) -> LocalBroker:
+        """Start the broker again, on the same port with the same storage directory (killing it
+        first if it runs): JetStream's file storage survives, Tansu's memory storage does not."""
+        self.kill()
+        return self.start(wait)
 
     def freeze(self, wait: float = 5.0) -> None:
         """SIGSTOP the broker and wait until every thread is stopped: a broker that accepts bytes
@@ -145,8 +168,50 @@ class LocalBroker:
         self.close()
 
     def __repr__(self) -> str:
-        state = "running" if self.process is not None and self.process.poll() is None else "stopped"
+        state = "running" if self.running else "stopped"
         return f"<LocalBroker {self.kind} {self.url} {state}>"
+
+
+class BrokerFaults(FaultProxy):
+    """A :class:`~producerkit.testing.proxy.FaultProxy` in front of a :class:`LocalBroker`, with
+    the broker's own faults: :meth:`kill` and :meth:`restart`, recorded in the same
+    :attr:`~producerkit.testing.proxy.FaultProxy.log` (mode ``kill``, from the kill to the
+    restart). :meth:`clear` also starts a broker that is not running.
+
+    ``url`` has the broker's scheme (``kafka``, ``jetstream`` or ``nats``); every scheme of a
+    nats-server works through ``host_port``.
+    """
+
+    def __init__(self, broker: LocalBroker, rtt_ms: float = 0.0) -> None:
+        scheme = "kafka" if broker.kind == "kafka" else parse_url(broker.url).scheme
+        super().__init__(scheme, "127.0.0.1", broker.port, rtt_ms)
+        self.broker = broker
+        self._kill_window: int | None = None
+        self._kill_lock = threading.Lock()
+
+    def kill(self) -> None:
+        """SIGKILL the broker: every connection to it dies, new ones are refused until
+        :meth:`restart`."""
+        with self._kill_lock:
+            self.broker.kill()
+            if self._kill_window is None:
+                self._kill_window = self.log.open("kill")
+
+    def restart(self, wait: float = 20.0) -> None:
+        """Start the broker again on the same port with the same storage directory (killing it
+        first if it runs); returns once it accepts connections."""
+        with self._kill_lock:
+            self.broker.restart(wait)
+            if self._kill_window is not None:
+                self.log.close(self._kill_window)
+                self._kill_window = None
+
+    def clear(self) -> None:
+        """End every fault now: the proxy's (latency included), and a broker that is not
+        running is started again."""
+        super().clear()
+        if not self.broker.running:
+            self.restart()
 
 
 def _workdir(workdir: str | os.PathLike[str] | None, kind: str) -> tuple[Path, bool]:

