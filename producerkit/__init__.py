@@ -9,6 +9,7 @@
 """
 
 from producerkit._logging import route_client_logs
+from producerkit._options import ProducerOptions
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
 from producerkit._types import ConnectionStats, Delivery, Failure, Outcome, Stats
@@ -58,6 +59,7 @@ __all__ = [
     "Producer",
     "ProducerClosed",
     "ProducerError",
+    "ProducerOptions",
     "Purged",
     "SerializationError",
     "Stats",

@@ -2,27 +2,17 @@
 
 They are built at install time where a C compiler and Python's headers are; without them, or
 with ``PRODUCERKIT_NO_SPEEDUPS=1``, producerkit runs the same logic in Python (the tests run it
-both ways). ``SPEEDUPS`` says which, for benchmarks and bug reports.
+both ways). Each C function is chosen, over its Python twin, in the module that owns the twin
+(``_window``, ``_routing``, ``backends.kafka.record_batch``, ``_producer``). ``SPEEDUPS`` says
+whether they are on, for benchmarks and bug reports.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from producerkit._types import (
-    CONNECTION,
-    DEADLINE,
-    FUTURE,
-    HEADERS,
-    KEY,
-    MSG_ID,
-    PARTITION,
-    SEQ,
-    TIMESTAMP,
-    TOPIC,
-    VALUE,
-)
+from producerkit._record import Message, Record
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -35,54 +25,17 @@ def _load() -> tuple[ModuleType | None, str]:
         from producerkit import _speedups
     except ImportError:
         return None, "off (producerkit._speedups was not built: no C compiler at install?)"
-    # The C functions read records by position: it must agree with producerkit._types.
-    positions = (
-        _speedups.RECORD_SEQ,
-        _speedups.RECORD_VALUE,
-        _speedups.RECORD_KEY,
-        _speedups.RECORD_TOPIC,
-        _speedups.RECORD_PARTITION,
-        _speedups.RECORD_HEADERS,
-        _speedups.RECORD_MSG_ID,
-        _speedups.RECORD_DEADLINE,
-        _speedups.RECORD_CONNECTION,
-        _speedups.RECORD_FUTURE,
-        getattr(_speedups, "RECORD_TIMESTAMP", None),  # absent from a build older than it
-    )
-    expected = (
-        SEQ,
-        VALUE,
-        KEY,
-        TOPIC,
-        PARTITION,
-        HEADERS,
-        MSG_ID,
-        DEADLINE,
-        CONNECTION,
-        FUTURE,
-        TIMESTAMP,
-    )
-    if positions != expected or not hasattr(_speedups, "WindowCore"):
+    # The C functions read records and messages by position: they must agree with _record.
+    positions = {
+        **{f"RECORD_{name.upper()}": Record._fields.index(name) for name in Record._fields},
+        **{f"MESSAGE_{name.upper()}": Message._fields.index(name) for name in Message._fields},
+    }
+    positions["RECORD_FUTURE"] = positions.pop("RECORD_SLOT")
+    if any(getattr(_speedups, name, None) != index for name, index in positions.items()) or any(
+        not hasattr(getattr(_speedups, "Record", None), name) for name in Record._fields
+    ):
         return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
     return _speedups, f"on (crc32c: {_speedups.CRC32C})"
 
 
 speedups, SPEEDUPS = _load()
-
-#: ``untracked(record) -> record``, or None: the GC stops tracking a record that holds only
-#: bytes, str, numbers and None, so the records a batching backend holds cost collections nothing.
-untracked: Any = speedups.untracked if speedups is not None else None
-
-#: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
-pop_run: Any = speedups.pop_run if speedups is not None else None
-
-#: ``Admission(router, window, sends, send_failed, topics, default_topic, max_payload)``, or
-#: None: Producer.produce's common case in one call, composed of the C Router.route and
-#: WindowCore.admit (the twins of producerkit._routing and producerkit._window).
-Admission: Any = speedups.Admission if speedups is not None else None
-
-#: What ``Admission.admit`` returns when it leaves a message to the Python path.
-DECLINED: Any = speedups.DECLINED if speedups is not None else object()
-
-#: ``Gather(queues, send)``, or None: the Kafka backend's send() when it only appends.
-Gather: Any = speedups.Gather if speedups is not None else None

@@ -25,9 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-__all__ = ["RepeatFilter", "route_client_logs"]
+if TYPE_CHECKING:
+    from producerkit._types import Failure
+
+__all__ = ["FailureLog", "RepeatFilter", "route_client_logs"]
 
 #: The client libraries' loggers, by the names their modules log under (aiokafka's client logs
 #: on ``aiokafka`` itself). A filter on a logger sees only what is logged on that logger, not what
@@ -151,3 +154,31 @@ def _client_logger_names() -> list[str]:
         if name.startswith(_CLIENT_PREFIXES)
     ]
     return sorted({*CLIENT_LOGGERS, *existing})
+
+
+class FailureLog:
+    """Logs failures on ``logger`` as counts, at most one line per second, never one line per
+    message."""
+
+    INTERVAL: Final = 1.0
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._counts: dict[str, int] = {}
+        self._last = 0.0
+
+    def add(self, failure: Failure) -> None:
+        name = type(failure.exception).__name__
+        self._counts[name] = self._counts.get(name, 0) + 1
+        now = time.monotonic()
+        if now - self._last >= self.INTERVAL:
+            self._last = now
+            self.flush(example=failure)
+
+    def flush(self, example: Failure | None = None) -> None:
+        if not self._counts:
+            return
+        counts = ", ".join(f"{count} {name}" for name, count in sorted(self._counts.items()))
+        detail = f" (latest: {example.exception})" if example is not None else ""
+        self._logger.warning("messages failed: %s%s", counts, detail)
+        self._counts.clear()

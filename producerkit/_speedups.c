@@ -1,22 +1,17 @@
-/* producerkit._speedups: optional C for the two costs Python cannot shed on the hot path.
+/* producerkit._speedups: optional C for the costs Python cannot shed on the hot path.
  *
- * encode_batch: a whole Kafka record batch in one call, instead of aiokafka's builder's method
- * call, buffer resize and metadata object per record and its software CRC-32C: the exact size is
- * computed first, the bytes object is allocated once, and the CRC uses the SSE4.2 instruction
- * where the CPU has it.
+ * Leaf functions, each the twin of a Python one, chosen in the module that owns that twin:
+ * encode_batch (producerkit.backends.kafka.record_batch: a whole Kafka record batch in one call,
+ * its exact size computed first, the CRC-32C by the SSE4.2 instruction where the CPU has it),
+ * crc32c, untracked (see untracked_doc), pop_run (producerkit._window: settling a whole acked
+ * Kafka batch), Router.route (producerkit._routing) and WindowCore.admit (producerkit._window).
  *
- * untracked: a record tuple the garbage collector stops tracking (see untracked_doc).
- * pop_run: settling a whole acked Kafka batch in the window's ledger (see pop_run_doc).
- * Router and WindowCore: the C twins of producerkit._routing.PyRouter.route and
- * producerkit._window.PyWindowCore.admit, the two steps of every produce.
- * Admission: Producer.produce's common case (nonblocking, plain bytes, a known topic) in one
- * call, composed of those same route() and admit() (see Admission_doc). It declines everything
- * else, which Producer.produce then does through the same Router and WindowCore.
- * Gather: the Kafka backend's send() when all it has to do is append (see Gather_doc).
+ * One fused path: Admission, Producer.produce's plain nonblocking message in one call (the same
+ * route() and admit() as above; see Admission_doc for why it stays and its decline rule).
  *
  * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
  * when it did not compile (no compiler or Python headers at install time) or when
- * PRODUCERKIT_NO_SPEEDUPS is set. tests/test_record_batch.py compares both encoders' bytes.
+ * PRODUCERKIT_NO_SPEEDUPS is set. The differential tests compare each twin.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -350,7 +345,7 @@ PyDoc_STRVAR(untracked_doc,
 "tracked, each costs the next young-generation collection a visit to every field.");
 
 static PyObject *untracked(PyObject *module, PyObject *record) {
-    if (PyTuple_CheckExact(record) && PyObject_GC_IsTracked(record)) {
+    if (PyTuple_Check(record) && PyObject_GC_IsTracked(record)) {
         int untrack = 1;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
             if (PyObject_IS_GC(PyTuple_GET_ITEM(record, i))) {
@@ -598,34 +593,101 @@ static PyTypeObject RouterType = {
 
 /* ------------------------------------------------------------------------------ admitting */
 
+/* Record: the C twin of producerkit._record.Record, a tuple subclass whose fields are also
+ * read by name (a member per position), allocated from a free list of its own: a record is
+ * built and dropped per message, and a named tuple class defined in Python costs every message
+ * the generic allocation and deallocation of a heap type. */
+
+#define RECORD_FREE_LIST 4096
+static PyObject *record_free_list[RECORD_FREE_LIST];
+static int record_free_count;
+
+#define ITEM_OFFSET(i) (offsetof(PyTupleObject, ob_item) + (i) * sizeof(PyObject *))
+
+static PyMemberDef Record_members[] = {
+    {"seq", T_OBJECT, ITEM_OFFSET(R_SEQ), READONLY, "its number: the n-th record admitted has n"},
+    {"value", T_OBJECT, ITEM_OFFSET(R_VALUE), READONLY, "bytes, or None for a tombstone"},
+    {"key", T_OBJECT, ITEM_OFFSET(R_KEY), READONLY, "bytes or None"},
+    {"topic", T_OBJECT, ITEM_OFFSET(R_TOPIC), READONLY, "str"},
+    {"partition", T_OBJECT, ITEM_OFFSET(R_PARTITION), READONLY, "where it was routed, or None"},
+    {"headers", T_OBJECT, ITEM_OFFSET(R_HEADERS), READONLY, "(name, value) pairs, or None"},
+    {"msg_id", T_OBJECT, ITEM_OFFSET(R_MSG_ID), READONLY, "str or None"},
+    {"deadline", T_OBJECT, ITEM_OFFSET(R_DEADLINE), READONLY, "time.monotonic() to be acked by"},
+    {"connection", T_OBJECT, ITEM_OFFSET(R_CONNECTION), READONLY, "the connection's index"},
+    {"slot", T_OBJECT, ITEM_OFFSET(R_FUTURE), READONLY, "what tells its outcome, or None"},
+    {"timestamp", T_OBJECT, ITEM_OFFSET(R_TIMESTAMP), READONLY, "CreateTime in ms, or None"},
+    {NULL},
+};
+
+static void Record_dealloc(PyObject *record) {
+    if (PyObject_GC_IsTracked(record)) PyObject_GC_UnTrack(record);
+    PyObject **items = ((PyTupleObject *)record)->ob_item;
+    Py_ssize_t size = Py_SIZE(record);
+    for (Py_ssize_t i = 0; i < size; i++) Py_CLEAR(items[i]);
+    if (size == R_FIELDS && record_free_count < RECORD_FREE_LIST)
+        record_free_list[record_free_count++] = record;
+    else
+        PyObject_GC_Del(record);
+}
+
+static int Record_traverse(PyObject *record, visitproc visit, void *arg) {
+    PyObject **items = ((PyTupleObject *)record)->ob_item;
+    for (Py_ssize_t i = Py_SIZE(record); --i >= 0;) Py_VISIT(items[i]);
+    return 0;
+}
+
+static PyTypeObject RecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Record",
+    .tp_basicsize = sizeof(PyTupleObject) - sizeof(PyObject *),
+    .tp_itemsize = sizeof(PyObject *),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A message in flight: the C twin of producerkit._record.Record.",
+    .tp_base = &PyTuple_Type,
+    .tp_dealloc = Record_dealloc,
+    .tp_traverse = Record_traverse,
+    .tp_members = Record_members,
+};
+
+/* A new record with every item NULL (the caller sets them all, then may track it). */
+static PyObject *new_record(void) {
+    PyObject *record;
+    if (record_free_count > 0) {
+        record = record_free_list[--record_free_count];
+        PyObject_InitVar((PyVarObject *)record, &RecordType, R_FIELDS);
+    } else {
+        record = (PyObject *)PyObject_GC_NewVar(PyTupleObject, &RecordType, R_FIELDS);
+        if (record == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < R_FIELDS; i++) PyTuple_SET_ITEM(record, i, NULL);
+    }
+    return record;
+}
+
 PyDoc_STRVAR(WindowCore_doc,
-"WindowCore(limit, timeout, untrack=False)\n\n"
-"The C twin of producerkit._window.PyWindowCore: the fields every message reads (pending,\n"
-"limit, peak_in_flight, timeout, timer) and admit(), for InFlightWindow to build on.");
+"WindowCore(limit, timeout, watch, untrack=False)\n\n"
+"The C twin of producerkit._window.PyWindowCore: the ledger every message reads (pending,\n"
+"limit, peak_in_flight, timeout, handed, taken) and admit().");
 
 typedef struct {
     PyObject_HEAD
     PyObject *pending; /* dict seq -> record: the ledger */
     PyObject *seqs;    /* itertools.count(1): record[SEQ] */
-    PyObject *timer;   /* the deadline timer, or None */
-    Py_ssize_t limit, peak_in_flight;
+    PyObject *watch;   /* watch(record): the first record into an empty window */
+    Py_ssize_t limit, peak_in_flight, handed, taken;
     double timeout;
     int untrack;
 } WindowCore;
 
-static PyObject *str_watch;
-
 static int WindowCore_traverse(WindowCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pending);
     Py_VISIT(self->seqs);
-    Py_VISIT(self->timer);
+    Py_VISIT(self->watch);
     return 0;
 }
 
 static int WindowCore_clear(WindowCore *self) {
     Py_CLEAR(self->pending);
     Py_CLEAR(self->seqs);
-    Py_CLEAR(self->timer);
+    Py_CLEAR(self->watch);
     return 0;
 }
 
@@ -638,10 +700,11 @@ static void WindowCore_dealloc(WindowCore *self) {
 static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t limit;
     double timeout;
+    PyObject *watch;
     int untrack = 0;
-    static char *names[] = {"limit", "timeout", "untrack", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nd|p:WindowCore", names, &limit, &timeout,
-                                     &untrack))
+    static char *names[] = {"limit", "timeout", "watch", "untrack", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ndO|p:WindowCore", names, &limit, &timeout,
+                                     &watch, &untrack))
         return -1;
     PyObject *itertools = PyImport_ImportModule("itertools");
     PyObject *count = itertools == NULL ? NULL : PyObject_GetAttrString(itertools, "count");
@@ -657,9 +720,10 @@ static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
     WindowCore_clear(self);
     self->pending = pending;
     self->seqs = seqs;
-    self->timer = Py_NewRef(Py_None);
+    self->watch = Py_NewRef(watch);
     self->limit = limit;
     self->peak_in_flight = 0;
+    self->handed = self->taken = 0;
     self->timeout = timeout;
     self->untrack = untrack;
     return 0;
@@ -676,12 +740,27 @@ static double monotonic(void) {
 #endif
 }
 
-/* admit(): the record, built and in flight (new reference), or NULL with an exception set. */
-static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t connection) {
+/* The message fields admit() reads, in a Message's order (see producerkit._record). */
+#define M_VALUE 0
+#define M_KEY 1
+#define M_TOPIC 2
+#define M_PARTITION 3
+#define M_HEADERS 4
+#define M_MSG_ID 5
+#define M_TIMESTAMP 6
+#define M_FIELDS 7
+
+/* admit(): the record, built and in flight (new reference); Py_None (new reference) when the
+ * window is full; NULL with an exception set. fields: a message's, in Message order; partition
+ * replaces its partition. */
+static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *partition,
+                       Py_ssize_t connection, PyObject *slot) {
+    Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
+    if (in_flight + self->handed - self->taken >= self->limit) return Py_NewRef(Py_None);
     PyObject *seq = PyIter_Next(self->seqs);
     PyObject *deadline = PyFloat_FromDouble(monotonic() + self->timeout);
     PyObject *index = PyLong_FromSsize_t(connection);
-    PyObject *record = PyTuple_New(R_FIELDS);
+    PyObject *record = new_record();
     if (seq == NULL || deadline == NULL || index == NULL || record == NULL) {
         if (seq == NULL && !PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "WindowCore: seqs ran out");
@@ -691,29 +770,28 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t con
         Py_XDECREF(record);
         return NULL;
     }
-    /* fields: value, key, topic, partition, headers, msg_id, future, timestamp */
     PyTuple_SET_ITEM(record, R_SEQ, seq); /* the tuple owns every new reference from here on */
-    PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(fields[0]));
-    PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(fields[1]));
-    PyTuple_SET_ITEM(record, R_TOPIC, Py_NewRef(fields[2]));
-    PyTuple_SET_ITEM(record, R_PARTITION, Py_NewRef(fields[3]));
-    PyTuple_SET_ITEM(record, R_HEADERS, Py_NewRef(fields[4]));
-    PyTuple_SET_ITEM(record, R_MSG_ID, Py_NewRef(fields[5]));
+    PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(fields[M_VALUE]));
+    PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(fields[M_KEY]));
+    PyTuple_SET_ITEM(record, R_TOPIC, Py_NewRef(fields[M_TOPIC]));
+    PyTuple_SET_ITEM(record, R_PARTITION, Py_NewRef(partition));
+    PyTuple_SET_ITEM(record, R_HEADERS, Py_NewRef(fields[M_HEADERS]));
+    PyTuple_SET_ITEM(record, R_MSG_ID, Py_NewRef(fields[M_MSG_ID]));
     PyTuple_SET_ITEM(record, R_DEADLINE, deadline);
     PyTuple_SET_ITEM(record, R_CONNECTION, index);
-    PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(fields[6]));
-    PyTuple_SET_ITEM(record, R_TIMESTAMP, Py_NewRef(fields[7]));
+    PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(slot));
+    PyTuple_SET_ITEM(record, R_TIMESTAMP, Py_NewRef(fields[M_TIMESTAMP]));
+    PyObject_GC_Track(record);
     if (self->untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
 
     /* From here on the message is counted: it must end acked or failed. */
-    Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
     if (PyDict_SetItem(self->pending, seq, record) < 0) {
         Py_DECREF(record);
         return NULL;
     }
     if (in_flight >= self->peak_in_flight) self->peak_in_flight = in_flight + 1;
-    if (in_flight == 0 && self->timer == Py_None) {
-        PyObject *watched = PyObject_CallMethodOneArg((PyObject *)self, str_watch, record);
+    if (in_flight == 0) {
+        PyObject *watched = PyObject_CallOneArg(self->watch, record);
         if (watched == NULL) {
             Py_DECREF(record);
             return NULL;
@@ -724,32 +802,30 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, Py_ssize_t con
 }
 
 static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 && nargs != 9) {
+    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != M_FIELDS) {
         PyErr_SetString(PyExc_TypeError,
-                        "admit(value, key, topic, partition, headers, msg_id, connection, future, "
-                        "timestamp=None) takes 8 or 9 arguments");
+                        "admit(message: Message, partition, connection, slot) -> Record | None");
         return NULL;
     }
-    Py_ssize_t connection = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t connection = PyLong_AsSsize_t(args[2]);
     if (connection == -1 && PyErr_Occurred()) return NULL;
-    PyObject *fields[8] = {args[0], args[1], args[2], args[3],
-                           args[4], args[5], args[7], nargs == 9 ? args[8] : Py_None};
-    return admit(self, fields, connection);
+    return admit(self, &PyTuple_GET_ITEM(args[0], 0), args[1], connection, args[3]);
 }
 
 static PyMethodDef WindowCore_methods[] = {
     {"admit", (PyCFunction)(void (*)(void))WindowCore_admit, METH_FASTCALL,
-     "admit(value, key, topic, partition, headers, msg_id, connection, future, timestamp=None) "
-     "-> record"},
+     "admit(message, partition, connection, slot) -> Record, or None if the window is full"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef WindowCore_members[] = {
     {"pending", T_OBJECT_EX, offsetof(WindowCore, pending), READONLY, "seq -> record in flight"},
-    {"timer", T_OBJECT, offsetof(WindowCore, timer), 0, "the deadline timer, or None"},
     {"limit", T_PYSSIZET, offsetof(WindowCore, limit), 0, "most messages in flight"},
     {"peak_in_flight", T_PYSSIZET, offsetof(WindowCore, peak_in_flight), 0,
      "peak of messages in flight"},
+    {"handed", T_PYSSIZET, offsetof(WindowCore, handed), 0,
+     "messages handed over by other threads (counted in flight until taken)"},
+    {"taken", T_PYSSIZET, offsetof(WindowCore, taken), 0, "handed-over messages admitted"},
     {"timeout", T_DOUBLE, offsetof(WindowCore, timeout), READONLY, "seconds to each deadline"},
     {NULL},
 };
@@ -757,7 +833,7 @@ static PyMemberDef WindowCore_members[] = {
 static PyTypeObject WindowCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.WindowCore",
     .tp_basicsize = sizeof(WindowCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = WindowCore_doc,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)WindowCore_init,
@@ -772,14 +848,20 @@ static PyTypeObject WindowCoreType = {
 
 PyDoc_STRVAR(Admission_doc,
 "Admission(router, window, sends, send_failed, topics, default_topic, max_payload)\n\n"
-"Producer.produce's common case in one call, composed of the same C functions as\n"
-"Router.route and WindowCore.admit. admit(value, key, topic, partition, headers, msg_id)\n"
-"returns DECLINED, having done nothing, unless the message is nonblocking-ready: value bytes,\n"
-"key bytes or None, no partition, headers or msg_id, a topic whose partition count is known\n"
-"(in topics), room in the window and within max_payload. Otherwise it routes, admits and\n"
-"calls sends[connection](record), as Producer.produce does; a send raising an Exception is\n"
-"passed to send_failed(record, exc). Returns None, or (record, awaitable) when the send\n"
-"returned one.");
+"Producer.produce's fast path for a plain nonblocking message, fused in one call: the checks of\n"
+"MessageRules.message for such a message, then Producer._submit's route, admit and send, with\n"
+"the same C Router.route and WindowCore.admit. The producer builds it only where nothing of the\n"
+"rest applies (no rate limit, byte bound, on_delivery or serializers).\n\n"
+"admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) declines\n"
+"(returns DECLINED, having done nothing) every message but one with: bytes value, bytes or None\n"
+"key, no partition, headers, msg_id, context, expectation or timestamp, a topic whose partition\n"
+"count is known (in topics), a size within max_payload, and room in the window. That is its\n"
+"whole decline rule; Producer.produce takes every declined message through the Python path.\n"
+"A taken message is routed, admitted and passed to sends[connection](record); a send raising\n"
+"an Exception is passed to send_failed(record, exc). Returns None, or (record, awaitable) when\n"
+"the send returned one.\n\n"
+"Kept in C because the same path in Python (MessageRules.message, then Producer._submit) costs\n"
+"null:// about a third of its rate and Kafka about a tenth: see docs/architecture.md.");
 
 typedef struct {
     PyObject_HEAD
@@ -861,14 +943,15 @@ static PyObject *raised_exception(void) {
 }
 
 static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "admit(value, key, topic, partition, headers, msg_id) takes 6 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "admit(value, key, topic, partition, headers, msg_id, "
+                                         "context, expect, timestamp) takes 9 arguments");
         return NULL;
     }
     PyObject *value = args[0], *key = args[1], *topic = args[2];
-    if (!PyBytes_CheckExact(value) || args[3] != Py_None || args[4] != Py_None ||
-        args[5] != Py_None || (key != Py_None && !PyBytes_CheckExact(key)))
+    for (int i = 3; i < 9; i++)
+        if (args[i] != Py_None) return Py_NewRef(DECLINED);
+    if (!PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key)))
         return Py_NewRef(DECLINED);
     if (topic == Py_None) topic = self->default_topic;
     if (!PyUnicode_CheckExact(topic)) return Py_NewRef(DECLINED);
@@ -878,13 +961,15 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
         return Py_NewRef(DECLINED); /* first message to it: the Python path learns its count */
     }
     Py_ssize_t size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
-    if (size > self->max_payload || PyDict_GET_SIZE(self->window->pending) >= self->window->limit)
+    WindowCore *window = self->window;
+    if (size > self->max_payload ||
+        PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
         return Py_NewRef(DECLINED);
     PyObject *partition;
     Py_ssize_t connection;
     if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) return NULL;
-    PyObject *fields[8] = {value, key, topic, partition, Py_None, Py_None, Py_None, Py_None};
-    PyObject *record = admit(self->window, fields, connection);
+    PyObject *fields[M_FIELDS] = {value, key, topic, Py_None, Py_None, Py_None, Py_None};
+    PyObject *record = admit(window, fields, partition, connection, Py_None);
     Py_DECREF(partition);
     if (record == NULL) return NULL;
     PyObject *outcome = NULL;
@@ -909,8 +994,8 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
 
 static PyMethodDef Admission_methods[] = {
     {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
-     "admit(value, key, topic, partition, headers, msg_id) -> None | (record, awaitable) | "
-     "DECLINED"},
+     "admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) -> None | "
+     "(record, awaitable) | DECLINED"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -927,108 +1012,6 @@ static PyTypeObject AdmissionType = {
     .tp_methods = Admission_methods,
 };
 
-/* ------------------------------------------------------------------------------ gathering */
-
-PyDoc_STRVAR(Gather_doc,
-"Gather(queues, send)\n\n"
-"A batching backend's send() for the common case: queues is a dict topic -> dict partition ->\n"
-"queue (with a list .records), send the backend's own send(record), which does everything.\n"
-"Gather.send(record) only appends the record to its queue's records, and returns None, when a\n"
-"ship is already due (ship_due) and the list stays below batch_records; otherwise, and for a\n"
-"partition without a queue yet, it returns send(record). ship_due and batch_records are the\n"
-"backend's own state, kept here so that the test costs no attribute lookup on the backend.");
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *queues;
-    PyObject *send;
-    Py_ssize_t batch_records;
-    char ship_due;
-} Gather;
-
-static PyObject *str_records;
-
-static int Gather_traverse(Gather *self, visitproc visit, void *arg) {
-    Py_VISIT(self->queues);
-    Py_VISIT(self->send);
-    return 0;
-}
-
-static int Gather_clear(Gather *self) {
-    Py_CLEAR(self->queues);
-    Py_CLEAR(self->send);
-    return 0;
-}
-
-static void Gather_dealloc(Gather *self) {
-    PyObject_GC_UnTrack(self);
-    Gather_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int Gather_init(Gather *self, PyObject *args, PyObject *kwargs) {
-    PyObject *queues, *send;
-    static char *names[] = {"queues", "send", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O:Gather", names, &PyDict_Type, &queues,
-                                     &send))
-        return -1;
-    Gather_clear(self);
-    self->queues = Py_NewRef(queues);
-    self->send = Py_NewRef(send);
-    self->batch_records = 1;
-    self->ship_due = 0;
-    return 0;
-}
-
-static PyObject *Gather_send(Gather *self, PyObject *record) {
-    if (!self->ship_due || !PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_PARTITION)
-        return PyObject_CallOneArg(self->send, record);
-    PyObject *partitions = PyDict_GetItemWithError(self->queues, PyTuple_GET_ITEM(record, R_TOPIC));
-    PyObject *queue = partitions == NULL || !PyDict_Check(partitions)
-                          ? NULL
-                          : PyDict_GetItemWithError(partitions,
-                                                    PyTuple_GET_ITEM(record, R_PARTITION));
-    if (queue == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        return PyObject_CallOneArg(self->send, record);
-    }
-    PyObject *records = PyObject_GetAttr(queue, str_records);
-    if (records == NULL) return NULL;
-    if (!PyList_CheckExact(records) || PyList_GET_SIZE(records) + 1 >= self->batch_records) {
-        Py_DECREF(records);
-        return PyObject_CallOneArg(self->send, record);
-    }
-    int failed = PyList_Append(records, record);
-    Py_DECREF(records);
-    if (failed < 0) return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef Gather_methods[] = {
-    {"send", (PyCFunction)Gather_send, METH_O, "send(record) -> None | the backend's send(record)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyMemberDef Gather_members[] = {
-    {"ship_due", T_BOOL, offsetof(Gather, ship_due), 0, "a ship is scheduled"},
-    {"batch_records", T_PYSSIZET, offsetof(Gather, batch_records), 0,
-     "records that fill a batch: the append that reaches it goes to the backend's send"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyTypeObject GatherType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Gather",
-    .tp_basicsize = sizeof(Gather),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = Gather_doc,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Gather_init,
-    .tp_traverse = (traverseproc)Gather_traverse,
-    .tp_clear = (inquiry)Gather_clear,
-    .tp_dealloc = (destructor)Gather_dealloc,
-    .tp_methods = Gather_methods,
-    .tp_members = Gather_members,
-};
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli), as Kafka uses it.");
 
@@ -1060,15 +1043,13 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_sse42;
 #endif
-    if (PyType_Ready(&RouterType) < 0 || PyType_Ready(&WindowCoreType) < 0 ||
-        PyType_Ready(&AdmissionType) < 0 || PyType_Ready(&GatherType) < 0)
+    if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&RouterType) < 0 ||
+        PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0)
         return NULL;
     if (DECLINED == NULL) {
         DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
         str_partition = PyUnicode_InternFromString("partition");
-        str_watch = PyUnicode_InternFromString("watch");
-        str_records = PyUnicode_InternFromString("records");
-        if (!DECLINED || !str_partition || !str_watch || !str_records) return NULL;
+        if (!DECLINED || !str_partition) return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -1085,11 +1066,18 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(module, "RECORD_CONNECTION", R_CONNECTION) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_TIMESTAMP", R_TIMESTAMP) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_VALUE", M_VALUE) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_KEY", M_KEY) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_TOPIC", M_TOPIC) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_PARTITION", M_PARTITION) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_HEADERS", M_HEADERS) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_MSG_ID", M_MSG_ID) < 0 ||
+        PyModule_AddIntConstant(module, "MESSAGE_TIMESTAMP", M_TIMESTAMP) < 0 ||
         PyModule_AddObjectRef(module, "DECLINED", DECLINED) < 0 ||
+        PyModule_AddObjectRef(module, "Record", (PyObject *)&RecordType) < 0 ||
         PyModule_AddObjectRef(module, "Router", (PyObject *)&RouterType) < 0 ||
         PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||
-        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
-        PyModule_AddObjectRef(module, "Gather", (PyObject *)&GatherType) < 0) {
+        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from producerkit._record import Record
 
 #: A message's headers as (name, value) pairs, in order, a name possibly repeated. On Kafka and
 #: memory:// a value may also be None (a null header value): see HeaderPairs.
@@ -142,16 +145,8 @@ class Stats:
     #: Produces that waited for the rate limit (``max_rate``/``max_bytes_rate``), and how long.
     rate_waits: int = 0
     rate_wait_seconds: float = 0.0
-
-    @property
-    def max_in_flight(self) -> int:
-        """Deprecated: :attr:`peak_in_flight`."""
-        warnings.warn(
-            "Stats.max_in_flight is deprecated: use Stats.peak_in_flight",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.peak_in_flight
+    #: The bytes in flight now (with ``max_in_flight_bytes``; None without it).
+    bytes_in_flight: int | None = None
 
 
 @attrs.frozen(slots=True)
@@ -193,7 +188,7 @@ class DeliveryNotice:
         self,
         callback: DeliveryCallback,
         context: Any,
-        waiter: asyncio.Future[Delivery] | None,
+        waiter: asyncio.Future[Delivery] | concurrent.futures.Future[Delivery] | None,
     ) -> None:
         self.callback = callback
         self.context = context
@@ -222,54 +217,17 @@ class DeliveryNotice:
             logger.exception("on_delivery callback raised")
 
 
-Record: TypeAlias = tuple[
-    int,  # SEQ
-    bytes | None,  # VALUE (None for a tombstone, which only Kafka and memory:// are handed)
-    bytes | None,  # KEY
-    str,  # TOPIC
-    int | None,  # PARTITION
-    Headers | None,  # HEADERS
-    str | None,  # MSG_ID
-    float,  # DEADLINE
-    int,  # CONNECTION
-    "asyncio.Future[Delivery] | DeliveryNotice | None",  # FUTURE
-    int | None,  # TIMESTAMP
-]
-"""A message in flight: what the producer hands to a backend, read as ``record[TOPIC]`` etc.
-
-A plain tuple, not a class: one is built per message on the hot path, and a tuple literal costs
-less than half of any class instance (or tuple subclass). ``VALUE`` is None for a tombstone;
-``TIMESTAMP`` is the CreateTime in epoch milliseconds the producer fixed, or None (the common
-case: the Kafka encoder then derives the produce time from ``DEADLINE``). And once a
-nonblocking record (no future) has survived one garbage collection, CPython stops tracking it,
-so the thousands a batching backend holds in flight cost the collector nothing.
-"""
-
-# The fields of a Record, by position.
-SEQ: Final = 0
-VALUE: Final = 1
-KEY: Final = 2
-TOPIC: Final = 3
-PARTITION: Final = 4
-HEADERS: Final = 5
-MSG_ID: Final = 6
-DEADLINE: Final = 7
-CONNECTION: Final = 8
-FUTURE: Final = 9
-TIMESTAMP: Final = 10
-
-
 def failure_of(record: Record, exception: BaseException) -> Failure:
     """The public Failure report for a record that failed with ``exception``."""
-    headers = record[HEADERS]
-    timestamp = record[TIMESTAMP]
+    headers = record.headers
+    timestamp = record.timestamp
     return Failure(
-        record[VALUE],
-        record[KEY],
-        record[TOPIC],
+        record.value,
+        record.key,
+        record.topic,
         dict(headers) if headers is not None else None,
-        record[PARTITION],
-        record[MSG_ID],
+        record.partition,
+        record.msg_id,
         exception,
         headers,
         timestamp / 1000 if timestamp is not None else None,

@@ -1,4 +1,5 @@
-"""The bounded in-flight window: the one place where messages in flight are counted and settled.
+"""The bounded in-flight window: the one place where messages in flight are counted, bounded and
+settled.
 
 A producer may have at most ``limit`` messages in flight (and, with a byte bound, at most
 ``byte_limit`` bytes). When a produce finds the window full it waits until completions have
@@ -8,13 +9,18 @@ saturated link time to recover before it is filled again. Waiters are woken by c
 by polling. Each waiter has its own future, so a cancelled caller cannot cancel anybody else's
 wait, and nothing is counted for a caller cancelled while it waits.
 
-:meth:`~PyWindowCore.admit` builds each message's record and puts it in ``pending``
-(insertion-ordered by admission, hence by deadline), where it stays until exactly one of
-:meth:`~InFlightWindow.acked` / :meth:`~InFlightWindow.failed` removes it. That single ledger
-gives ``produced == acked + failed + in_flight`` at every moment, per-message deadlines with one
-timer for the whole window (no task or timer per message), and the list of what is left at
-close. ``admit`` is written twice, here and as ``producerkit._speedups.WindowCore`` (used where
-it was built); the differential tests compare them.
+The window's core admits: ``core.admit(message, partition, connection, slot)`` builds the
+message's :class:`~producerkit._record.Record` and puts it in ``pending`` (insertion-ordered by
+admission, hence by deadline), or returns None when the window is full. A record stays there
+until exactly one of :meth:`InFlightWindow.acked` / :meth:`InFlightWindow.failed` removes it. That
+single ledger gives ``produced == acked + failed + in_flight`` at every moment, per-message
+deadlines with one timer for the whole window (no task or timer per message), and the list of what
+is left at close. The core is :class:`PyWindowCore`, or its C twin ``_speedups.WindowCore`` where
+it was built (the differential tests compare them).
+
+Messages another thread hands to the producer (``producerkit._handoff``) count as in flight from
+the moment they are handed: :meth:`InFlightWindow.reserve` takes their room in the calling
+thread, and the loop admits them into that room.
 """
 
 from __future__ import annotations
@@ -25,30 +31,21 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any
 
-from producerkit import _fast
-from producerkit._fast import pop_run as _pop_run
+from producerkit._fast import speedups
+from producerkit._logging import FailureLog
+from producerkit._record import Message, Record, Slot, new_record
 from producerkit._types import (
-    CONNECTION,
-    DEADLINE,
-    FUTURE,
-    HEADERS,
-    KEY,
-    PARTITION,
-    SEQ,
-    TIMESTAMP,
-    TOPIC,
-    VALUE,
+    ConnectionStats,
     Delivery,
     DeliveryNotice,
     Failure,
-    HeaderPairs,
     Outcome,
-    Record,
+    Stats,
     failure_of,
 )
-from producerkit.errors import ProduceError, ProduceTimeout
+from producerkit.errors import ProduceError, ProduceTimeout, Purged
 
 logger = logging.getLogger("producerkit.producer")
 
@@ -57,73 +54,70 @@ OutcomeCallback = Callable[[Outcome], object]
 
 
 class PyWindowCore:
-    """What every message reads of the window, and :meth:`admit`. ``producerkit._speedups.
-    WindowCore`` is its C twin: the same fields and the same ``admit``."""
+    """The window's ledger and :meth:`admit`: the Python twin of ``_speedups.WindowCore`` (same
+    constructor, fields and ``admit``)."""
 
-    __slots__ = ("_seqs", "limit", "peak_in_flight", "pending", "timeout", "timer", "untrack")
+    __slots__ = (
+        "_seqs",
+        "_watch",
+        "handed",
+        "limit",
+        "peak_in_flight",
+        "pending",
+        "taken",
+        "timeout",
+        "untrack",
+    )
 
-    def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None:
+    def __init__(
+        self,
+        limit: int,
+        timeout: float,
+        watch: Callable[[Record], object],
+        untrack: bool = False,
+    ) -> None:
         self.limit = limit
         self.timeout = timeout
         self.untrack = untrack  # the C twin stops the GC tracking records: see _fast.untracked
         self.pending: dict[int, Record] = {}
         self.peak_in_flight = 0
-        self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
-        self._seqs = itertools.count(1)  # record[SEQ]: the n-th record admitted has n
+        #: Messages handed over by other threads, and those of them admitted (see reserve()).
+        self.handed = 0
+        self.taken = 0
+        self._watch = watch  # called with the first record into an empty window
+        self._seqs = itertools.count(1)
 
     def admit(
-        self,
-        value: bytes | None,
-        key: bytes | None,
-        topic: str,
-        partition: int | None,
-        headers: Any,
-        msg_id: str | None,
-        connection: int,
-        future: asyncio.Future[Delivery] | DeliveryNotice | None,
-        timestamp: int | None = None,
-    ) -> Record:
-        """Build the message's record and put it in flight: in ``pending``, counted in the
-        peak, its deadline watched if the window was empty. From here on it must end acked or
-        failed. The caller has made room (``len(pending) < limit``). ``timestamp``: the
-        record's CreateTime in epoch milliseconds, or None for the produce time."""
-        seq = next(self._seqs)
-        record: Record = (
-            seq,
-            value,
-            key,
-            topic,
-            partition,
-            headers,
-            msg_id,
-            time.monotonic() + self.timeout,
-            connection,
-            future,
-            timestamp,
-        )
+        self, message: Message, partition: int | None, connection: int, slot: Slot
+    ) -> Record | None:
+        """Put ``message`` in flight as a record routed to ``partition`` on ``connection``: in
+        ``pending``, counted in the peak, its deadline watched if the window was empty. From
+        here on it must end acked or failed. None (and nothing done) if the window is full."""
         pending = self.pending
         in_flight = len(pending)
+        if in_flight + self.handed - self.taken >= self.limit:
+            return None
+        seq = next(self._seqs)
+        record = new_record(
+            seq, message, partition, time.monotonic() + self.timeout, connection, slot
+        )
         pending[seq] = record
         if in_flight >= self.peak_in_flight:
             self.peak_in_flight = in_flight + 1
-        if not in_flight and self.timer is None:
-            self.watch(record)
+        if not in_flight:
+            self._watch(record)
         return record
-
-    def watch(self, record: Record) -> None:
-        """Arm the deadline timer for the first record into an empty window (the window's)."""
-        raise NotImplementedError
 
 
 #: The core this installation runs: the C twin where it was built.
-if TYPE_CHECKING:
-    _WindowCore = PyWindowCore
-else:
-    _WindowCore = _fast.speedups.WindowCore if _fast.speedups is not None else PyWindowCore
+WindowCore: Any = speedups.WindowCore if speedups is not None else PyWindowCore
+
+#: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
+_pop_run: Any = speedups.pop_run if speedups is not None else None
 
 
-class InFlightWindow(_WindowCore):
-    """The window: admission (its core), waiting for room, settling, deadlines, failures."""
+class InFlightWindow:
+    """The window: its core, waiting for room, settling, deadlines, failures, counters."""
 
     __slots__ = (
         "_empty_waiters",
@@ -137,9 +131,12 @@ class InFlightWindow(_WindowCore):
         "acked_count",
         "connection_acked",
         "connection_failed",
+        "core",
         "failed_count",
         "failures",
         "low_water",
+        "pending",
+        "timer",
         "wait_seconds",
         "waits",
     )
@@ -155,7 +152,9 @@ class InFlightWindow(_WindowCore):
         untrack: bool = False,
         resume_at: float = 0.5,
     ) -> None:
-        super().__init__(limit, timeout, untrack)
+        self.core = WindowCore(limit, timeout, self.watch, untrack)
+        self.pending: dict[int, Record] = self.core.pending
+        self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self.low_water = int(limit * resume_at)
         self.waits = 0
         self.wait_seconds = 0.0
@@ -168,29 +167,69 @@ class InFlightWindow(_WindowCore):
         self.failures: list[Failure] = []
         self._on_error = on_error
         self._on_outcome = on_outcome
-        self._failure_log = _FailureLog()
+        self._failure_log = FailureLog(logger)
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
         self._waiting = False  # either list has a waiter: one check per settled message
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
+    def limit(self) -> int:
+        return int(self.core.limit)
+
+    @property
+    def timeout(self) -> float:
+        return float(self.core.timeout)
+
+    @property
     def in_flight(self) -> int:
-        return len(self.pending)
+        """Messages admitted and not settled, and those handed over and not yet admitted."""
+        core = self.core
+        return len(self.pending) + int(core.handed) - int(core.taken)
 
     @property
     def produced(self) -> int:
-        """Records admitted so far: each is in ``pending`` or was counted acked or failed."""
-        return self.acked_count + self.failed_count + len(self.pending)
+        """Messages counted so far: each is in flight or was counted acked or failed."""
+        return self.acked_count + self.failed_count + self.in_flight
 
     def acked_on(self, connection: int) -> int:
         return self.connection_acked[connection] if self._per_connection else self.acked_count
 
     # ------------------------------------------------------------------ admission
 
+    def admit(
+        self,
+        message: Message,
+        partition: int | None,
+        connection: int,
+        slot: Slot,
+        reserved: bool = False,
+    ) -> Record | None:
+        """The core's admit (see :meth:`PyWindowCore.admit`): the record, or None if full.
+        ``reserved``: the message was handed over by another thread and holds room of its own
+        (see :meth:`reserve`), which it gives up as it is admitted."""
+        core = self.core
+        if not reserved:
+            return core.admit(message, partition, connection, slot)  # type: ignore[no-any-return]
+        core.taken += 1
+        record: Record | None = core.admit(message, partition, connection, slot)
+        if record is None:
+            core.taken -= 1  # still its room, until it is admitted
+        return record
+
     def is_full(self, size: int) -> bool:
         """Whether a message of ``size`` bytes must wait for room."""
-        return len(self.pending) >= self.limit
+        return self.in_flight >= self.limit
+
+    def reserve(self) -> bool:
+        """In another thread (holding the handoff's lock): room for one message handed over to
+        the loop, taken now; False if the window is full. The loop then admits it with
+        ``admit(..., reserved=True)``, or fails it with :meth:`fail_unadmitted`."""
+        core = self.core
+        if len(self.pending) + core.handed - core.taken >= core.limit:
+            return False
+        core.handed += 1
+        return True
 
     async def wait_for_room(self, size: int = 0) -> None:
         """Wait until the window has drained to its resume point; return with room for one
@@ -217,25 +256,30 @@ class InFlightWindow(_WindowCore):
                 self.wait_seconds += time.perf_counter() - started
 
     def watch(self, record: Record) -> None:
-        """Arm the timer for the first record into an empty window."""
+        """Arm the deadline timer for the first record into an empty window."""
         if self.timer is None:
-            self._arm_timer(record[DEADLINE])
+            self._arm_timer(record.deadline)
 
     # ------------------------------------------------------------------ settlement
 
-    def acked(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
-        """Settle one record as stored at ``offset`` (``duplicate``: see Delivery.duplicate)."""
+    def acked(
+        self, record: Record, offset: int | None, duplicate: bool = False, observe: bool = True
+    ) -> None:
+        """Settle one record as stored at ``offset`` (``duplicate``: see Delivery.duplicate);
+        ``observe``: tell ``on_outcome`` of it (acked_each tells it once for them all)."""
         pending = self.pending
-        if pending.pop(record[SEQ], None) is None:
+        if pending.pop(record.seq, None) is None:
             return  # already failed (timed out) or reported twice
         self.acked_count += 1
         if self._per_connection:
-            self.connection_acked[record[CONNECTION]] += 1
+            self.connection_acked[record.connection] += 1
         if self._waiting:
             self._wake(len(pending))
-        future = record[FUTURE]
-        if future is not None and not future.done():
-            future.set_result(delivery_of(record, offset, duplicate))
+        slot = record.slot
+        if slot is not None and not slot.done():
+            slot.set_result(delivery_of(record, offset, duplicate))
+        if observe and self._on_outcome is not None:
+            self._observe((record,), None)
 
     def acked_run(
         self, records: list[Record], first_offset: int | None, stored_at: int | None = None
@@ -243,82 +287,63 @@ class InFlightWindow(_WindowCore):
         """Ack records stored at consecutive offsets from ``first_offset`` (one Kafka batch, all
         on one connection): :meth:`acked` for each, with the counting and waking done once.
         ``stored_at``: the broker's LogAppendTime (epoch ms) where the topic keeps one."""
+        observed = self._settling(records) if self._on_outcome is not None else None
         if _pop_run is not None:
             count, waiting = _pop_run(self.pending, records)
             for position in waiting or ():  # blocking produces in this run: each its offset
                 record = records[position]
-                future = record[FUTURE]
-                if not future.done():
+                slot = record.slot
+                if not slot.done():
                     offset = None if first_offset is None else first_offset + position
-                    future.set_result(delivery_of(record, offset, stored_at=stored_at))
+                    slot.set_result(delivery_of(record, offset, stored_at=stored_at))
         else:
             pop = self.pending.pop
             count = 0
             offset = first_offset
             for record in records:
-                if pop(record[SEQ], None) is not None:
+                if pop(record.seq, None) is not None:
                     count += 1
-                    future = record[FUTURE]
-                    if future is not None and not future.done():
-                        future.set_result(delivery_of(record, offset, stored_at=stored_at))
+                    slot = record.slot
+                    if slot is not None and not slot.done():
+                        slot.set_result(delivery_of(record, offset, stored_at=stored_at))
                 if offset is not None:
                     offset += 1
         if count:
             self.acked_count += count
             if self._per_connection:
-                self.connection_acked[records[0][CONNECTION]] += count
+                self.connection_acked[records[0].connection] += count
             if self._waiting:
                 self._wake(len(self.pending))
+        if observed:
+            self._observe(observed, None)
 
     def acked_each(self, records: list[Record], offsets: list[int | None]) -> None:
         """Ack records that settled together (one read of JetStream PubAcks), each at its own
-        offset: :meth:`acked` for each."""
+        offset: :meth:`acked` for each, and one Outcome for them all."""
+        observed = self._settling(records) if self._on_outcome is not None else None
         acked = self.acked
         for record, offset in zip(records, offsets, strict=True):
-            acked(record, offset)
+            acked(record, offset, False, False)
+        if observed:
+            self._observe(observed, None)
 
-    @property
-    def observed(self) -> bool:
-        """Whether an ``on_outcome`` hook watches this window."""
-        return self._on_outcome is not None
-
-    def acked_observed(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
-        """:meth:`acked`, and ``on_outcome`` told of it (used instead when a hook is set)."""
-        if record[SEQ] in self.pending:
-            self.acked(record, offset, duplicate)
-            self._observe((record,), None)
-
-    def acked_run_observed(
-        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
-    ) -> None:
-        """:meth:`acked_run`, and ``on_outcome`` told of the records it settled."""
+    def _settling(self, records: list[Record]) -> list[Record]:
         pending = self.pending
-        settling = [record for record in records if record[SEQ] in pending]
-        self.acked_run(records, first_offset, stored_at)
-        if settling:
-            self._observe(settling, None)
-
-    def acked_each_observed(self, records: list[Record], offsets: list[int | None]) -> None:
-        """:meth:`acked_each`, and ``on_outcome`` told of the records it settled, in one Outcome."""
-        pending = self.pending
-        settling = [record for record in records if record[SEQ] in pending]
-        self.acked_each(records, offsets)
-        if settling:
-            self._observe(settling, None)
+        return [record for record in records if record.seq in pending]
 
     def _observe(
         self, records: list[Record] | tuple[Record, ...], error: BaseException | None
     ) -> None:
         assert self._on_outcome is not None
         first = records[0]
-        timeout = self.timeout
+        timeout = self.core.timeout
         outcome = Outcome(
-            tuple(record[SEQ] for record in records),
-            tuple(record[DEADLINE] - timeout for record in records),
+            tuple(record.seq for record in records),
+            tuple(record.deadline - timeout for record in records),
             time.monotonic(),
-            first[TOPIC],
-            first[PARTITION],
-            first[CONNECTION],
+            first.topic,
+            first.partition,
+            first.connection,
             error,
         )
         try:
@@ -328,22 +353,22 @@ class InFlightWindow(_WindowCore):
 
     def failed(self, record: Record, exc: BaseException) -> None:
         pending = self.pending
-        if pending.pop(record[SEQ], None) is None:
+        if pending.pop(record.seq, None) is None:
             return
         self.failed_count += 1
-        self.connection_failed[record[CONNECTION]] += 1
+        self.connection_failed[record.connection] += 1
         if self._waiting:
             self._wake(len(pending))
         if self._on_outcome is not None:
             self._observe((record,), exc)
-        future = record[FUTURE]
-        if future is not None and not future.done():
-            if not isinstance(future, DeliveryNotice):
-                future.set_exception(exc)
+        slot = record.slot
+        if slot is not None and not slot.done():
+            if not isinstance(slot, DeliveryNotice):
+                slot.set_exception(exc)
                 return  # the caller awaiting it is told; a blocking produce is not reported twice
             failure = failure_of(record, exc)
-            future.tell_failure(failure)
-            if future.waiter is not None:
+            slot.tell_failure(failure)
+            if slot.waiter is not None:
                 return  # a blocking produce: its caller is told, as above
         else:
             failure = failure_of(record, exc)
@@ -355,10 +380,23 @@ class InFlightWindow(_WindowCore):
             except Exception:
                 logger.exception("on_error callback raised; the failure is still in flush()")
 
+    def fail_unadmitted(self, message: Message, slot: Slot, exc: BaseException) -> None:
+        """A message handed over (counted in flight since :meth:`reserve`) that cannot be
+        admitted: it fails, counted and reported like any other failure."""
+        core = self.core
+        core.taken += 1  # the room it held is now its record's
+        core.limit += 1  # ... even where other produces have filled the window since
+        try:
+            record = core.admit(message, message.partition, 0, slot)
+        finally:
+            core.limit -= 1
+        self.failed(record, exc)
+
     def _wake(self, in_flight: int) -> None:
         if in_flight <= self.low_water:
             self.wake_room_waiters()
-            if in_flight == 0 and self._empty_waiters:
+            core = self.core
+            if in_flight == 0 and self._empty_waiters and core.handed == core.taken:
                 waiters, self._empty_waiters = self._empty_waiters, []
                 self._waiting = False
                 for waiter in waiters:
@@ -376,7 +414,7 @@ class InFlightWindow(_WindowCore):
 
     async def wait_empty(self) -> None:
         """Wait until nothing is in flight."""
-        while self.pending:
+        while self.in_flight:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._empty_waiters.append(waiter)
             self._waiting = True
@@ -386,6 +424,27 @@ class InFlightWindow(_WindowCore):
         for record in list(self.pending.values()):
             self.failed(record, make_error())
 
+    def purge(self, unsent: list[Record], in_flight: bool) -> list[Failure]:
+        """Fail ``unsent`` (records their connections have not written) and, with
+        ``in_flight``, every other record still waiting for its ack, with Purged; their
+        Failures are returned, and not raised again by the next ``take_failures``."""
+        unsent_numbers = {record.seq for record in unsent}
+        purging = unsent + (list(self.pending.values()) if in_flight else [])
+        reported_before = len(self.failures)
+        purged: list[Failure] = []
+        for record in purging:
+            if record.seq not in self.pending:
+                continue  # settled already, or listed twice
+            error = Purged(
+                "purged before it was sent"
+                if record.seq in unsent_numbers
+                else "purged while waiting for its ack; it may still have been stored"
+            )
+            self.failed(record, error)
+            purged.append(failure_of(record, error))
+        del self.failures[reported_before:]
+        return purged
+
     def take_failures(self) -> ProduceError | None:
         """The failures since the last call, as one ProduceError (or None)."""
         self._failure_log.flush()
@@ -393,6 +452,44 @@ class InFlightWindow(_WindowCore):
             return None
         failures, self.failures = self.failures, []
         return ProduceError(failures)
+
+    def stats(self, connections: int, rate_waits: int, rate_wait_seconds: float) -> Stats:
+        """A snapshot of the counters (see :class:`~producerkit.Stats`)."""
+        in_flight_by_connection = [0] * connections
+        for record in list(self.pending.values()):
+            in_flight_by_connection[record.connection] += 1
+        in_flight_by_connection[0] += self.core.handed - self.core.taken
+        per_connection = tuple(
+            ConnectionStats(
+                index=index,
+                produced=self.acked_on(index)
+                + self.connection_failed[index]
+                + in_flight_by_connection[index],
+                acked=self.acked_on(index),
+                failed=self.connection_failed[index],
+                in_flight=in_flight_by_connection[index],
+            )
+            for index in range(connections)
+        )
+        return Stats(
+            produced=self.produced,
+            acked=self.acked_count,
+            failed=self.failed_count,
+            in_flight=self.in_flight,
+            peak_in_flight=self.core.peak_in_flight,
+            window_waits=self.waits,
+            window_wait_seconds=self.wait_seconds,
+            connections=per_connection,
+            peak_bytes_in_flight=self.byte_counts()[1],
+            rate_waits=rate_waits,
+            rate_wait_seconds=rate_wait_seconds,
+            bytes_in_flight=self.byte_counts()[0],
+        )
+
+    def byte_counts(self) -> tuple[int | None, int | None]:
+        """The bytes in flight now, and the most there were at once; None where bytes are not
+        bounded."""
+        return None, None
 
     # ------------------------------------------------------------------ deadlines
 
@@ -407,88 +504,25 @@ class InFlightWindow(_WindowCore):
         now = time.monotonic()
         expired: list[Record] = []
         for record in self.pending.values():
-            if record[DEADLINE] > now:
+            if record.deadline > now:
                 break
             expired.append(record)
+        timeout = self.core.timeout
         for record in expired:
             self.failed(
                 record,
                 ProduceTimeout(
-                    f"not acknowledged within {self.timeout}s (topic {record[TOPIC]!r}); "
+                    f"not acknowledged within {timeout}s (topic {record.topic!r}); "
                     "it may still have been stored"
                 ),
             )
         if self.pending:
-            self._arm_timer(next(iter(self.pending.values()))[DEADLINE])
+            self._arm_timer(next(iter(self.pending.values())).deadline)
 
     def stop_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-
-
-class ByteBoundedWindow(InFlightWindow):
-    """The window with a bound in bytes too (``max_in_flight_bytes``): a message's bytes (value,
-    key and headers) count from its admission to its settlement. A message waits while either
-    bound is reached, and waiters resume when both have drained to their resume points. One
-    message larger than the whole bound goes alone, into an empty window."""
-
-    __slots__ = ("byte_limit", "byte_low_water", "bytes_in_flight", "peak_bytes_in_flight")
-
-    def __init__(
-        self,
-        limit: int,
-        timeout: float,
-        connections: int,
-        on_error: ErrorCallback | None,
-        on_outcome: OutcomeCallback | None = None,
-        *,
-        byte_limit: int,
-        untrack: bool = False,
-        resume_at: float = 0.5,
-    ) -> None:
-        super().__init__(
-            limit, timeout, connections, on_error, on_outcome, untrack=untrack, resume_at=resume_at
-        )
-        self.byte_limit = byte_limit
-        self.byte_low_water = int(byte_limit * resume_at)
-        self.bytes_in_flight = 0
-        self.peak_bytes_in_flight = 0
-
-    def is_full(self, size: int) -> bool:
-        pending = self.pending
-        return len(pending) >= self.limit or (
-            bool(pending) and self.bytes_in_flight + size > self.byte_limit
-        )
-
-    def admit(self, *fields: Any) -> Record:
-        record = super().admit(*fields)
-        in_flight = self.bytes_in_flight + record_size(record)
-        self.bytes_in_flight = in_flight
-        if in_flight > self.peak_bytes_in_flight:
-            self.peak_bytes_in_flight = in_flight
-        return record
-
-    def acked(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
-        if record[SEQ] in self.pending:
-            self.bytes_in_flight -= record_size(record)
-            super().acked(record, offset, duplicate)
-
-    def acked_run(
-        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
-    ) -> None:
-        pending = self.pending
-        self.bytes_in_flight -= sum(record_size(r) for r in records if r[SEQ] in pending)
-        super().acked_run(records, first_offset, stored_at)
-
-    def failed(self, record: Record, exc: BaseException) -> None:
-        if record[SEQ] in self.pending:
-            self.bytes_in_flight -= record_size(record)
-            super().failed(record, exc)
-
-    def _wake(self, in_flight: int) -> None:
-        if self.bytes_in_flight <= self.byte_low_water:
-            super()._wake(in_flight)
 
 
 def delivery_of(
@@ -497,52 +531,11 @@ def delivery_of(
     """The Delivery of a record stored at ``offset``: its timestamp is the broker's
     LogAppendTime (``stored_at``, epoch ms) where it gave one, else the CreateTime the producer
     fixed for the record, else None."""
-    stamp = stored_at if stored_at is not None else record[TIMESTAMP]
+    stamp = stored_at if stored_at is not None else record.timestamp
     return Delivery(
-        record[TOPIC],
-        record[PARTITION],
+        record.topic,
+        record.partition,
         offset,
         duplicate,
         None if stamp is None else stamp / 1000,
     )
-
-
-def message_size(value: bytes | None, key: bytes | None, headers: HeaderPairs | None) -> int:
-    """The bytes of a message that count against ``max_in_flight_bytes`` (a tombstone's None
-    value and a None header value count nothing)."""
-    size = 0 if value is None else len(value)
-    if key is not None:
-        size += len(key)
-    if headers:
-        size += sum(len(name) + len(data or b"") for name, data in headers)
-    return size
-
-
-def record_size(record: Record) -> int:
-    return message_size(record[VALUE], record[KEY], record[HEADERS])
-
-
-class _FailureLog:
-    """Logs failures as counts, at most one line per second, never one line per message."""
-
-    INTERVAL: Final = 1.0
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-        self._last = 0.0
-
-    def add(self, failure: Failure) -> None:
-        name = type(failure.exception).__name__
-        self._counts[name] = self._counts.get(name, 0) + 1
-        now = time.monotonic()
-        if now - self._last >= self.INTERVAL:
-            self._last = now
-            self.flush(example=failure)
-
-    def flush(self, example: Failure | None = None) -> None:
-        if not self._counts:
-            return
-        counts = ", ".join(f"{count} {name}" for name, count in sorted(self._counts.items()))
-        detail = f" (latest: {example.exception})" if example is not None else ""
-        logger.warning("messages failed: %s%s", counts, detail)
-        self._counts.clear()

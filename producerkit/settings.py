@@ -7,9 +7,9 @@ function, so a deployment configured once is configured for both.
 Precedence, highest first (a layer only supplies the settings it names):
 
 1. keyword overrides passed to :func:`load` (the CLI passes its flags here; ``None`` means unset)
-2. environment variables: ``PRODUCERKIT_URL``, ``PRODUCERKIT_TOPIC``,
-   ``PRODUCERKIT_MAX_IN_FLIGHT_MESSAGES``, ``PRODUCERKIT_TIMEOUT``, ``PRODUCERKIT_CONNECTIONS``,
-   ``PRODUCERKIT_PARTITIONER``, ``PRODUCERKIT_KEYLESS``, ``PRODUCERKIT_STATS_INTERVAL``; and a
+2. environment variables: ``PRODUCERKIT_URL`` and ``PRODUCERKIT_<SETTING>`` for every setting
+   of :class:`~producerkit.ProducerOptions` that text can give (``PRODUCERKIT_TOPIC``,
+   ``PRODUCERKIT_MAX_IN_FLIGHT_MESSAGES``, ``PRODUCERKIT_TIMEOUT``, ...: :data:`SETTINGS`); and a
    backend option ``NAME`` as ``PRODUCERKIT_OPTION_NAME`` (``PRODUCERKIT_OPTION_LINGER_MS=5``)
 3. a TOML file: ``config=`` (the CLI's ``--config``), else ``$PRODUCERKIT_CONFIG``, else
    ``./producerkit.toml`` if it exists. Settings are top-level keys, backend options go in an
@@ -32,11 +32,11 @@ like URL query parameters, and each backend converts and checks them.
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from producerkit._options import configurable, convert_text
 from producerkit.errors import ConfigurationError
 
 __all__ = ["DEFAULT_CONFIG_FILE", "ENV_PREFIX", "SETTINGS", "find_config_file", "load"]
@@ -44,23 +44,15 @@ __all__ = ["DEFAULT_CONFIG_FILE", "ENV_PREFIX", "SETTINGS", "find_config_file", 
 ENV_PREFIX: Final = "PRODUCERKIT_"
 DEFAULT_CONFIG_FILE: Final = "producerkit.toml"
 
-#: The Producer keyword arguments a configuration may set, with the type an environment string
-#: converts to. Callables (``on_error``, ``on_stats``, a partitioner function) only come from code.
+#: The Producer keyword arguments a configuration may set (``url`` and every setting of
+#: ProducerOptions that text can give), with the type text converts to. Callables
+#: (``on_error``, ``on_stats``, a partitioner function) only come from code.
 SETTINGS: Final[Mapping[str, type]] = {
     "url": str,
-    "topic": str,
-    "max_in_flight_messages": int,
-    "timeout": float,
-    "connections": int,
-    "partitioner": str,
-    "keyless": str,
-    "stats_interval": float,
+    **{field.name: field.metadata["text"] for field in configurable()},
 }
 
 _OPTION_ENV_PREFIX: Final = ENV_PREFIX + "OPTION_"
-#: Settings renamed: old name -> new name. The old names are still read, with a warning.
-RENAMED: Final = {"concurrent_task_limit": "max_in_flight_messages"}
-_READ: Final = {**SETTINGS, **{old: SETTINGS[new] for old, new in RENAMED.items()}}
 
 
 def load(
@@ -120,35 +112,18 @@ def find_config_file(
 
 def _from_environ(env: Mapping[str, str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for name, kind in _READ.items():
+    for name in SETTINGS:
         text = env.get(ENV_PREFIX + name.upper())
         if text is not None and text.strip():
-            found[name] = _convert(name, text.strip(), kind, ENV_PREFIX + name.upper())
-    _rename(found, lambda name: ENV_PREFIX + name.upper())
+            found[name] = _convert(name, text.strip(), ENV_PREFIX + name.upper())
     for variable, text in env.items():
         if variable.startswith(_OPTION_ENV_PREFIX) and len(variable) > len(_OPTION_ENV_PREFIX):
             found[variable[len(_OPTION_ENV_PREFIX) :].lower()] = text
     return found
 
 
-def _rename(found: dict[str, Any], source: Callable[[str], str]) -> None:
-    """Old setting names read: warn, and use them under the new name unless it is also set."""
-    for old, new in RENAMED.items():
-        if old in found:
-            warnings.warn(
-                f"{source(old)} is deprecated: use {source(new)}", DeprecationWarning, stacklevel=4
-            )
-            value = found.pop(old)
-            found.setdefault(new, value)
-
-
-def _convert(name: str, text: str, kind: type, source: str) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise ConfigurationError(
-            f"{source}={text!r}: {name} must be {'an int' if kind is int else 'a number'}"
-        ) from None
+def _convert(name: str, text: str, source: str) -> Any:
+    return text if name == "url" else convert_text(name, text, source)
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
@@ -165,16 +140,15 @@ def _from_toml(path: Path) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise ConfigurationError(f"{path}: [options] must be a table of backend options")
             found.update(value)
-        elif name in _READ:
-            kind = _READ[name]
+        elif name in SETTINGS:
+            kind = SETTINGS[name]
             # TOML has its own types; accept an int where a float is expected, nothing looser.
             ok = isinstance(value, kind) or (kind is float and type(value) is int)
-            if not ok or isinstance(value, bool):
+            if not ok or (isinstance(value, bool) and kind is not bool):
                 raise ConfigurationError(f"{path}: {name} = {value!r} must be a {kind.__name__}")
             found[name] = value
         else:
             # A typo here would otherwise be silently ignored, and the default used instead.
             known = ", ".join([*SETTINGS, "[options]"])
             raise ConfigurationError(f"{path}: unknown setting {name!r}; known: {known}")
-    _rename(found, lambda name: f"{path}: {name}")
     return found

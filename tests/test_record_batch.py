@@ -12,7 +12,7 @@ pytest.importorskip("aiokafka")
 
 from aiokafka.record.default_records import DefaultRecordBatch
 
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends.kafka import record_batch as _record_batch
 
 try:
@@ -35,9 +35,9 @@ def record(
     produced_at: float = 1000.0,
     timestamp_ms: int | None = None,
 ) -> Record:
-    return (
+    return Record(
         seq,
-        value,  # type: ignore[arg-type]  # None: a tombstone
+        value,  # None: a tombstone
         key,
         "t",
         0,
@@ -175,38 +175,34 @@ def test_records_in_flight_are_not_tracked_by_the_gc_when_they_hold_no_reference
     import asyncio
     import gc
 
-    from producerkit import _fast
-
-    if _fast.untracked is None:
-        pytest.skip(f"speedups {_fast.SPEEDUPS}")
+    if _speedups is None:
+        pytest.skip("producerkit._speedups was not built")
     plain = record(1, b"v", b"k")
     assert gc.is_tracked(plain)
-    assert _fast.untracked(plain) is plain and not gc.is_tracked(plain)
+    assert _speedups.untracked(plain) is plain and not gc.is_tracked(plain)
     # A future or headers can hold references: that record stays tracked, as CPython would.
     loop = asyncio.new_event_loop()
-    assert gc.is_tracked(_fast.untracked((*plain[:9], loop.create_future())))
+    assert gc.is_tracked(_speedups.untracked(plain._replace(slot=loop.create_future())))
     loop.close()
-    assert gc.is_tracked(_fast.untracked(record(1, b"v", None, (("h", b"1"),))))
+    assert gc.is_tracked(_speedups.untracked(record(1, b"v", None, (("h", b"1"),))))
 
 
 def test_pop_run_settles_a_run_and_names_the_blocking_ones() -> None:
     import asyncio
 
-    from producerkit import _fast
-
-    if _fast.pop_run is None:
-        pytest.skip(f"speedups {_fast.SPEEDUPS}")
+    if _speedups is None:
+        pytest.skip("producerkit._speedups was not built")
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
         records = [record(seq, b"v") for seq in range(1, 6)]
-        records[3] = (*records[3][:9], future)
-        pending = {record_[0]: record_ for record_ in records}
+        records[3] = records[3]._replace(slot=future)
+        pending = {record_.seq: record_ for record_ in records}
         del pending[2]  # failed (timed out) before the ack came: not counted again
-        assert _fast.pop_run(pending, records) == (4, [3])
+        assert _speedups.pop_run(pending, records) == (4, [3])
         assert pending == {}
-        assert _fast.pop_run(pending, records) == (0, None)
+        assert _speedups.pop_run(pending, records) == (0, None)
         with pytest.raises(TypeError, match="not a producerkit Record"):
-            _fast.pop_run({}, [(1, 2)])
+            _speedups.pop_run({}, [(1, 2)])
     finally:
         loop.close()

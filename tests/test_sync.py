@@ -121,7 +121,7 @@ def test_close_leaves_no_task_running(
     sync.close()
     assert all(task.done() for task in running), [t for t in running if not t.done()]
     assert sync.loop.is_closed()
-    assert not any(t.ident == sync._bridge.thread_id for t in threading.enumerate())
+    assert not any(t.name == "producerkit-loop" and t.is_alive() for t in threading.enumerate())
     settled(sync.stats)
     assert sync.stats.acked == 500
     with pytest.raises(pk.ProducerClosed):

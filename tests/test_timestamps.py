@@ -112,12 +112,14 @@ async def test_a_log_append_time_from_the_broker_is_what_delivery_reports() -> N
     keeps CreateTime only, so the window is driven directly here)."""
     import asyncio
 
+    from producerkit._record import Message
     from producerkit._window import InFlightWindow
 
     window = InFlightWindow(10, 30.0, 1, None)
     loop = asyncio.get_running_loop()
     futures = [loop.create_future() for _ in range(2)]
-    records = [window.admit(b"v", None, "t", 0, None, None, 0, future, 1_000) for future in futures]
+    message = Message(b"v", None, "t", None, None, None, 1_000)
+    records = [window.admit(message, 0, 0, future) for future in futures]
     window.acked_run(records, 40, stored_at=1_700_000_000_123)
     first, second = (future.result() for future in futures)
     assert (first.offset, second.offset) == (40, 41)

@@ -10,7 +10,9 @@ import pytest
 from conftest import BackendCase
 
 from producerkit import ConfigurationError, Outcome, Producer
-from producerkit._window import ByteBoundedWindow, InFlightWindow, record_size
+from producerkit._byte_window import ByteBoundedWindow, record_size
+from producerkit._record import Message
+from producerkit._window import InFlightWindow
 
 pytestmark = pytest.mark.anyio
 
@@ -23,10 +25,10 @@ async def test_bytes_in_flight_never_pass_the_bound(backend: BackendCase, topic:
     producer: Producer
 
     def watch(outcome: Outcome) -> None:  # after every settlement, read the window
-        window = producer._window
-        assert isinstance(window, ByteBoundedWindow)
-        peaks.append(window.bytes_in_flight)
-        assert window.bytes_in_flight <= bound
+        in_flight = producer.stats.bytes_in_flight
+        assert in_flight is not None
+        peaks.append(in_flight)
+        assert in_flight <= bound
 
     options: dict[str, Any] = {"max_message_size": 200_000} if backend.name == "memory" else {}
     producer = Producer(
@@ -40,9 +42,8 @@ async def test_bytes_in_flight_never_pass_the_bound(backend: BackendCase, topic:
     async with producer:
         for number in range(200):
             await producer.produce(MESSAGE, key=b"%d" % number, nonblocking=True)
-            window = producer._window
-            assert isinstance(window, ByteBoundedWindow)
-            assert window.bytes_in_flight <= bound
+            in_flight = producer.stats.bytes_in_flight
+            assert in_flight is not None and in_flight <= bound
         await producer.flush()
     stats = producer.stats
     assert stats.acked == 200 and stats.failed == 0
@@ -67,7 +68,8 @@ async def test_without_a_byte_bound_the_peak_is_not_tracked() -> None:
 @pytest.mark.parametrize(("resume_at", "resumes_at"), [(0.5, 50), (0.9, 90), (1.0, 99), (0.0, 0)])
 async def test_waiters_resume_at_the_given_fraction(resume_at: float, resumes_at: int) -> None:
     window = InFlightWindow(100, 30.0, 1, None, resume_at=resume_at)
-    records = [window.admit(b"v", None, "t", 0, None, None, 0, None) for _ in range(100)]
+    message = Message(b"v", None, "t", None, None, None, None)
+    records = [window.admit(message, 0, 0, None) for _ in range(100)]
     waiting = asyncio.ensure_future(window.wait_for_room())
     await asyncio.sleep(0)
     settled = 0
@@ -81,7 +83,8 @@ async def test_waiters_resume_at_the_given_fraction(resume_at: float, resumes_at
 
 async def test_byte_bound_resumes_when_both_bounds_have_drained() -> None:
     window = ByteBoundedWindow(100, 30.0, 1, None, byte_limit=1000, resume_at=0.5)
-    records = [window.admit(b"v" * 100, None, "t", 0, None, None, 0, None) for _ in range(10)]
+    message = Message(b"v" * 100, None, "t", None, None, None, None)
+    records = [window.admit(message, 0, 0, None) for _ in range(10)]
     assert window.bytes_in_flight == 1000 == sum(record_size(r) for r in records)
     assert window.is_full(1) and not window.is_full(0)
     waiting = asyncio.ensure_future(window.wait_for_room(100))
@@ -115,9 +118,10 @@ def test_bad_bounds_are_configuration_errors(settings: dict[str, Any]) -> None:
 
 
 def test_the_throughput_preset_brings_its_window_unless_one_is_given() -> None:
-    assert Producer("kafka://127.0.0.1:1", topic="t")._limit == 1000
-    assert Producer("kafka://127.0.0.1:1", topic="t", preset="throughput")._limit == 10_000
+    assert "limit=1000 " in repr(Producer("kafka://127.0.0.1:1", topic="t"))
+    preset = Producer("kafka://127.0.0.1:1", topic="t", preset="throughput")
+    assert "limit=10000 " in repr(preset)
     given = Producer(
         "kafka://127.0.0.1:1", topic="t", preset="throughput", max_in_flight_messages=7
     )
-    assert given._limit == 7
+    assert "limit=7 " in repr(given)

@@ -14,8 +14,8 @@ reports exactly one outcome to the :class:`Reports` it was built with: ``acked(r
 (offset may be None), ``acked_run(records, first_offset)`` for a batch stored at consecutive
 offsets, ``acked_each(records, offsets)`` for records acked together at any offsets, or
 ``failed(record, exc)`` with a producerkit error. Late or duplicate reports are
-ignored, so a connection need not track deadlines. A record is a plain tuple: read it as
-``record[TOPIC]``, ``record[VALUE]``... with the positions in ``producerkit._types``.
+ignored, so a connection need not track deadlines. A record is a
+:class:`~producerkit._record.Record` named tuple: ``record.topic``, ``record.value``...
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from producerkit._types import Headers, Record
+from producerkit._record import Record
+from producerkit._types import Headers
 from producerkit._urls import ParsedURL, coerce_option
 from producerkit.errors import ConfigurationError, DeliveryError, ProducerError
 
@@ -187,6 +188,22 @@ class BackendSpec:
     timestamp_refusal: str | None = None
     #: Why a tombstone (a None value) is refused here (None: it is stored).
     tombstone_refusal: str | None = None
+    #: Whether a Delivery carries where the message was stored (``Delivery.offset``).
+    acks_with_offset: bool = True
+    #: Whether every topic has partitions, without options (NATS has them with ``partitions=N``).
+    partitioned: bool = True
+    #: Whether a header may have a None value (a null header value).
+    takes_null_header_values: bool = True
+    #: Whether what is acked can be read back (a log, a stream or a store; not core NATS).
+    stores_records: bool = True
+
+    @property
+    def takes_tombstones(self) -> bool:
+        return self.tombstone_refusal is None
+
+    @property
+    def takes_timestamps(self) -> bool:
+        return self.timestamp_refusal is None
 
     def checked_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         if self.check_options is not None:

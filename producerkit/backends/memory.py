@@ -12,18 +12,8 @@ import weakref
 
 import attrs
 
-from producerkit import _deprecated
-from producerkit._types import (
-    HEADERS,
-    KEY,
-    MSG_ID,
-    PARTITION,
-    TIMESTAMP,
-    TOPIC,
-    VALUE,
-    HeaderPairs,
-    Record,
-)
+from producerkit._record import Record
+from producerkit._types import HeaderPairs
 from producerkit.backends.base import BackendSpec, Connection
 
 
@@ -53,19 +43,19 @@ class MemoryStore:
         self._next_offsets: dict[tuple[str, int | None], int] = {}
 
     def append(self, record: Record) -> int:
-        slot = (record[TOPIC], record[PARTITION])
+        slot = (record.topic, record.partition)
         offset = self._next_offsets.get(slot, 0)
         self._next_offsets[slot] = offset + 1
         self.records.append(
             StoredRecord(
-                record[TOPIC],
-                record[PARTITION],
+                record.topic,
+                record.partition,
                 offset,
-                record[KEY],
-                record[VALUE],
-                record[HEADERS],
-                record[MSG_ID],
-                record[TIMESTAMP] / 1000 if record[TIMESTAMP] is not None else None,
+                record.key,
+                record.value,
+                record.headers,
+                record.msg_id,
+                record.timestamp / 1000 if record.timestamp is not None else None,
             )
         )
         return offset
@@ -120,9 +110,4 @@ MEMORY = BackendSpec(
     connection=MemoryConnection,
     options={"partitions": int, "max_message_size": int},
     stores_timestamps=True,
-)
-
-
-__getattr__ = _deprecated.renamed(
-    __name__, {"MemoryBackend": ("MemoryConnection", lambda: MemoryConnection)}
 )

@@ -7,8 +7,7 @@ stored, so a Delivery from null:// has no offset (None), as from core NATS.
 
 from __future__ import annotations
 
-from producerkit import _deprecated
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends.base import BackendSpec, Connection
 
 
@@ -37,8 +36,7 @@ NULL = BackendSpec(
     options={"partitions": int},
     holds_records=False,
     tombstone_refusal="null:// stores nothing, so there is nothing for a tombstone to delete",
-)
-
-__getattr__ = _deprecated.renamed(
-    __name__, {"NullBackend": ("NullConnection", lambda: NullConnection)}
+    acks_with_offset=False,
+    partitioned=False,
+    stores_records=False,
 )

@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -141,13 +140,6 @@ def make_config(
 ) -> SinkConfig:
     """Validate everything on the driver (a Producer is built, not started) and freeze it."""
     kwargs = {name: value for name, value in (producer_kwargs or {}).items() if value is not None}
-    if "concurrent_task_limit" in kwargs:  # the old name, read for one more release
-        warnings.warn(
-            "concurrent_task_limit is deprecated: use max_in_flight_messages",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        kwargs["max_in_flight_messages"] = kwargs.pop("concurrent_task_limit")
     if "on_error" in kwargs:
         raise ConfigurationError('the Spark sink takes on_error="fail" or "count", not a callback')
     if callable(kwargs.get("partitioner")):

@@ -15,9 +15,7 @@ producers idle for ``idle_timeout`` seconds; ``atexit`` closes the rest.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import concurrent.futures
 import hashlib
 import logging
 import os
@@ -29,6 +27,7 @@ from typing import Any, Literal
 
 import attrs
 
+from producerkit._options import configurable, convert_text
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
 from producerkit.errors import ConfigurationError, MessageError, ProduceError, ProducerError
@@ -36,20 +35,6 @@ from producerkit.errors import ConfigurationError, MessageError, ProduceError, P
 __all__ = ["Chunk", "Column", "SinkConfig", "TaskCounts", "publish_task"]
 
 logger = logging.getLogger("producerkit.spark")
-
-#: Producer settings (not backend options) a sink config may carry.
-PRODUCER_SETTINGS = (
-    "max_in_flight_messages",
-    "connections",
-    "keyless",
-    "partitioner",
-    "timeout",
-    "max_rate",
-    "max_bytes_rate",
-    "rate_burst",
-)
-_INT_SETTINGS = ("max_in_flight_messages", "connections")
-_FLOAT_SETTINGS = ("timeout", "max_rate", "max_bytes_rate", "rate_burst")
 
 #: A column by name (a DataFrame's, a Row's, a dict's) or by position (a tuple's, a Row's;
 #: only ``partition_writer`` takes positions: a DataFrame's columns are named).
@@ -128,12 +113,10 @@ class SinkConfig:
 
     def producer_arguments(self) -> dict[str, Any]:
         kwargs = dict(self.producer_kwargs)
-        for name in _INT_SETTINGS:  # options from format("producerkit") arrive as strings
-            if isinstance(kwargs.get(name), str):
-                kwargs[name] = _parse_number(name, kwargs[name], int)
-        for name in _FLOAT_SETTINGS:
-            if isinstance(kwargs.get(name), str):
-                kwargs[name] = _parse_number(name, kwargs[name], float)
+        for field in configurable():  # options from format("producerkit") arrive as strings
+            text = kwargs.get(field.name)
+            if isinstance(text, str) and field.metadata["text"] is not str:
+                kwargs[field.name] = convert_text(field.name, text, f"option {field.name}")
         for name in ("value_serializer", "key_serializer"):
             shipped = getattr(self, name)
             if shipped is not None:
@@ -163,13 +146,6 @@ def _unship(name: str, shipped: str | bytes) -> Any:
             "be able to import that module (install it there, or SparkContext.addPyFile); one "
             "defined in the driver's script or inside a function travels by value."
         ) from exc
-
-
-def _parse_number(name: str, text: str, kind: type[int] | type[float]) -> int | float:
-    try:
-        return kind(text)
-    except ValueError as exc:
-        raise ConfigurationError(f"{name} must be a {kind.__name__}, got {text!r}") from exc
 
 
 @attrs.frozen(slots=True)
@@ -312,8 +288,9 @@ class _Tally:
         )
 
 
-async def _send_chunk(producer: Producer, chunk: Chunk, tally: _Tally, fail_fast: bool) -> None:
-    """Produce every row of ``chunk`` nonblocking: one loop hop per chunk, never per row."""
+def _send_chunk(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: bool) -> None:
+    """Produce every row of ``chunk`` nonblocking, from this thread: each is validated here and
+    handed to the producer's loop, whose window bounds what is in flight."""
     values = chunk["value"]
     count = len(values)
     keys = chunk.get("key")
@@ -328,7 +305,7 @@ async def _send_chunk(producer: Producer, chunk: Chunk, tally: _Tally, fail_fast
             value = values[i]
             if value is None:
                 raise MessageError("the value column is null (producerkit sends no tombstones)")
-            await produce(
+            produce(
                 value,
                 key=keys[i] if keys is not None else None,
                 topic=topics[i] if topics is not None else None,
@@ -406,22 +383,14 @@ def publish_task(config: SinkConfig, chunks: Iterable[Chunk]) -> TaskCounts:
 def _send_chunks(
     sync: SyncProducer, chunks: Iterable[Chunk], tally: _Tally, fail_fast: bool
 ) -> None:
-    """Produce each chunk on the producer's loop while the next is converted here; with
-    ``fail_fast``, stop at the first chunk after a message failed."""
-    pending: concurrent.futures.Future[None] | None = None
-    failed_before = sync.producer.stats.failed
+    """Produce each chunk; with ``fail_fast``, stop at the first chunk after a message failed."""
+    failed_before = sync.stats.failed
     for chunk in chunks:
         if not len(chunk["value"]):
             continue
-        if pending is not None:
-            pending.result()
-            if fail_fast and sync.producer.stats.failed > failed_before:
-                break  # a message already failed: stop sending, flush reports it below
-        pending = asyncio.run_coroutine_threadsafe(
-            _send_chunk(sync.producer, chunk, tally, fail_fast), sync.loop
-        )
-    if pending is not None:
-        pending.result()
+        if fail_fast and sync.stats.failed > failed_before:
+            break  # a message already failed: stop sending, flush reports it below
+        _send_chunk(sync, chunk, tally, fail_fast)
 
 
 def _flush_counting(entry: _Entry, tally: _Tally) -> bool:

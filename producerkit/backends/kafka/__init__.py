@@ -15,7 +15,6 @@ public batch API as the fallback.
 
 from __future__ import annotations
 
-from producerkit import _deprecated
 from producerkit.backends.base import BackendSpec
 from producerkit.backends.kafka import errors, options
 from producerkit.backends.kafka.connection import KafkaConnection
@@ -31,9 +30,4 @@ KAFKA = BackendSpec(
     default_keyless="sticky",
     stores_timestamps=True,
     default_window=options.default_window,
-)
-
-__getattr__ = _deprecated.renamed(
-    __name__,
-    {"KafkaBackend": ("KafkaConnection (and KAFKA, its spec)", lambda: KafkaConnection)},
 )

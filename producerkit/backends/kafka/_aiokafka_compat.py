@@ -27,7 +27,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
-from producerkit._types import DEADLINE, HEADERS, KEY, TIMESTAMP, VALUE, Record
+from producerkit._record import Record
 from producerkit.backends import _clients
 
 try:  # aiokafka modules the fast path needs; a release may move them
@@ -245,12 +245,12 @@ def append_records(
     for end in range(start, len(records)):
         record = records[end]
         headers: list[tuple[str, bytes | None]] = (
-            list(record[HEADERS]) if record[HEADERS] else _NO_HEADERS
+            list(record.headers) if record.headers else _NO_HEADERS
         )
-        timestamp = record[TIMESTAMP]
+        timestamp = record.timestamp
         if timestamp is None:
-            timestamp = int((record[DEADLINE] + time_shift) * 1000 // 1)
-        if append(end - start, timestamp, record[KEY], record[VALUE], headers) is None:
+            timestamp = int((record.deadline + time_shift) * 1000 // 1)
+        if append(end - start, timestamp, record.key, record.value, headers) is None:
             return end
     return len(records)
 

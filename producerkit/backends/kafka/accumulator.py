@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
-from producerkit._types import PARTITION, TOPIC, Record
+from producerkit._record import Record
 from producerkit.backends.kafka import _aiokafka_compat
 from producerkit.backends.kafka.record_batch import Encoder
 
@@ -83,8 +83,7 @@ class PartitionQueue:
 
 class Gathering:
     """What a send reads besides the queue: whether a ship is due, and how many records fill a
-    batch. Where it was built, ``producerkit._speedups.Gather`` takes its place: the same two
-    attributes, and a C send() for when a record only has to be appended."""
+    batch."""
 
     __slots__ = ("batch_records", "ship_due")
 
@@ -107,7 +106,7 @@ class Accumulator:
         gathering: Gathering,
         fail: Callable[[list[Record], BaseException], None],
     ) -> None:
-        self.queues = queues  # also read by the C Gather's send
+        self.queues = queues
         self.gathering = gathering
         self._encode = encode
         self._max_batch_size = max_batch_size
@@ -120,14 +119,14 @@ class Accumulator:
         self.fast_fill = False
 
     def queue_of(self, record: Record) -> PartitionQueue:
-        partitions = self.queues.get(record[TOPIC])
+        partitions = self.queues.get(record.topic)
         if partitions is None:
-            partitions = self.queues[record[TOPIC]] = {}
-        queue = partitions.get(record[PARTITION])  # type: ignore[arg-type]
+            partitions = self.queues[record.topic] = {}
+        queue = partitions.get(record.partition)  # type: ignore[arg-type]
         if queue is None:
-            queue = partitions[record[PARTITION]] = PartitionQueue(  # type: ignore[index]
-                record[TOPIC],
-                record[PARTITION],  # type: ignore[arg-type]
+            queue = partitions[record.partition] = PartitionQueue(  # type: ignore[index]
+                record.topic,
+                record.partition,  # type: ignore[arg-type]
             )
         return queue
 

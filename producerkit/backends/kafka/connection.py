@@ -12,13 +12,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
-from producerkit import _fast
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection
 from producerkit.backends.kafka import _aiokafka_compat, options, record_batch
 from producerkit.backends.kafka.accumulator import (
-    INITIAL_BATCH_RECORDS,
     Accumulator,
     Gathering,
     PartitionQueue,
@@ -51,20 +49,10 @@ class KafkaConnection(Connection):
             if codec
             else record_batch.encode_batch
         )
-        queues: dict[str, dict[int, PartitionQueue]] = {}
-        gathering: Gathering
-        if _fast.Gather is not None:
-            # The C send appends when that is all there is to do, and calls this class's send
-            # for everything else.
-            c_gather = _fast.Gather(queues, self.send)
-            c_gather.batch_records = INITIAL_BATCH_RECORDS
-            c_gather.ship_due = False
-            self.send = c_gather.send  # type: ignore[method-assign]
-            gathering = c_gather
-        else:
-            gathering = Gathering()
+        self._queues: dict[str, dict[int, PartitionQueue]] = {}
+        self._gathering = gathering = Gathering()
         self._accumulator = Accumulator(
-            queues=queues,
+            queues=self._queues,
             encode=encode,
             max_batch_size=settings["max_batch_size"],
             request_timeout=settings["request_timeout_ms"] / 1000,
@@ -156,24 +144,23 @@ class KafkaConnection(Connection):
     # ------------------------------------------------------------------ the hot path
 
     def send(self, record: Record) -> Awaitable[None] | None:
-        """Append ``record`` to its partition's open list (the C Gather's send does this itself
-        when that is all there is to do) and arrange for it to ship."""
-        queue = self._accumulator.queue_of(record)
+        """Append ``record`` to its partition's open list and arrange for it to ship."""
+        try:
+            queue = self._queues[record.topic][record.partition]  # type: ignore[index]
+        except KeyError:
+            queue = self._accumulator.queue_of(record)
         records = queue.records
         records.append(record)
-        sender = self._sender
-        if len(records) >= self._accumulator.gathering.batch_records:
+        gathering = self._gathering
+        if len(records) >= gathering.batch_records:
             # Enough for a full batch: encode it now and let the loop write it (and read acks)
             # at once, not only when the window is full, so the broker works while the caller
             # keeps producing.
             self._accumulator.seal(queue)
-            sender.schedule_ship()
+            self._sender.schedule_ship()
             return asyncio.sleep(0)
-        if (
-            not self._accumulator.gathering.ship_due
-            and queue.in_flight < sender.max_batches_in_flight
-        ):
-            sender.schedule_ship(sender.linger)
+        if not gathering.ship_due and queue.in_flight < self._sender.max_batches_in_flight:
+            self._sender.schedule_ship(self._sender.linger)
         return None
 
     def _fail(self, records: list[Record], exc: BaseException) -> None:

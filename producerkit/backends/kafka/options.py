@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import warnings
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -23,7 +22,6 @@ AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
     "linger_ms": int,
     "max_batch_size": int,
     "max_batches_in_flight": int,
-    "max_in_flight": int,  # the deprecated name of max_batches_in_flight
     "max_request_size": int,
     "metadata_max_age_ms": int,
     "request_timeout_ms": int,
@@ -59,7 +57,6 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         others = {**others, "acks": str(acks_given)}
     checked = coerce_options(OPTIONS, others)
     checked.update(security)
-    _rename_deprecated(checked, "max_in_flight", "max_batches_in_flight")
     if checked.get("preset") not in (None, "latency", "throughput"):
         raise ConfigurationError(
             f"unknown preset {checked['preset']!r}: use 'latency' or 'throughput'"
@@ -131,14 +128,3 @@ def batches_in_flight(options: Mapping[str, Any], idempotent: bool) -> int:
     throughput = options.get("preset") == "throughput"
     default = THROUGHPUT_BATCHES_IN_FLIGHT if throughput else 1
     return int(options.get("max_batches_in_flight", default))
-
-
-def _rename_deprecated(checked: dict[str, Any], old: str, new: str) -> None:
-    if old not in checked:
-        return
-    if new in checked:
-        raise ConfigurationError(f"give {new} only ({old} is its old name)")
-    warnings.warn(
-        f"the Kafka option {old} is deprecated: use {new}", DeprecationWarning, stacklevel=5
-    )
-    checked[new] = checked.pop(old)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from producerkit import _fast
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends.kafka import _aiokafka_compat
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]

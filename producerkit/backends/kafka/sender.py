@@ -27,7 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends.base import Reports
 from producerkit.backends.kafka import _aiokafka_compat
 from producerkit.backends.kafka.accumulator import Accumulator, Batch, PartitionQueue

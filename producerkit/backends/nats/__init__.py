@@ -13,7 +13,6 @@ API as the fallback.
 
 from __future__ import annotations
 
-from producerkit import _deprecated
 from producerkit.backends.base import BackendSpec
 from producerkit.backends.nats import errors, options
 from producerkit.backends.nats.core import NatsConnection
@@ -36,6 +35,10 @@ NATS = BackendSpec(
     translate_error=errors.translate,
     timestamp_refusal=_NO_TIMESTAMP,
     tombstone_refusal="NATS has no null value (an empty payload is a message like any other)",
+    acks_with_offset=False,
+    partitioned=False,
+    takes_null_header_values=False,
+    stores_records=False,
 )
 JETSTREAM = BackendSpec(
     connection=JetStreamConnection,
@@ -48,15 +51,6 @@ JETSTREAM = BackendSpec(
     timestamp_refusal=_NO_TIMESTAMP,
     tombstone_refusal="JetStream has no null value (an empty payload is a message like any "
     "other); to delete a subject's messages, purge the stream by subject",
-)
-
-__getattr__ = _deprecated.renamed(
-    __name__,
-    {
-        "NatsBackend": ("NatsConnection (and NATS, its spec)", lambda: NatsConnection),
-        "JetStreamBackend": (
-            "JetStreamConnection (and JETSTREAM, its spec)",
-            lambda: JetStreamConnection,
-        ),
-    },
+    partitioned=False,
+    takes_null_header_values=False,
 )

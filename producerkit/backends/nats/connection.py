@@ -13,7 +13,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from producerkit import _security
-from producerkit._types import HEADERS, MSG_ID, PARTITION, TOPIC, VALUE, Record
+from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection
 from producerkit.backends.nats import _natspy_compat
@@ -84,19 +84,19 @@ class NatsClientConnection(Connection):
 
     def subject(self, record: Record) -> str:
         if self._partitions is None:
-            return record[TOPIC]
-        return f"{record[TOPIC]}.{record[PARTITION]}"
+            return record.topic
+        return f"{record.topic}.{record.partition}"
 
     async def prepare_topic(self, topic: str) -> int | None:
         return self._partitions
 
     def nats_headers(self, record: Record) -> dict[str, str] | None:
         headers = None
-        if record[HEADERS]:
-            headers = {name: data.decode("utf-8") for name, data in record[HEADERS]}
-        if record[MSG_ID] is not None:
+        if record.headers:
+            headers = {name: data.decode("utf-8") for name, data in record.headers}
+        if record.msg_id is not None:
             headers = headers or {}
-            headers["Nats-Msg-Id"] = record[MSG_ID]
+            headers["Nats-Msg-Id"] = record.msg_id
         return headers
 
     def publish(self, record: Record, reply: str = "") -> Awaitable[None] | None:
@@ -110,10 +110,10 @@ class NatsClientConnection(Connection):
         client = self._nc
         writer = self._direct_writer
         # Never None here: the NATS specs refuse tombstones at produce().
-        value: bytes = record[VALUE]  # type: ignore[assignment]
+        value: bytes = record.value  # type: ignore[assignment]
         if writer is None or not client.is_connected:
             return client.publish(self.subject(record), value, reply, self.nats_headers(record))
-        if record[HEADERS] is None and record[MSG_ID] is None:
+        if record.headers is None and record.msg_id is None:
             command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:
             block = header_block(record)
@@ -207,10 +207,10 @@ class NatsClientConnection(Connection):
 def header_block(record: Record) -> bytes:
     """The NATS/1.0 header block of a record (names and values checked by check_headers)."""
     lines = [b"NATS/1.0\r\n"]
-    for name, data in record[HEADERS] or ():
+    for name, data in record.headers or ():
         lines.append(b"%s: %s\r\n" % (name.encode(), data))
-    if record[MSG_ID] is not None:
-        lines.append(b"Nats-Msg-Id: %s\r\n" % record[MSG_ID].encode())
+    if record.msg_id is not None:
+        lines.append(b"Nats-Msg-Id: %s\r\n" % record.msg_id.encode())
     lines.append(b"\r\n")
     return b"".join(lines)
 

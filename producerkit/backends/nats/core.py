@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection
 from producerkit.backends.nats.errors import translate

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Mapping
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from producerkit._types import DEADLINE, PARTITION, TOPIC, Record
+from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection
@@ -157,8 +157,8 @@ class JetStreamConnection(NatsClientConnection):
             if sequence is None:
                 self._report(record, data, None)
                 continue
-            if record[TOPIC] != topic or record[PARTITION] != partition:
-                topic, partition = record[TOPIC], record[PARTITION]
+            if record.topic != topic or record.partition != partition:
+                topic, partition = record.topic, record.partition
                 records, offsets = groups.setdefault((topic, partition), ([], []))
             records.append(record)
             offsets.append(sequence)
@@ -191,7 +191,7 @@ class JetStreamConnection(NatsClientConnection):
         if now - self._last_sweep < self.timeout:
             return
         self._last_sweep = now
-        expired = [token for token, record in self._awaiting.items() if record[DEADLINE] < now]
+        expired = [token for token, record in self._awaiting.items() if record.deadline < now]
         for token in expired:
             del self._awaiting[token]
 

@@ -1,0 +1,62 @@
+"""Opening and closing a producer's connections (the seam's side of its lifecycle)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from producerkit._urls import ParsedURL
+from producerkit.backends.base import BackendSpec, Connection, Reports
+from producerkit.errors import BrokerUnavailable, ProducerError
+
+logger = logging.getLogger("producerkit.producer")
+
+
+async def open_connections(
+    spec: BackendSpec,
+    url: ParsedURL,
+    options: Mapping[str, Any],
+    reports: Reports,
+    *,
+    timeout: float,
+    count: int,
+) -> list[Connection]:
+    """``count`` connections, each connected within ``timeout``; BrokerUnavailable (or the
+    backend's own ProducerError) if any cannot be, with every one closed again."""
+    connections = [
+        spec.connection(url, options, reports, timeout=timeout, index=index)
+        for index in range(count)
+    ]
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(connection.connect() for connection in connections)), timeout
+        )
+    except BaseException as exc:
+        await close_connections(connections)
+        where = describe_servers(url)
+        if isinstance(exc, TimeoutError):
+            raise BrokerUnavailable(f"could not connect to {where} within {timeout}s") from exc
+        if isinstance(exc, ProducerError) or not isinstance(exc, Exception):
+            raise
+        raise BrokerUnavailable(f"could not connect to {where}: {exc}") from exc
+    return connections
+
+
+async def close_connections(connections: list[Connection]) -> None:
+    """Close every connection, each within its timeout; what closing raises is logged."""
+    await asyncio.gather(*(_close_quietly(connection) for connection in connections))
+
+
+async def _close_quietly(connection: Connection) -> None:
+    try:
+        await asyncio.wait_for(connection.close(), connection.timeout)
+    except Exception:
+        logger.debug("error closing %r", connection, exc_info=True)
+
+
+def describe_servers(url: ParsedURL) -> str:
+    """``scheme://host:port,...`` (or ``scheme://name``): where a producer connects."""
+    servers = ",".join(url.server_strings())
+    return f"{url.scheme}://{servers or url.name}"

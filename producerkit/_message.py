@@ -1,0 +1,349 @@
+"""What a producer accepts as a message, checked without I/O: :class:`MessageRules`.
+
+``MessageRules.message(value, key, headers, topic, partition, msg_id, ...)`` serializes the value
+and key (``value_serializer``/``key_serializer``), adds the trace context and JetStream
+expectations to the headers, and returns the :class:`~producerkit._record.Message` the producer
+sends, or raises a :class:`~producerkit.MessageError` naming what is wrong (nothing is counted).
+It runs in whichever thread produces (``SyncProducer`` validates in the caller's thread) and
+touches no producer state but its settings.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from producerkit._record import Message
+from producerkit._types import HeaderPairs
+from producerkit.errors import (
+    ConfigurationError,
+    MessageError,
+    MessageTooLarge,
+    MissingDependencyError,
+    ProducerError,
+    SerializationError,
+)
+from producerkit.jetstream import Expect
+
+if TYPE_CHECKING:
+    from producerkit.backends.base import BackendSpec
+    from producerkit.serializers import Serializer
+
+#: What ``produce(headers=...)`` takes: a mapping, or (name, value) pairs where names may repeat.
+HeadersArgument = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]
+
+#: Bytes a backend adds around a record (lengths, timestamps, attributes); used in the size check.
+RECORD_OVERHEAD: Final = 64
+#: The latest CreateTime accepted, in seconds: the end of year 9999.
+_MAX_TIMESTAMP: Final = 253_402_300_800
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND: Final = datetime.timedelta(milliseconds=1)
+_new = tuple.__new__
+
+
+class MessageRules:
+    """The checks and conversions one producer applies to every message it is given."""
+
+    __slots__ = (
+        "_inject_trace",
+        "_key_serializer",
+        "_scheme",
+        "_spec",
+        "_takes_context",
+        "_value_serializer",
+        "default_topic",
+        "max_payload",
+        "transforms",
+    )
+
+    def __init__(
+        self,
+        spec: BackendSpec,
+        scheme: str,
+        default_topic: str | None,
+        *,
+        value_serializer: Serializer | None = None,
+        key_serializer: Serializer | None = None,
+        propagate_trace: bool = False,
+        takes_context: bool = False,
+    ) -> None:
+        self._spec = spec
+        self._scheme = scheme
+        if default_topic is not None:
+            check_topic_type(default_topic, ConfigurationError)
+            try:
+                spec.check_topic(default_topic)
+            except MessageError as exc:  # a bad default topic is a bad setting: say so now
+                raise ConfigurationError(str(exc)) from None
+        self.default_topic = default_topic
+        self._value_serializer = value_serializer
+        self._key_serializer = key_serializer
+        self._inject_trace = trace_injector() if propagate_trace else None
+        self._takes_context = takes_context
+        #: Whether values, keys or headers are transformed before they are checked.
+        self.transforms = bool(value_serializer or key_serializer or propagate_trace)
+        #: The most bytes of value, key and headers a message may have; the connections' own
+        #: limit once they are connected.
+        self.max_payload = spec.connection.max_message_size - RECORD_OVERHEAD
+
+    def message(
+        self,
+        value: object,
+        key: object = None,
+        headers: object = None,
+        topic: object = None,
+        partition: object = None,
+        msg_id: object = None,
+        *,
+        context: object = None,
+        expect: object = None,
+        timestamp: object = None,
+        reported: bool = False,
+    ) -> Message:
+        """The Message to send for these arguments of ``produce()``. ``reported``: the
+        message's Delivery is awaited (a blocking produce), so its CreateTime is fixed here."""
+        if self.transforms:
+            value, key, headers = self._transformed(value, key, headers, topic)
+        if expect is not None:
+            headers = self._with_expectation(headers, expect)
+        if value is None:
+            self._check_tombstone(key)
+        elif type(value) is not bytes:
+            value = to_bytes("value", value)
+        if key is not None and type(key) is not bytes:
+            key = to_bytes("key", key)
+        if topic is None:
+            topic = self.default_topic
+            if topic is None:
+                raise MessageError("no topic: pass topic= to produce() or to the Producer")
+        elif type(topic) is not str or not topic:
+            check_topic_type(topic, MessageError)
+        if partition is not None and type(partition) is not int:
+            raise MessageError(f"partition must be an int, not {type(partition).__name__}")
+        if msg_id is not None and (type(msg_id) is not str or not msg_id):
+            raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
+        header_pairs = None
+        if headers is not None:
+            header_pairs = normalize_headers(headers)
+            # The spec's check takes Headers: the backends that refuse None values say so.
+            self._spec.check_headers(header_pairs)  # type: ignore[arg-type]
+        size = 0 if value is None else len(value)
+        if key is not None:
+            size += len(key)
+        if header_pairs:
+            size += sum(len(name) + len(data or b"") for name, data in header_pairs)
+        if size > self.max_payload:
+            raise MessageTooLarge(
+                f"message of {size} bytes (value, key and headers) is larger than "
+                f"{self.max_payload}, the most this {self._scheme}:// connection accepts"
+            )
+        if context is not None and not self._takes_context:
+            raise MessageError("context= is for on_delivery: create the Producer with one")
+        stamp = None
+        if timestamp is not None:
+            stamp = self._timestamp_ms(timestamp)
+        elif (reported or self._takes_context) and self._spec.stores_timestamps:
+            stamp = int(time.time() * 1000)
+        return _new(Message, (value, key, topic, partition, header_pairs, msg_id, stamp))
+
+    def check_topic(self, topic: str) -> None:
+        """MessageError if ``topic`` is no topic of this backend (checked once per topic)."""
+        check_topic_type(topic, MessageError)
+        self._spec.check_topic(topic)
+
+    def _check_tombstone(self, key: object) -> None:
+        """A None value is a tombstone: it needs a key, and a backend that stores it."""
+        refusal = self._spec.tombstone_refusal
+        if refusal is not None:
+            raise MessageError(f"value is None (a Kafka tombstone), but {refusal}")
+        if key is None:
+            raise MessageError(
+                "value is None without a key: a tombstone deletes a key from a compacted "
+                "topic, so it needs the key (produce(None, key=...))"
+            )
+
+    def _timestamp_ms(self, timestamp: object) -> int:
+        """``timestamp`` as epoch milliseconds; MessageError if it is not one this backend
+        stores."""
+        refusal = self._spec.timestamp_refusal
+        if refusal is not None:
+            raise MessageError(f"timestamp= is for Kafka: {refusal}")
+        if isinstance(timestamp, datetime.datetime):
+            if timestamp.utcoffset() is None:
+                raise MessageError(
+                    f"timestamp {timestamp!r} has no time zone: give an aware datetime "
+                    "(tzinfo=datetime.timezone.utc, say) or epoch seconds"
+                )
+            return (timestamp - _EPOCH) // _MILLISECOND
+        if (
+            isinstance(timestamp, bool)
+            or not isinstance(timestamp, (int, float))
+            or not math.isfinite(timestamp)
+            or not 0 <= timestamp < _MAX_TIMESTAMP
+        ):
+            raise MessageError(
+                "timestamp must be epoch seconds (an int or float from 0, before year 10000) "
+                f"or an aware datetime, got {timestamp!r}"
+            )
+        return round(timestamp * 1000)
+
+    def _with_expectation(self, headers: Any, expect: object) -> Any:
+        """The message's headers with ``expect``'s ``Nats-Expected-*`` headers added."""
+        if not isinstance(expect, Expect):
+            raise MessageError(f"expect must be a producerkit.Expect, not {type(expect).__name__}")
+        if not self._spec.takes_expectations:
+            raise MessageError(
+                f"expect= is for JetStream (jetstream://); this producer is {self._scheme}://"
+            )
+        pairs = expect.header_pairs()
+        if headers is None:
+            return pairs
+        given = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        return given + list(pairs)
+
+    def _transformed(
+        self, value: Any, key: Any, headers: Any, topic: object
+    ) -> tuple[Any, Any, Any]:
+        """The value and key serialized, the trace context added to the headers;
+        SerializationError naming the message if a serializer raises."""
+        for what, serializer in (("value", self._value_serializer), ("key", self._key_serializer)):
+            original = value if what == "value" else key
+            if serializer is None or original is None:
+                continue
+            try:
+                serialized = serializer(original)
+            except Exception as exc:
+                raise SerializationError(
+                    f"{what}_serializer failed on the message with key {_short(key)} to topic "
+                    f"{topic or self.default_topic!r} (value {_short(value)}): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if what == "value":
+                value = serialized
+            else:
+                key = serialized
+        if self._inject_trace is not None:
+            headers = self._inject_trace(headers)
+        return value, key, headers
+
+
+def check_partition(partition: int, num_partitions: int | None, topic: str) -> None:
+    """MessageError if ``partition`` is not one of ``topic``'s ``num_partitions``."""
+    if num_partitions is None:
+        raise MessageError(
+            f"partition={partition} given but topic {topic!r} is not partitioned on this backend "
+            "(NATS: create the producer with partitions=N)"
+        )
+    if not 0 <= partition < num_partitions:
+        raise MessageError(
+            f"partition {partition} is out of range for topic {topic!r} "
+            f"with {num_partitions} partition(s)"
+        )
+
+
+def check_topic_type(topic: object, error: type[ProducerError]) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise error(f"topic must be a non-empty str, got {topic!r}")
+    if not topic.isascii():  # rare: only then pay for the UTF-8 check
+        try:
+            topic.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates
+            raise error(f"topic {topic!r} is not valid UTF-8 text") from None
+
+
+def message_size(value: bytes | None, key: bytes | None, headers: HeaderPairs | None) -> int:
+    """The bytes of a message that count against ``max_in_flight_bytes`` and the size limit (a
+    tombstone's None value and a None header value count nothing)."""
+    size = 0 if value is None else len(value)
+    if key is not None:
+        size += len(key)
+    if headers:
+        size += sum(len(name) + len(data or b"") for name, data in headers)
+    return size
+
+
+def to_bytes(what: str, data: object) -> bytes:
+    if isinstance(data, str):
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates
+            raise MessageError(f"{what} is not valid UTF-8 text: {exc}") from None
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise MessageError(
+        f"{what} must be bytes, bytearray, memoryview or str, not {type(data).__name__}"
+    )
+
+
+def normalize_headers(headers: object) -> HeaderPairs:
+    pairs: Iterable[Any]
+    if isinstance(headers, Mapping):
+        pairs = headers.items()
+    elif isinstance(headers, (list, tuple)):
+        pairs = headers
+    else:
+        raise MessageError(
+            "headers must be a mapping of str to bytes/str/None, or a list of (name, value) "
+            f"pairs, not {type(headers).__name__}"
+        )
+    normalized = []
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise MessageError(f"headers must be (name, value) pairs, got {pair!r}")
+        name, data = pair
+        if not isinstance(name, str) or not name:
+            raise MessageError(f"header names must be non-empty str, got {name!r}")
+        if not name.isascii():
+            to_bytes(f"header name {name!r}", name)
+        if isinstance(data, str):
+            data = to_bytes(f"header {name!r}", data)
+        elif isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        elif data is not None and not isinstance(data, bytes):
+            raise MessageError(
+                f"header {name!r} must have a bytes, str or None value, not {type(data).__name__}"
+            )
+        normalized.append((name, data))
+    return tuple(normalized)
+
+
+def trace_injector() -> Callable[[Any], Any]:
+    """``(headers) -> headers`` with the current OpenTelemetry context injected as headers, for
+    ``propagate_trace``; headers the caller gave win over injected ones of the same name."""
+    try:
+        from opentelemetry import context as otel_context
+        from opentelemetry import propagate
+    except ImportError as exc:
+        raise MissingDependencyError(
+            'propagate_trace needs OpenTelemetry: run  pip install "producerkit[otel]"'
+        ) from exc
+    get_current, inject = otel_context.get_current, propagate.inject
+    last_context: object = None
+    last_carrier: dict[str, str] = {}
+
+    def with_trace(headers: Any) -> Any:
+        nonlocal last_context, last_carrier
+        context = get_current()
+        if context is not last_context:  # a Context is immutable: same object, same headers
+            last_carrier = {}
+            inject(last_carrier, context=context)
+            last_context = context
+        carrier = last_carrier  # only read below
+        if not carrier:
+            return headers  # no active span: nothing to propagate
+        if headers is None:
+            return carrier
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        given = {pair[0] for pair in pairs if isinstance(pair, tuple) and pair}
+        return pairs + [(name, data) for name, data in carrier.items() if name not in given]
+
+    return with_trace
+
+
+def _short(obj: object) -> str:
+    """A repr that names a message without printing all of it."""
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,208 @@
+"""Every Producer setting, declared once: :class:`ProducerOptions`.
+
+Each field has its type, its default, a one-line doc, the backends that take it and where else it
+may come from. The rest is derived from these fields: :class:`~producerkit.Producer`'s keyword
+arguments (``tests/test_options.py`` checks that the signature lists exactly these), the
+environment and TOML loader (``producerkit.settings``), the Spark sink's options and the flags of
+``producerkit produce``. Backend options (``linger_ms``, ``create_stream``, ...) are declared by
+each backend's spec and passed through as they are.
+
+A ``ProducerOptions`` checks every value when it is built and raises
+:class:`~producerkit.ConfigurationError` naming the first bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from producerkit.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from producerkit import partitioners
+    from producerkit._types import DeliveryCallback, Failure, Outcome, Stats
+    from producerkit.serializers import Serializer
+
+__all__ = ["ALL_BACKENDS", "ProducerOptions", "configurable", "convert_text"]
+
+ALL_BACKENDS: Final = frozenset({"kafka", "jetstream", "nats", "memory", "null"})
+
+
+def _positive_int(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (type(value) is not int or value <= 0):
+        raise ConfigurationError(f"{field.name} must be a positive int, got {value!r}")
+
+
+def _positive_number(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not is_positive_seconds(value):
+        raise ConfigurationError(
+            f"{field.name} must be a positive number of seconds, got {value!r}"
+        )
+
+
+def _fraction(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigurationError(f"{field.name} must be a number from 0 to 1, got {value!r}")
+
+
+def _callback(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(f"{field.name} must be a callable ({field.metadata['doc']})")
+
+
+def _flag(_: object, field: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not bool:
+        raise ConfigurationError(f"{field.name} must be True or False, got {value!r}")
+
+
+def is_positive_seconds(value: object) -> bool:
+    """Whether ``value`` is a finite number of seconds above zero."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and value > 0
+        and value != float("inf")
+    )
+
+
+def _setting(
+    default: Any,
+    doc: str,
+    *,
+    text: type | None,
+    check: Callable[[Any, attrs.Attribute[Any], Any], None] | None = None,
+    backends: frozenset[str] = ALL_BACKENDS,
+    cli: bool = True,
+) -> Any:
+    """A field of ProducerOptions. ``text``: the type its text converts to where it comes from
+    text (environment, TOML, Spark options, command line); None: only code can give it (a
+    callable). ``cli``: ``producerkit produce`` has a flag for it."""
+    return attrs.field(
+        default=default,
+        validator=check,
+        metadata={"doc": doc, "text": text, "backends": backends, "cli": cli and text is not None},
+    )
+
+
+@attrs.frozen(kw_only=True)
+class ProducerOptions:
+    """The settings of one Producer (backend options apart), checked."""
+
+    topic: str | None = _setting(
+        None, "default topic (Kafka topic, NATS subject) for produces that name none", text=str
+    )
+    max_in_flight_messages: int | None = _setting(
+        None,
+        "most messages in flight at once (default 1000; 10,000 with Kafka's preset='throughput')",
+        text=int,
+        check=_positive_int,
+    )
+    timeout: float = _setting(
+        30.0,
+        "seconds a message may stay unacknowledged before it fails; also bounds connecting",
+        text=float,
+        check=_positive_number,
+    )
+    connections: int = _setting(
+        1,
+        "connections to the broker; a partition always uses the same one",
+        text=int,
+        check=_positive_int,
+    )
+    partitioner: str | partitioners.KeyPartitioner = _setting(
+        "xxhash",
+        "key partitioner: xxhash, murmur2 (Java's), memphis, crc32 or a function",
+        text=str,
+    )
+    keyless: str | partitioners.KeylessPartitioner | None = _setting(
+        None,
+        "how keyless messages spread: sticky or round_robin (default: the backend's)",
+        text=str,
+    )
+    on_error: Callable[[Failure], object] | None = _setting(
+        None, "called with each Failure as it happens", text=None, check=_callback
+    )
+    on_delivery: DeliveryCallback | None = _setting(
+        None,
+        "called once per message with (Delivery or Failure, context)",
+        text=None,
+        check=_callback,
+    )
+    on_outcome: Callable[[Outcome], object] | None = _setting(
+        None,
+        "called with an Outcome per group of messages that settle together",
+        text=None,
+        check=_callback,
+    )
+    on_stats: Callable[[Stats], object] | None = _setting(
+        None,
+        "called with a Stats snapshot every stats_interval seconds",
+        text=None,
+        check=_callback,
+    )
+    stats_interval: float = _setting(
+        5.0, "seconds between on_stats calls", text=float, check=_positive_number, cli=False
+    )
+    value_serializer: str | Serializer | None = _setting(
+        None, "turns each value into bytes: json, str, bytes or a function", text=str, cli=False
+    )
+    key_serializer: str | Serializer | None = _setting(
+        None, "turns each key into bytes: json, str, bytes or a function", text=str, cli=False
+    )
+    propagate_trace: bool = _setting(
+        False,
+        "inject the current OpenTelemetry context into each message's headers",
+        text=bool,
+        check=_flag,
+    )
+    max_in_flight_bytes: int | None = _setting(
+        None,
+        "most bytes (values, keys, headers) in flight at once; None: no bound",
+        text=int,
+        check=_positive_int,
+    )
+    resume_at: float = _setting(
+        0.5,
+        "the fraction of each bound a full window drains to before produces go on",
+        text=float,
+        check=_fraction,
+    )
+    max_rate: float | None = _setting(
+        None, "most messages per second, over every connection; None: no limit", text=float
+    )
+    max_bytes_rate: float | None = _setting(
+        None, "most bytes (value + key) per second; None: no limit", text=float
+    )
+    rate_burst: float | None = _setting(
+        None,
+        "messages an idle producer may send at once (default: 50 ms of max_rate)",
+        text=float,
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.rate_burst is not None and self.max_rate is None and self.max_bytes_rate is None:
+            raise ConfigurationError("rate_burst needs max_rate or max_bytes_rate")
+
+
+def configurable() -> Iterator[attrs.Attribute[Any]]:
+    """The settings that may come from text (environment, TOML, Spark options, CLI flags)."""
+    return (field for field in attrs.fields(ProducerOptions) if field.metadata["text"] is not None)
+
+
+def convert_text(name: str, text: str, source: str) -> Any:
+    """The setting ``name`` from its text (``source`` names where it came from, for errors)."""
+    kind = attrs.fields_dict(ProducerOptions)[name].metadata["text"]
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigurationError(f"{source}={text!r}: {name} must be true or false")
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "an int" if kind is int else "a number" if kind is float else kind.__name__
+        raise ConfigurationError(f"{source}={text!r}: {name} must be {expected}") from None

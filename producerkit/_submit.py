@@ -1,0 +1,166 @@
+"""The one way into flight: :meth:`Submitter.submit`.
+
+Every message a producer sends, from ``produce()``, from another thread (``_handoff``) or from a
+facade, is a validated :class:`~producerkit._record.Message` submitted here: its topic's partition
+count (learned once, ``_topics``), its partition and connection (``_routing``), its turn under the
+rate limit (``_rate``), room and admission in the window (``_window``), then its connection's
+``send()``. Until admission a message is nobody's and a failure raises to the caller; from
+admission on its outcome is the window's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from producerkit._message import check_partition
+from producerkit._rate import RateLimit
+from producerkit._record import Message, Record, Slot
+from producerkit._routing import Router
+from producerkit._topics import UNKNOWN, Topics
+from producerkit._window import InFlightWindow
+from producerkit.errors import ProducerClosed, ProducerError
+
+#: A connection's ``send(record)``.
+Send = Callable[[Record], "Awaitable[None] | None"]
+
+
+class Submitter:
+    """Routes, rate-limits, admits and sends the messages of one producer."""
+
+    __slots__ = (
+        "_rate",
+        "_router",
+        "_topics",
+        "_translate_error",
+        "_window",
+        "closing",
+        "open",
+        "sends",
+    )
+
+    def __init__(
+        self,
+        window: InFlightWindow,
+        router: Router,
+        topics: Topics,
+        rate: RateLimit | None,
+        translate_error: Callable[[BaseException], ProducerError],
+    ) -> None:
+        self._window = window
+        self._router = router
+        self._topics = topics
+        self._rate = rate
+        self._translate_error = translate_error
+        #: Each connection's send, by index (set when the producer starts).
+        self.sends: Sequence[Send] = ()
+        #: New messages are taken (the producer runs); ``closing``: messages handed over before
+        #: the producer began to close are still admitted.
+        self.open = False
+        self.closing = False
+
+    def submit(
+        self, message: Message, slot: Slot, reserved: bool = False
+    ) -> Awaitable[None] | None:
+        """Route, wait for the rate limit and for room, admit, send. Returns None when the
+        message is handed off, else an awaitable that hands it off (it had to wait). Raises (or
+        the awaitable raises) only before admission. ``reserved``: handed over by another
+        thread, with its room held (see ``InFlightWindow.reserve``)."""
+        topic = message.topic
+        count = self._topics.counts.get(topic, UNKNOWN)
+        if count == UNKNOWN:
+            return self._submit_later(message, slot, reserved, None)
+        if message.partition is not None:
+            check_partition(message.partition, count, topic)
+        route = self._router.route(topic, message.key, message.partition, count)
+        if self._rate is not None and not self._rate.try_acquire(payload_size(message)):
+            return self._submit_later(message, slot, reserved, route, True)
+        record = self._window.admit(message, route[0], route[1], slot, reserved)
+        if record is None:
+            return self._submit_later(message, slot, reserved, route)
+        return self.send(record)
+
+    async def _submit_later(
+        self,
+        message: Message,
+        slot: Slot,
+        reserved: bool,
+        route: tuple[int | None, int] | None,
+        wait_for_rate: bool = False,
+    ) -> None:
+        """The rest of :meth:`submit` for a message that must wait: for its topic's partition
+        count, its turn under the rate limit, or room in the window. A handed-over message
+        (``reserved``) that cannot be admitted fails here, counted, and nothing is raised."""
+        window = self._window
+        try:
+            rate = self._rate
+            if route is None:
+                count = await self._topics.learn(message.topic)
+                if message.partition is not None:
+                    check_partition(message.partition, count, message.topic)
+                route = self._router.route(message.topic, message.key, message.partition, count)
+                wait_for_rate = rate is not None and not rate.try_acquire(payload_size(message))
+            if wait_for_rate:
+                assert rate is not None
+                await rate.wait_for_turn(payload_size(message))
+                self._check_open(reserved)
+            while (record := window.admit(message, route[0], route[1], slot, reserved)) is None:
+                await window.wait_for_room(payload_size(message))
+                self._check_open(reserved)
+        except BaseException as exc:
+            if not reserved:
+                raise
+            window.fail_unadmitted(message, slot, _closed_if_cancelled(exc))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        handed_off = self.send(record)
+        if handed_off is not None:
+            await handed_off
+
+    def _check_open(self, reserved: bool) -> None:
+        """After a wait: a produce gives up once the producer closes; a message handed over
+        before (``reserved``) is still admitted while it closes."""
+        if not self.open and not (reserved and self.closing):
+            raise ProducerClosed("the producer was closed while this produce waited")
+
+    def send(self, record: Record) -> Awaitable[None] | None:
+        """Hand an admitted record to its connection: None, or an awaitable that finishes the
+        hand-off. If the connection raises, the record fails."""
+        try:
+            handed_off = self.sends[record.connection](record)
+        except Exception as exc:
+            self.send_failed(record, exc)
+            return None
+        if handed_off is None:
+            return None
+        return self.hand_off(record, handed_off)
+
+    def send_failed(self, record: Record, exc: BaseException) -> None:
+        """What a connection raised for a record, translated at the backend's edge: the record
+        is not lost, it fails."""
+        self._window.failed(record, self._translate_error(exc))
+
+    async def hand_off(self, record: Record, handed_off: Awaitable[None]) -> None:
+        """Await what a connection's send returned; if it raises, the record fails. A caller
+        cancelled meanwhile leaves the record in flight: its outcome still arrives (or its
+        deadline fails it)."""
+        try:
+            await handed_off
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.send_failed(record, exc)
+
+
+def payload_size(message: Message) -> int:
+    """The bytes of a message's value and key, as the rate limit counts them."""
+    value, key = message.value, message.key
+    size = 0 if value is None else len(value)
+    return size if key is None else size + len(key)
+
+
+def _closed_if_cancelled(exc: BaseException) -> BaseException:
+    if isinstance(exc, Exception):
+        return exc
+    return ProducerClosed("the producer stopped before this message was admitted")
