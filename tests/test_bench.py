@@ -3,7 +3,6 @@ coordinated omission a sync producer behind a slow link exposes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ from producerkit.bench.peers import run_peer
 from producerkit.bench.report import analyze
 from producerkit.cli import bench as bench_command
 from producerkit.testing.brokers import LocalBroker
+
+pytestmark = pytest.mark.anyio
 
 MESSAGES: list[tuple[bytes | None, bytes]] = [(b"k1", b"x" * 100), (None, b"y" * 100)]
 
@@ -71,17 +72,13 @@ def test_schedule_rate_2000_for_5_seconds(tmp_path: Path) -> None:
     assert overlay.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_every_message_timed_by_index_on_memory() -> None:
-    async def run() -> Any:
-        target = ProducerTarget("memory://", "t", max_in_flight_messages=64)
-        await target.start()
-        try:
-            timings = await run_open_loop(target, MESSAGES, rate=0, count=3000, warmup=10)
-        finally:
-            await target.close()
-        return timings
-
-    timings = asyncio.run(run())
+async def test_every_message_timed_by_index_on_memory() -> None:
+    target = ProducerTarget("memory://", "t", max_in_flight_messages=64)
+    await target.start()
+    try:
+        timings = await run_open_loop(target, MESSAGES, rate=0, count=3000, warmup=10)
+    finally:
+        await target.close()
     assert timings.sent == 3000
     assert all(status == OK for status in timings.status[:3000])
     assert all(timings.ack[i] >= timings.send[i] >= timings.due[i] for i in range(3000))
@@ -89,16 +86,13 @@ def test_every_message_timed_by_index_on_memory() -> None:
     assert result["summary"]["acked"] == 3000
 
 
-def test_sync_mode_with_several_senders() -> None:
-    async def run() -> Any:
-        target = ProducerTarget("memory://", "t")
-        await target.start()
-        try:
-            return await run_open_loop(target, MESSAGES, rate=0, count=500, mode="sync", senders=4)
-        finally:
-            await target.close()
-
-    timings = asyncio.run(run())
+async def test_sync_mode_with_several_senders() -> None:
+    target = ProducerTarget("memory://", "t")
+    await target.start()
+    try:
+        timings = await run_open_loop(target, MESSAGES, rate=0, count=500, mode="sync", senders=4)
+    finally:
+        await target.close()
     assert timings.sent == 500
     assert bytes(timings.status[:500]) == bytes([OK]) * 500
 
@@ -167,20 +161,18 @@ def test_repeat_interleaves_rounds_and_gives_median_ratios(
     assert result["summary"] == {"failed": 0, "unacknowledged": 0}
 
 
-def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:
+async def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:
     acks: list[int] = []
     url = nats_broker.jetstream_url
-    timings = asyncio.run(
-        run_peer(
-            "nats-py",
-            url,
-            topic,
-            MESSAGES,
-            rate=0,
-            count=500,
-            on_ack=lambda index, ok: acks.append(index),
-            warmup=5,
-        )
+    timings = await run_peer(
+        "nats-py",
+        url,
+        topic,
+        MESSAGES,
+        rate=0,
+        count=500,
+        on_ack=lambda index, ok: acks.append(index),
+        warmup=5,
     )
     assert timings.sent == 500
     assert sorted(acks) == list(range(500))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import producerkit as pk
-from producerkit.cli.dev import _alive
+from producerkit.cli.dev import process_running
 from producerkit.testing.brokers import free_port
 
 CLI = [sys.executable, "-m", "producerkit", "dev"]
@@ -29,7 +29,7 @@ def listening(port: int) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    return _alive(pid)  # zombie-aware: an orphan nobody reaped yet is not running
+    return process_running(pid)  # zombie-aware: an orphan nobody reaped yet is not running
 
 
 def publish_one(url: str, **options: object) -> pk.Delivery | None:

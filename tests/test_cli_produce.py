@@ -7,9 +7,10 @@ stream (test_broker_down_mid_run_then_replay).
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
@@ -25,20 +26,44 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
+import attrs
 import pytest
 from conftest import read_jetstream, read_kafka
 
+from producerkit import ProducerOptions, settings
 from producerkit.backends.memory import MemoryStore, get_store
+from producerkit.cli._args import cli_syntax
+from producerkit.cli.formats import detect_format
 from producerkit.cli.produce import (
-    _cli_syntax,
+    SHORT_OPTIONS,
+    add_setting_flags,
     build_parser,
-    detect_format,
     main,
-    progress_columns,
+    setting_fields,
 )
+from producerkit.cli.progress import progress_columns
 from producerkit.testing.brokers import LocalBroker, start_nats
 
+pytestmark = pytest.mark.anyio
+
 CLI = [sys.executable, "-m", "producerkit", "produce"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """One event loop for this module's async tests: the command runs in a process of its own,
+    on its own loop, and the test's loop only reads the broker back."""
+    return "asyncio"
+
+
+async def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``producerkit produce *argv`` in a process of its own, its output decoded."""
+    with anyio.fail_after(timeout):
+        result = await anyio.run_process([*CLI, *argv], check=False)
+    stdout, stderr = (data.decode(errors="replace") for data in (result.stdout, result.stderr))
+    return subprocess.CompletedProcess(result.args, result.returncode, stdout, stderr)
 
 
 def memory() -> tuple[str, MemoryStore]:
@@ -105,7 +130,7 @@ def test_jsonl_fields_and_replay_of_refused_records(
     if value_field:
         fields += ["--value-field", value_field]
     url, store = memory()
-    argv = ["--url", url, "--topic", "t", "--format", "jsonl", *fields, "--nonblocking"]
+    argv = ["--url", url, "--topic", "t", "--format", "jsonl", *fields]
     code = main([str(source), *argv, "-o", "max_message_size=300", "--failed-out", str(failed)])
     assert code == 1
     first = [(r.key, r.value, r.msg_id) for r in store.records]
@@ -209,7 +234,7 @@ def _closed_port() -> int:
     return free_port()
 
 
-def test_100k_jsonl_keyed_nonblocking_on_jetstream(
+async def test_100k_jsonl_keyed_pipelined_on_jetstream(
     tmp_path: Path, nats_broker: LocalBroker
 ) -> None:
     """The issue's scenario, all up: 100,000 JSONL lines, keys from a field, progress, summary."""
@@ -220,99 +245,63 @@ def test_100k_jsonl_keyed_nonblocking_on_jetstream(
             file.write(f'{{"id": "o-{i}", "user": "user-{i % 1000}", "amount": {i}}}\n')
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
-    result = subprocess.run(
-        [
-            *CLI,
-            str(source),
-            "--url",
-            nats_broker.jetstream_url,
-            "--topic",
-            topic,
-            "-o",
-            "create_stream=true",
-            "--format",
-            "jsonl",
-            "--key-field",
-            "user",
-            "--nonblocking",
-            "--progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = await run_cli(
+        str(source),
+        *("--url", nats_broker.jetstream_url, "--topic", topic, "-o", "create_stream=true"),
+        *("--format", "jsonl", "--key-field", "user", "--progress"),
     )
     elapsed = time.perf_counter() - started
     assert result.returncode == 0, result.stderr
     assert summary(result.stderr) == {"records": count, "acked": count, "failed": 0}
     assert "acked" in result.stderr.splitlines()[0]  # the progress line came first
-    assert _stream_count(nats_broker.url, topic) == count
+    assert await _stream_count(nats_broker.url, topic) == count
     print(f"100k JSONL lines to JetStream in {elapsed:.2f} s (process included)")
     assert elapsed < 60
 
 
-def test_kafka_keys_from_a_field(tmp_path: Path, kafka_broker: LocalBroker) -> None:
+async def test_kafka_keys_from_a_field(tmp_path: Path, kafka_broker: LocalBroker) -> None:
     topic = f"t-{uuid.uuid4().hex[:8]}"
     documents = [{"user": f"u{i % 5}", "n": i} for i in range(50)]
     source = jsonl(tmp_path / "in.jsonl", documents)
-    result = subprocess.run(
-        [
-            *CLI,
-            str(source),
-            "--url",
-            kafka_broker.url,
-            "--topic",
-            topic,
-            "--format",
-            "jsonl",
-            "--key-field",
-            "user",
-            "--value-field",
-            "n",
-            "--partitioner",
-            "murmur2",
-            "--nonblocking",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = await run_cli(
+        str(source),
+        *("--url", kafka_broker.url, "--topic", topic, "--format", "jsonl"),
+        *("--key-field", "user", "--value-field", "n", "--partitioner", "murmur2"),
     )
     assert result.returncode == 0, result.stderr
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, len(documents)))
+    records = await read_kafka(kafka_broker.url, topic, len(documents))
     assert sorted((r["key"], int(r["value"])) for r in records) == sorted(
         (d["user"].encode(), d["n"]) for d in documents
     )
 
 
-def _stream_count(url: str, subject: str) -> int:
-    async def count() -> int:
-        import nats
+async def _stream_count(url: str, subject: str) -> int:
+    import nats
 
-        client = await nats.connect(url.replace("jetstream://", "nats://"))
-        try:
-            js = client.jetstream()
-            name = await js.find_stream_name_by_subject(subject)
-            info = await js.stream_info(name)
-            return int(info.state.messages)
-        finally:
-            await client.close()
-
-    return asyncio.run(count())
+    client = await nats.connect(url.replace("jetstream://", "nats://"))
+    try:
+        js = client.jetstream()
+        name = await js.find_stream_name_by_subject(subject)
+        info = await js.stream_info(name)
+        return int(info.state.messages)
+    finally:
+        await client.close()
 
 
-def _wait_for_count(url: str, subject: str, expected: int, timeout: float = 30.0) -> None:
+async def _wait_for_count(url: str, subject: str, expected: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if _stream_count(url, subject) >= expected:
+            if await _stream_count(url, subject) >= expected:
                 return
         except Exception:  # the stream is created by the first publish
             pass
-        time.sleep(0.1)
+        await anyio.sleep(0.1)
     raise AssertionError(f"stream never reached {expected} messages")
 
 
 @pytest.mark.brokers  # starts a broker of its own
-def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
+async def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
     """Done when: broker down for part of the run -> exit 1 + failures file -> replay -> all in."""
     half = 2000
     lines = [
@@ -333,7 +322,6 @@ def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
             "user",
             "--msg-id-field",
             "id",
-            "--nonblocking",
             "--timeout",
             "2",
             "--failed-out",
@@ -347,9 +335,12 @@ def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
         try:
             process.stdin.write("\n".join(lines[:half]) + "\n")
             process.stdin.flush()
-            _wait_for_count(broker.url, topic, half)
+            await _wait_for_count(broker.url, topic, half)
             broker.kill()  # down for the rest of this run
-            _, stderr = process.communicate("\n".join(lines[half:]) + "\n", timeout=120)
+            rest = "\n".join(lines[half:]) + "\n"
+            _, stderr = await anyio.to_thread.run_sync(
+                functools.partial(process.communicate, rest, timeout=120)
+            )
         finally:
             if process.poll() is None:
                 process.kill()
@@ -363,16 +354,14 @@ def test_broker_down_mid_run_then_replay(tmp_path: Path) -> None:
         assert len(set(failed_lines)) == len(failed_lines) and set(failed_lines) <= set(lines)
 
         broker.start()  # back on the same port, with the file store
-        stored = {r["value"].decode() for r in asyncio.run(read_jetstream(broker.url, topic, half))}
+        stored = {r["value"].decode() for r in await read_jetstream(broker.url, topic, half)}
         assert stored | set(failed_lines) == set(lines)
 
-        replay = subprocess.run(
-            [*CLI, str(failed), *argv], capture_output=True, text=True, timeout=120
-        )
+        replay = await run_cli(str(failed), *argv)
         assert replay.returncode == 0, replay.stderr
         assert summary(replay.stderr)["acked"] == len(failed_lines)
         assert failed.read_text() == ""
-        records = asyncio.run(read_jetstream(broker.url, topic, 2 * half))
+        records = await read_jetstream(broker.url, topic, 2 * half)
         # msg ids make the rerun idempotent: records stored before their ack was lost are not
         # stored twice.
         assert sorted(r["value"].decode() for r in records) == sorted(lines)
@@ -391,7 +380,7 @@ ORDER_SCHEMA = {
 }
 
 
-def test_value_format_json_re_serializes_compactly_on_kafka(
+async def test_value_format_json_re_serializes_compactly_on_kafka(
     tmp_path: Path, kafka_broker: LocalBroker
 ) -> None:
     """The default sends a JSONL line as it is; json sends the document (or field) compactly,
@@ -402,18 +391,18 @@ def test_value_format_json_re_serializes_compactly_on_kafka(
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    def run(topic: str, *flags: str) -> list[dict[str, Any]]:
+    async def run(topic: str, *flags: str) -> list[dict[str, Any]]:
         argv = ["--url", kafka_broker.url, "--topic", topic, "--format", "jsonl", *flags]
-        result = subprocess.run(
-            [*CLI, str(source), *argv, "--nonblocking"], capture_output=True, timeout=120
-        )
+        result = await run_cli(str(source), *argv)
         assert result.returncode == 0, result.stderr
-        return asyncio.run(read_kafka(kafka_broker.url, topic, len(lines)))
+        return await read_kafka(kafka_broker.url, topic, len(lines))
 
-    as_read = run(f"t-{uuid.uuid4().hex[:8]}", "--key-field", "user")
+    as_read = await run(f"t-{uuid.uuid4().hex[:8]}", "--key-field", "user")
     assert sorted(r["value"] for r in as_read) == sorted(line.encode() for line in lines)
 
-    compact = run(f"t-{uuid.uuid4().hex[:8]}", "--key-field", "user", "--value-format", "json")
+    compact = await run(
+        f"t-{uuid.uuid4().hex[:8]}", "--key-field", "user", "--value-format", "json"
+    )
     expected = {
         f"o-{i}": f'{{"id":"o-{i}","user":"ü{i % 3}","n":[{i},{{"x":null}}]}}'.encode()
         for i in range(30)
@@ -421,7 +410,7 @@ def test_value_format_json_re_serializes_compactly_on_kafka(
     assert {json.loads(r["value"])["id"]: r["value"] for r in compact} == expected
     assert {r["key"] for r in compact} == {"ü0".encode(), "ü1".encode(), "ü2".encode()}
 
-    fields = run(f"t-{uuid.uuid4().hex[:8]}", "--value-field", "id", "--value-format", "json")
+    fields = await run(f"t-{uuid.uuid4().hex[:8]}", "--value-field", "id", "--value-format", "json")
     assert sorted(r["value"] for r in fields) == sorted(b'"o-%d"' % i for i in range(30))
 
 
@@ -493,7 +482,7 @@ def test_value_format_str_refuses_what_is_not_utf8(tmp_path: Path) -> None:
     assert failed.read_bytes() == b"k,v\nb,bad \xff\n"
 
 
-def test_value_format_avro_on_jetstream_and_replay_of_delivery_failures(
+async def test_value_format_avro_on_jetstream_and_replay_of_delivery_failures(
     tmp_path: Path, nats_broker: LocalBroker
 ) -> None:
     """avro: each document Avro-encoded in the Confluent framing, read back with fastavro. A run
@@ -514,9 +503,9 @@ def test_value_format_avro_on_jetstream_and_replay_of_delivery_failures(
     flags = [
         "--url", url, "--topic", topic, "--format", "jsonl", "--key-field", "user",
         "--msg-id-field", "id", "--value-format", "avro", "--avro-schema", str(schema_file),
-        "--schema-id", "7", "--nonblocking", "--timeout", "5", "--failed-out", str(failed),
+        "--schema-id", "7", "--timeout", "5", "--failed-out", str(failed),
     ]  # fmt: skip
-    down = subprocess.run([*CLI, str(source), *flags], capture_output=True, text=True, timeout=120)
+    down = await run_cli(str(source), *flags)
     assert down.returncode == 1, down.stderr
     assert summary(down.stderr) == {"records": 41, "acked": 0, "failed": 41}
     assert "1 SerializationError" in down.stderr
@@ -528,17 +517,12 @@ def test_value_format_avro_on_jetstream_and_replay_of_delivery_failures(
     ]
     assert {"id": "bad", "user": "u0", "n": "not a long"} in written
 
-    replay = subprocess.run(
-        [*CLI, str(failed), *flags, "-o", "create_stream=true"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    replay = await run_cli(str(failed), *flags, "-o", "create_stream=true")
     assert replay.returncode == 1, replay.stderr
     assert summary(replay.stderr) == {"records": 41, "acked": 40, "failed": 1}
     assert [json.loads(line)["id"] for line in failed.read_text().splitlines()] == ["bad"]
     parsed = fastavro.parse_schema(ORDER_SCHEMA)
-    stored = asyncio.run(read_jetstream(nats_broker.url, topic, 40))
+    stored = await read_jetstream(nats_broker.url, topic, 40)
     decoded = []
     for record in stored:
         assert record["value"][:5] == b"\x00\x00\x00\x00\x07"
@@ -652,7 +636,7 @@ def _wait_for_an_ack(metrics_url: str, timeout: float = 60.0) -> None:
 
 @pytest.mark.parametrize("feed", ["idle", "fast"])
 @pytest.mark.parametrize("broker", ["jetstream", "kafka"])
-def test_ctrl_c_exits_130_with_every_record_read_acked_or_in_the_failures_file(
+async def test_ctrl_c_exits_130_with_every_record_read_acked_or_in_the_failures_file(
     tmp_path: Path, request: pytest.FixtureRequest, broker: str, feed: str
 ) -> None:
     """Done when: SIGINT exits 130, read == acked + failed, every unsent record in --failed-out,
@@ -672,12 +656,14 @@ def test_ctrl_c_exits_130_with_every_record_read_acked_or_in_the_failures_file(
             for i in range(200 if feed == "idle" else 300_000)
         ]
         failed = tmp_path / f"failed-{repetition}.jsonl"
-        counts = _interrupted_run(url, topic, lines, failed, feed, rng)
+        counts = await anyio.to_thread.run_sync(
+            _interrupted_run, url, topic, lines, failed, feed, rng
+        )
         read = counts["records"]
         assert read == counts["acked"] + counts["failed"], counts
         failed_lines = failed.read_text().splitlines()
         assert len(failed_lines) == counts["failed"]
-        stored = [r["value"].decode() for r in _read_back(local.url, topic, counts["acked"])]
+        stored = [r["value"].decode() for r in await _read_back(local.url, topic, counts["acked"])]
         assert len(stored) == counts["acked"]
         # The records read are the input's first ones: each either stored or in the file, once.
         assert sorted(stored + failed_lines) == sorted(lines[:read])
@@ -685,10 +671,10 @@ def test_ctrl_c_exits_130_with_every_record_read_acked_or_in_the_failures_file(
         assert read == len(lines) if feed == "idle" else 0 < read < len(lines)
 
 
-def _read_back(url: str, topic: str, expected: int) -> list[dict[str, Any]]:
+async def _read_back(url: str, topic: str, expected: int) -> list[dict[str, Any]]:
     if url.startswith("kafka://"):
-        return asyncio.run(read_kafka(url, topic, expected))
-    return asyncio.run(read_jetstream(url, topic, expected))
+        return await read_kafka(url, topic, expected)
+    return await read_jetstream(url, topic, expected)
 
 
 # ---------------------------------------------------------------------- first hour
@@ -734,8 +720,75 @@ def test_one_by_one_waits_for_each_ack(tmp_path: Path, capsys: pytest.CaptureFix
     url, store = memory()
     assert main([str(source), "--url", url, "--topic", "t", "--one-by-one"]) == 0
     assert [r.value for r in store.records] == [b"%d" % i for i in range(50)]
-    with pytest.raises(SystemExit):
-        main([str(source), "--url", url, "--topic", "t", "--one-by-one", "--nonblocking"])
+
+
+@pytest.mark.parametrize("removed", [["--nonblocking"], ["--concurrent-task-limit", "10"]])
+def test_removed_flags_are_unknown_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], removed: list[str]
+) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("a\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(source), "--url", "null://", "--topic", "t", *removed])
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {removed[0]}" in capsys.readouterr().err
+
+
+def test_setting_flags_agree_with_producer_options() -> None:
+    """The command's setting flags are exactly the ProducerOptions fields marked ``cli``: each
+    named after its field, converting to its text type, with its doc as help and no default."""
+    fields = {field.name: field for field in attrs.fields(ProducerOptions) if field.metadata["cli"]}
+    actions = {action.dest: action for action in add_setting_flags(argparse.ArgumentParser())}
+    assert list(actions) == list(fields) == [field.name for field in setting_fields()]
+    assert set(fields) <= set(settings.SETTINGS)  # so settings.load takes every one
+    for name, field in fields.items():
+        action, flag, kind = actions[name], "--" + name.replace("_", "-"), field.metadata["text"]
+        assert action.option_strings[0] == flag
+        assert set(action.option_strings[1:]) <= {
+            flag.replace("--", "--no-"),
+            *SHORT_OPTIONS.get(name, ()),
+        }
+        assert action.help is not None and action.help.replace("%%", "%") == field.metadata["doc"]
+        assert action.default is None
+        if kind is bool:
+            assert isinstance(action, argparse.BooleanOptionalAction)
+        else:
+            assert action.type is kind
+    assert set(SHORT_OPTIONS) <= set(fields)
+
+    # The command's parser has them all, unset by default, and no flag for the other fields.
+    parser = build_parser()
+    unset = parser.parse_args([])
+    assert all(getattr(unset, name) is None for name in fields)
+    for field in attrs.fields(ProducerOptions):
+        if field.name not in fields:
+            flag = "--" + field.name.replace("_", "-")
+            assert parser.parse_known_args([flag, "x"])[1][0] == flag, field.name
+
+
+def test_setting_flags_convert_and_reach_the_producer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parsed = build_parser().parse_args(
+        ["-t", "orders", "--max-in-flight-bytes", "4096", "--resume-at", "0.9", "--propagate-trace"]
+    )
+    assert (parsed.topic, parsed.max_in_flight_bytes, parsed.resume_at) == ("orders", 4096, 0.9)
+    assert parsed.propagate_trace is True
+    assert build_parser().parse_args(["--no-propagate-trace"]).propagate_trace is False
+
+    source = tmp_path / "in.txt"
+    source.write_text("a\nb\n")
+    url, store = memory()
+    argv = [str(source), "--url", url, "--topic", "t"]
+    flags = ["--max-in-flight-bytes", "4096", "--resume-at", "0.9", "--keyless", "round_robin"]
+    assert main([*argv, *flags, "--no-propagate-trace"]) == 0
+    assert [r.value for r in store.records] == [b"a", b"b"]
+    assert main([*argv, "--resume-at", "2"]) == 2  # checked by ProducerOptions
+    assert "resume_at must be a number from 0 to 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--max-in-flight-bytes", "many"])
+    assert exit_info.value.code == 2
+    assert "invalid int value: 'many'" in capsys.readouterr().err
 
 
 def test_progress_line_fits_80_columns() -> None:
@@ -763,7 +816,7 @@ def test_progress_line_fits_80_columns() -> None:
 
 def test_hints_in_cli_syntax() -> None:
     assert (
-        _cli_syntax("no stream for subject 'orders': create one or pass create_stream=True")
+        cli_syntax("no stream for subject 'orders': create one or pass create_stream=True")
         == "no stream for subject 'orders': create one or pass -o create_stream=true"
     )
 
@@ -822,7 +875,7 @@ def test_ctrl_c_while_starting_exits_130_without_a_traceback(tmp_path: Path) -> 
 
 
 @pytest.mark.brokers  # starts a broker of its own, and freezes it
-def test_a_second_ctrl_c_stops_waiting_for_acks(tmp_path: Path) -> None:
+async def test_a_second_ctrl_c_stops_waiting_for_acks(tmp_path: Path) -> None:
     """The broker stops answering: the first Ctrl-C waits for the acks in flight, the second
     fails them (Purged) into the failures file, and the accounting still adds up."""
     lines = [json.dumps({"id": i, "user": f"u{i % 7}"}) for i in range(5000)]
@@ -840,16 +893,17 @@ def test_a_second_ctrl_c_stops_waiting_for_acks(tmp_path: Path) -> None:
         try:
             process.stdin.write("".join(line + "\n" for line in lines[:2500]))
             process.stdin.flush()
-            _wait_for_count(broker.url, "t", 2500)
+            await _wait_for_count(broker.url, "t", 2500)
             os.kill(broker.process.pid, signal.SIGSTOP)  # no more acks
             process.stdin.write("".join(line + "\n" for line in lines[2500:]))
             process.stdin.flush()
-            time.sleep(1.0)
+            await anyio.sleep(1.0)
             process.send_signal(signal.SIGINT)
-            assert "Ctrl-C again" in process.stderr.readline()
+            assert "Ctrl-C again" in await anyio.to_thread.run_sync(process.stderr.readline)
             process.send_signal(signal.SIGINT)
-            stderr = process.stderr.read()
-            process.wait(timeout=60)  # not the 300 s --timeout
+            stderr = await anyio.to_thread.run_sync(process.stderr.read)
+            wait = functools.partial(process.wait, timeout=60)  # not the 300 s --timeout
+            await anyio.to_thread.run_sync(wait)
         finally:
             os.kill(broker.process.pid, signal.SIGCONT)
             if process.poll() is None:

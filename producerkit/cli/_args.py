@@ -1,10 +1,22 @@
-"""The CLI's argument parser: argparse's, with a "did you mean" for a mistyped option."""
+"""The CLI's argument parser (argparse's, with a "did you mean" for a mistyped option), and
+messages whose hints are written in the command line's syntax."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from typing import NoReturn
+
+
+def cli_syntax(message: str) -> str:
+    """``message`` with its hints in the command line's syntax: a producer keyword written as
+    ``create_stream=True`` reads ``-o create_stream=true``."""
+    return re.sub(
+        r"\b([a-z_]+)=(True|False)\b",
+        lambda match: f"-o {match[1]}={match[2].lower()}",
+        message,
+    )
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -76,12 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--senders", type=int, default=1, help="concurrent senders in sync mode (default 1)"
     )
     parser.add_argument("--max-in-flight-messages", type=int, default=1000)
-    parser.add_argument(  # the old name, for one more release
-        "--concurrent-task-limit",
-        dest="max_in_flight_messages",
-        type=int,
-        help=argparse.SUPPRESS,
-    )
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument(
         "--partitions",
@@ -191,9 +185,9 @@ def _run_against_url(args: argparse.Namespace, options: dict[str, Any]) -> dict[
             _prepare_partitions(url, args.topic, args.partitions, options)
         target_url = url
         if args.rtt_ms:
-            from producerkit.testing.proxy import DelayProxy
+            from producerkit.testing.proxy import FaultProxy
 
-            proxy = stack.enter_context(DelayProxy.for_url(url, args.rtt_ms))
+            proxy = stack.enter_context(FaultProxy.for_url(url, args.rtt_ms))
             target_url = proxy.url
         config = _config(args, url, options)
         return asyncio.run(_run_all(args, target_url, options, config))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import producerkit as pk
 from producerkit.cli._args import ArgumentParser
-from producerkit.cli.produce import add_metrics_arguments, linger, start_metrics
+from producerkit.cli._metrics_flags import add_metrics_arguments, linger, start_metrics
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import start_kafka, start_nats
 
@@ -83,12 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1000,
         metavar="N",
         help="how many messages may wait for their confirmation at once (default 1,000)",
-    )
-    parser.add_argument(  # the old name, for one more release
-        "--concurrent-task-limit",
-        dest="max_in_flight_messages",
-        type=int,
-        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--rtt-ms",
@@ -168,9 +162,9 @@ class _maybe_delayed:
     def __enter__(self) -> str:
         if not self.rtt_ms:
             return self.url
-        from producerkit.testing.proxy import DelayProxy
+        from producerkit.testing.proxy import FaultProxy
 
-        proxy = DelayProxy.for_url(self.url, rtt_ms=self.rtt_ms)
+        proxy = FaultProxy.for_url(self.url, rtt_ms=self.rtt_ms)
         self.proxy = proxy.start()
         return proxy.url
 

@@ -69,7 +69,9 @@ def _choose_port(kind: str, requested: int | None) -> int:
     return usual if _port_is_free(usual) else free_port()
 
 
-def _alive(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (an exited child nobody
+    reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -151,7 +153,7 @@ def _stop_pid(pid: int, wait: float = 5.0) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not process_running(pid):
                 return
             time.sleep(0.05)
 
@@ -163,7 +165,7 @@ def stop(as_json: bool = False) -> int:
         print("producerkit dev: nothing to stop", file=sys.stderr)
         return 0
     for broker in brokers:
-        if _alive(broker["pid"]):
+        if process_running(broker["pid"]):
             _stop_pid(broker["pid"])
         print(f"stopped {broker['kind']} {broker['url']} (pid {broker['pid']})")
     for workdir in {broker["workdir"] for broker in brokers if broker.get("owns_workdir")}:
@@ -173,7 +175,7 @@ def stop(as_json: bool = False) -> int:
 
 
 def status(as_json: bool) -> int:
-    brokers = [broker for broker in _read_state(state_path()) if _alive(broker["pid"])]
+    brokers = [broker for broker in _read_state(state_path()) if process_running(broker["pid"])]
     if not brokers and not as_json:
         print("producerkit dev: no detached brokers running", file=sys.stderr)
         return 1
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = what or list(KINDS)
 
     if args.detach:
-        running = [broker for broker in _read_state(state_path()) if _alive(broker["pid"])]
+        running = [broker for broker in _read_state(state_path()) if process_running(broker["pid"])]
         if running:
             print("producerkit dev: already running (producerkit dev stop first):", file=sys.stderr)
             _print_brokers(running, args.json)
