@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from producerkit._message import message_size
 from producerkit._record import Message, Record, Slot
 from producerkit._window import ErrorCallback, InFlightWindow, OutcomeCallback
@@ -26,9 +28,17 @@ class ByteBoundedWindow(InFlightWindow):
         byte_limit: int,
         untrack: bool = False,
         resume_at: float = 0.5,
+        unwritten: Callable[[list[Record]], set[int]] = lambda records: set(),
     ) -> None:
         super().__init__(
-            limit, timeout, connections, on_error, on_outcome, untrack=untrack, resume_at=resume_at
+            limit,
+            timeout,
+            connections,
+            on_error,
+            on_outcome,
+            untrack=untrack,
+            resume_at=resume_at,
+            unwritten=unwritten,
         )
         self.byte_limit = byte_limit
         self.byte_low_water = int(byte_limit * resume_at)
@@ -73,10 +83,10 @@ class ByteBoundedWindow(InFlightWindow):
         self.bytes_in_flight -= sum(record_size(r) for r in records if r.seq in pending)
         super().acked_run(records, first_offset, stored_at)
 
-    def failed(self, record: Record, exc: BaseException) -> None:
+    def failed(self, record: Record, exc: BaseException, possibly_stored: bool = True) -> None:
         if record.seq in self.pending:
             self.bytes_in_flight -= record_size(record)
-            super().failed(record, exc)
+            super().failed(record, exc, possibly_stored)
 
     def fail_unadmitted(self, message: Message, slot: Slot, exc: BaseException) -> None:
         self.bytes_in_flight += message_size(message.value, message.key, message.headers)

@@ -157,16 +157,17 @@ class Producer:
         if max_rate is not None or max_bytes_rate is not None:
             self._rate = RateLimit(max_rate, max_bytes_rate, rate_burst)
         # Untracking pays only where records wait for a batch's ack (not on null://).
-        untrack = spec.holds_records
+        untrack, unwritten = spec.holds_records, self._unwritten
         if max_in_flight_bytes is None:
             self._window: InFlightWindow = InFlightWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
-                untrack=untrack, resume_at=resume_at,
+                untrack=untrack, resume_at=resume_at, unwritten=unwritten,
             )  # fmt: skip
         else:
             self._window = ByteBoundedWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
                 byte_limit=max_in_flight_bytes, untrack=untrack, resume_at=resume_at,
+                unwritten=unwritten,
             )  # fmt: skip
         self._topics = Topics(self._rules, self._timeout)
         self._reports = _Reports(self._window, self._topics.forget, self._batch_sent)
@@ -399,6 +400,15 @@ class Producer:
 
     # ------------------------------------------------------------------ what connections report
 
+    def _unwritten(self, records: list[Record]) -> set[int]:
+        """The seqs of ``records`` their connections still hold unwritten."""
+        found: set[int] = set()
+        for index, connection in enumerate(self._connections):
+            mine = [record for record in records if record.connection == index]
+            if mine:
+                found |= connection.unwritten(mine)
+        return found
+
     def _batch_sent(self, topic: str, partition: int) -> None:
         num_partitions = self._topics.counts.get(topic)
         if num_partitions:
@@ -471,14 +481,14 @@ class Producer:
                             ProducerClosed("the producer closed before this message was sent")
                         )
                     self._window.fail_pending(
-                        lambda: ProduceTimeout(
-                            "not acknowledged before the close() deadline; it may still have "
-                            "been stored"
+                        lambda stored: ProduceTimeout(
+                            "not acknowledged before the close() deadline; "
+                            + ("it may still have been stored" if stored else "never sent")
                         )
                     )
             await close_connections(self._connections)
             self._window.fail_pending(
-                lambda: ProducerClosed("the producer closed with this message in flight")
+                lambda stored: ProducerClosed("the producer closed with this message in flight")
             )
         finally:
             self._window.stop_timer()
@@ -566,7 +576,16 @@ class _Reports:
     """What the producer's connections report into (the seam's Reports): the window settles
     each record, the producer's routing learns of topics and batches."""
 
-    __slots__ = ("acked", "acked_each", "acked_run", "batch_sent", "failed", "topic_changed")
+    __slots__ = (
+        "acked",
+        "acked_each",
+        "acked_run",
+        "batch_sent",
+        "failed",
+        "_window",
+        "pending",
+        "topic_changed",
+    )
 
     def __init__(
         self,
@@ -578,5 +597,11 @@ class _Reports:
         self.acked_run = window.acked_run
         self.acked_each = window.acked_each
         self.failed = window.failed
+        self.pending = window.pending
+        self._window = window
         self.topic_changed = topic_changed
         self.batch_sent = batch_sent
+
+    @property
+    def failed_count(self) -> int:
+        return self._window.failed_count

@@ -137,9 +137,9 @@ class Submitter:
         return self.hand_off(record, handed_off)
 
     def send_failed(self, record: Record, exc: BaseException) -> None:
-        """What a connection raised for a record, translated at the backend's edge: the record
-        is not lost, it fails."""
-        self._window.failed(record, self._translate_error(exc))
+        """What a connection raised as it was handed a record, translated at the backend's
+        edge: the record is not lost, it fails, never written."""
+        self._window.failed(record, self._translate_error(exc), possibly_stored=False)
 
     async def hand_off(self, record: Record, handed_off: Awaitable[None]) -> None:
         """Await what a connection's send returned; if it raises, the record fails. A caller

@@ -53,6 +53,13 @@ class Failure:
     topics are not partitioned), ``timestamp`` its CreateTime in epoch seconds where the
     producer fixed one (``produce(timestamp=...)``, or a message whose outcome is awaited on
     Kafka and ``memory://``), else None.
+
+    ``possibly_stored`` says whether the broker may have stored the message anyway: False when
+    it was never written to a connection (and never will be: a failed message is not written
+    after its failure), or when the broker refused it; True when it was written and its answer
+    was lost (a timeout, a reset connection). Replay the ones with False as they are; those
+    with True only where a duplicate does no harm, or with a ``msg_id`` (JetStream drops
+    duplicates of it).
     """
 
     value: bytes | None
@@ -64,6 +71,7 @@ class Failure:
     exception: BaseException
     header_pairs: HeaderPairs | None = None
     timestamp: float | None = None
+    possibly_stored: bool = True
 
     def retry_kwargs(self, *, drop_expectations: bool = False) -> dict[str, Any]:
         """Keywords for ``produce(failure.value, **failure.retry_kwargs())`` to resend it.
@@ -168,6 +176,8 @@ class Outcome:
     #: Which of the producer's connections carried them.
     connection: int
     error: BaseException | None = None
+    #: For failed messages: whether the broker may have stored them (see Failure); None if acked.
+    possibly_stored: bool | None = None
 
     @property
     def acked(self) -> bool:
@@ -217,7 +227,7 @@ class DeliveryNotice:
             logger.exception("on_delivery callback raised")
 
 
-def failure_of(record: Record, exception: BaseException) -> Failure:
+def failure_of(record: Record, exception: BaseException, possibly_stored: bool = True) -> Failure:
     """The public Failure report for a record that failed with ``exception``."""
     headers = record.headers
     timestamp = record.timestamp
@@ -231,4 +241,5 @@ def failure_of(record: Record, exception: BaseException) -> Failure:
         exception,
         headers,
         timestamp / 1000 if timestamp is not None else None,
+        possibly_stored,
     )

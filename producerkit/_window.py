@@ -122,6 +122,7 @@ class InFlightWindow:
     __slots__ = (
         "_empty_waiters",
         "_failure_log",
+        "_unwritten",
         "_loop",
         "_on_error",
         "_on_outcome",
@@ -151,8 +152,12 @@ class InFlightWindow:
         *,
         untrack: bool = False,
         resume_at: float = 0.5,
+        unwritten: Callable[[list[Record]], set[int]] = lambda records: set(),
     ) -> None:
         self.core = WindowCore(limit, timeout, self.watch, untrack)
+        #: ``unwritten(records)``: the seqs of those their connections still hold unwritten
+        #: (they are then never written), asked of records failed by their deadline or at close.
+        self._unwritten = unwritten
         self.pending: dict[int, Record] = self.core.pending
         self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self.low_water = int(limit * resume_at)
@@ -332,7 +337,10 @@ class InFlightWindow:
         return [record for record in records if record.seq in pending]
 
     def _observe(
-        self, records: list[Record] | tuple[Record, ...], error: BaseException | None
+        self,
+        records: list[Record] | tuple[Record, ...],
+        error: BaseException | None,
+        possibly_stored: bool | None = None,
     ) -> None:
         assert self._on_outcome is not None
         first = records[0]
@@ -345,13 +353,16 @@ class InFlightWindow:
             first.partition,
             first.connection,
             error,
+            possibly_stored,
         )
         try:
             self._on_outcome(outcome)
         except Exception:
             logger.exception("on_outcome callback raised")
 
-    def failed(self, record: Record, exc: BaseException) -> None:
+    def failed(self, record: Record, exc: BaseException, possibly_stored: bool = True) -> None:
+        """Settle one record as failed with ``exc``; ``possibly_stored``: whether the broker may
+        have stored it all the same (see :class:`~producerkit.Failure`)."""
         pending = self.pending
         if pending.pop(record.seq, None) is None:
             return
@@ -360,18 +371,19 @@ class InFlightWindow:
         if self._waiting:
             self._wake(len(pending))
         if self._on_outcome is not None:
-            self._observe((record,), exc)
+            self._observe((record,), exc, possibly_stored)
         slot = record.slot
+        failure = None
         if slot is not None and not slot.done():
             if not isinstance(slot, DeliveryNotice):
                 slot.set_exception(exc)
                 return  # the caller awaiting it is told; a blocking produce is not reported twice
-            failure = failure_of(record, exc)
+            failure = failure_of(record, exc, possibly_stored)
             slot.tell_failure(failure)
             if slot.waiter is not None:
                 return  # a blocking produce: its caller is told, as above
-        else:
-            failure = failure_of(record, exc)
+        if failure is None:
+            failure = failure_of(record, exc, possibly_stored)
         self.failures.append(failure)
         self._failure_log.add(failure)
         if self._on_error is not None:
@@ -390,7 +402,7 @@ class InFlightWindow:
             record = core.admit(message, message.partition, 0, slot)
         finally:
             core.limit -= 1
-        self.failed(record, exc)
+        self.failed(record, exc, possibly_stored=False)
 
     def _wake(self, in_flight: int) -> None:
         if in_flight <= self.low_water:
@@ -420,9 +432,14 @@ class InFlightWindow:
             self._waiting = True
             await waiter
 
-    def fail_pending(self, make_error: Callable[[], BaseException]) -> None:
-        for record in list(self.pending.values()):
-            self.failed(record, make_error())
+    def fail_pending(self, make_error: Callable[[bool], BaseException]) -> None:
+        """Fail every record in flight with ``make_error(possibly_stored)``: not stored where
+        its connection still holds it unwritten."""
+        records = list(self.pending.values())
+        unwritten = self._unwritten(records) if records else set()
+        for record in records:
+            possibly_stored = record.seq not in unwritten
+            self.failed(record, make_error(possibly_stored), possibly_stored)
 
     def purge(self, unsent: list[Record], in_flight: bool) -> list[Failure]:
         """Fail ``unsent`` (records their connections have not written) and, with
@@ -435,13 +452,14 @@ class InFlightWindow:
         for record in purging:
             if record.seq not in self.pending:
                 continue  # settled already, or listed twice
+            unsent_one = record.seq in unsent_numbers
             error = Purged(
                 "purged before it was sent"
-                if record.seq in unsent_numbers
+                if unsent_one
                 else "purged while waiting for its ack; it may still have been stored"
             )
-            self.failed(record, error)
-            purged.append(failure_of(record, error))
+            self.failed(record, error, not unsent_one)
+            purged.append(failure_of(record, error, not unsent_one))
         del self.failures[reported_before:]
         return purged
 
@@ -508,13 +526,16 @@ class InFlightWindow:
                 break
             expired.append(record)
         timeout = self.core.timeout
+        unwritten = self._unwritten(expired) if expired else set()
         for record in expired:
+            unsent = record.seq in unwritten
             self.failed(
                 record,
                 ProduceTimeout(
                     f"not acknowledged within {timeout}s (topic {record.topic!r}); "
-                    "it may still have been stored"
+                    + ("it was never sent" if unsent else "it may still have been stored")
                 ),
+                not unsent,
             )
         if self.pending:
             self._arm_timer(next(iter(self.pending.values())).deadline)

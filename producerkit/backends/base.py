@@ -51,7 +51,20 @@ class Reports(Protocol):
         """``acked`` for records that settled together (one read of acks), each at its own
         offset; an ``on_outcome`` hook sees them as one Outcome."""
 
-    def failed(self, record: Record, exc: BaseException) -> None: ...
+    def failed(self, record: Record, exc: BaseException, possibly_stored: bool = True) -> None:
+        """The record failed with ``exc`` (a producerkit error). ``possibly_stored``: False only
+        where the broker cannot have stored it (never written, or refused by the broker); a
+        connection never writes a record after it is reported failed."""
+
+    #: The records in flight, by ``seq``: a record no longer here was settled (by its deadline,
+    #: say) and must not be written any more.
+    pending: Mapping[int, Record]
+
+    @property
+    def failed_count(self) -> int:
+        """Records failed so far: while it has not changed, no record left ``pending`` but by
+        an ack."""
+        ...
 
     def topic_changed(self, topic: str) -> None:
         """The partition count of ``topic`` may have changed: ask ``prepare_topic`` again."""
@@ -103,6 +116,12 @@ class Connection(abc.ABC):
         """Hand a record off. Return None, or an awaitable when the caller must wait for buffer
         space (not for the ack). Report the outcome later through ``reports``. What it raises is
         translated by the spec's ``translate_error`` and fails this record."""
+
+    def unwritten(self, records: list[Record]) -> set[int]:
+        """The ``seq`` of each of ``records`` this connection still holds without having
+        written it anywhere (asked when records fail by their deadline or at close: those are
+        then never written). Default: nothing is held back."""
+        return set()
 
     def take_unsent(self) -> list[Record]:
         """Remove and return the records handed to this connection that it has not written yet

@@ -16,6 +16,7 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 
 from producerkit._record import Record
+from producerkit.backends.base import Reports
 from producerkit.backends.kafka import _aiokafka_compat
 from producerkit.backends.kafka.record_batch import Encoder
 
@@ -30,9 +31,23 @@ class Batch:
 
     ``expires`` is aiokafka's delivery timeout: a retriable error retries the batch only until
     ``request_timeout_ms`` after it was sealed; the records' own deadlines are the window's.
+    ``written``: a request carrying it was written to a connection; ``unanswered``: one such
+    request ended without the broker's answer for it (its records may be stored).
+    ``failed_seen``: the window's failure count when it was encoded (see
+    :meth:`Accumulator.still_live`).
     """
 
-    __slots__ = ("data", "expires", "number", "queue", "records", "sent")
+    __slots__ = (
+        "data",
+        "expires",
+        "failed_seen",
+        "number",
+        "queue",
+        "records",
+        "sent",
+        "unanswered",
+        "written",
+    )
 
     def __init__(
         self,
@@ -41,13 +56,17 @@ class Batch:
         data: bytes | bytearray | Any,
         records: list[Record],
         expires: float,
+        failed_seen: int,
     ) -> None:
         self.queue = queue
         self.number = number  # order within the partition: a retry goes back in its place
         self.data = data  # the encoded batch, or an aiokafka BatchBuilder (sent through aiokafka)
         self.records = records
         self.expires = expires
-        self.sent = False
+        self.failed_seen = failed_seen
+        self.sent = False  # batch_sent was reported for it
+        self.written = False
+        self.unanswered = False
 
 
 class PartitionQueue:
@@ -58,7 +77,17 @@ class PartitionQueue:
     requires, and with ``max_batches_in_flight=1`` keeps per-key order even across retries.
     """
 
-    __slots__ = ("backoff", "full", "in_flight", "key", "partition", "records", "sealed", "topic")
+    __slots__ = (
+        "backoff",
+        "failed_seen",
+        "full",
+        "in_flight",
+        "key",
+        "partition",
+        "records",
+        "sealed",
+        "topic",
+    )
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -69,6 +98,7 @@ class PartitionQueue:
         self.in_flight = 0
         self.backoff = False
         self.sealed = 0
+        self.failed_seen = 0  # the window's failure count at the last seal
 
     def requeue(self, batch: Batch) -> None:
         """Put a batch back for a retry, ahead of every batch sealed after it."""
@@ -105,8 +135,10 @@ class Accumulator:
         timeout: float,
         gathering: Gathering,
         fail: Callable[[list[Record], BaseException], None],
+        reports: Reports,
     ) -> None:
         self.queues = queues
+        self._reports = reports
         self.gathering = gathering
         self._encode = encode
         self._max_batch_size = max_batch_size
@@ -134,9 +166,15 @@ class Accumulator:
         return [queue for partitions in self.queues.values() for queue in partitions.values()]
 
     def seal(self, queue: PartitionQueue) -> None:
-        """Encode the partition's open records as batches of at most ``max_batch_size``. If the
-        encoder raises, the records it could not seal fail with that error as their cause."""
+        """Encode the partition's open records as batches of at most ``max_batch_size`` (those
+        no longer in flight are dropped: they failed, and are never written). If the encoder
+        raises, the records it could not seal fail with that error as their cause."""
         records, queue.records = queue.records, []
+        failed_seen = self._reports.failed_count
+        if failed_seen != queue.failed_seen:  # some record failed since the last seal
+            pending = self._reports.pending
+            records = [record for record in records if record.seq in pending]
+            queue.failed_seen = failed_seen
         now = _monotonic()
         expires = now + self._request_timeout
         # The records' deadlines are monotonic() + timeout at produce time: this shift turns
@@ -149,7 +187,9 @@ class Accumulator:
                 queue.sealed += 1
                 whole = start == 0 and end == len(records)
                 batch_records = records if whole else records[start:end]
-                queue.full.append(Batch(queue, queue.sealed, data, batch_records, expires))
+                queue.full.append(
+                    Batch(queue, queue.sealed, data, batch_records, expires, failed_seen)
+                )
                 # Gather as many records as fill a batch at the sizes seen last.
                 self.gathering.batch_records = max(
                     1, (end - start) * self._max_batch_size // max(size, 1)
@@ -157,6 +197,31 @@ class Accumulator:
                 start = end
         except Exception as exc:
             self._fail(records[start:], exc)
+
+    def still_live(self, batch: Batch) -> bool:
+        """Whether ``batch`` may be written: its records that failed since it was encoded are
+        dropped (re-encoding the rest); False if none is left."""
+        failed_count = self._reports.failed_count
+        if batch.failed_seen == failed_count:
+            return True
+        pending = self._reports.pending
+        live = [record for record in batch.records if record.seq in pending]
+        batch.failed_seen = failed_count
+        if len(live) == len(batch.records):
+            return True
+        if not live:
+            return False
+        time_shift = time.time() - _monotonic() - self._timeout
+        try:
+            data, end, _ = self._encode_from(live, 0, time_shift)
+        except Exception as exc:
+            self._fail(live, exc)
+            return False
+        if end < len(live):  # cannot happen: fewer records than fitted before
+            self._fail(live[end:], RuntimeError("a re-encoded batch did not fit"))
+            live = live[:end]
+        batch.data, batch.records = data, live
+        return True
 
     def _encode_from(
         self, records: list[Record], start: int, time_shift: float
@@ -171,12 +236,31 @@ class Accumulator:
         )
         return builder, end, builder.size()
 
-    def strand(self) -> list[Record]:
-        """Empty every queue; the records that were never sent, for the caller to fail."""
-        stranded: list[Record] = []
+    def take_unwritten(self) -> list[Record]:
+        """Remove and return every record not yet written (open, or in a batch never sent);
+        batches written before and waiting for a retry stay."""
+        taken: list[Record] = []
         for queue in self.all_queues():
-            stranded += [record for batch in queue.full for record in batch.records]
-            stranded += queue.records
-            queue.full.clear()
+            taken += [record for batch in queue.full if not batch.written for record in batch.records]
+            taken += queue.records
+            queue.full = deque(batch for batch in queue.full if batch.written)
             queue.records = []
-        return stranded
+        return taken
+
+    def unwritten(self, seqs: set[int]) -> set[int]:
+        """Those of ``seqs`` whose records are held here, not yet written."""
+        found: set[int] = set()
+        for queue in self.all_queues():
+            for batch in queue.full:
+                if not batch.written:
+                    found.update(record.seq for record in batch.records if record.seq in seqs)
+            found.update(record.seq for record in queue.records if record.seq in seqs)
+        return found
+
+    def strand(self) -> list[Record]:
+        """Empty every queue (the connection closes); the records never written, for the
+        caller to fail (the rest are failed as possibly stored by the producer)."""
+        taken = self.take_unwritten()
+        for queue in self.all_queues():
+            queue.full.clear()
+        return taken

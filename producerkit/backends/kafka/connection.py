@@ -59,6 +59,7 @@ class KafkaConnection(Connection):
             timeout=self.timeout,
             gathering=gathering,
             fail=self._fail,
+            reports=self.reports,
         )
         self._sender = Sender(
             self._producer,
@@ -164,10 +165,13 @@ class KafkaConnection(Connection):
         return None
 
     def _fail(self, records: list[Record], exc: BaseException) -> None:
-        self._sender.fail(records, exc)
+        self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them
 
     def take_unsent(self) -> list[Record]:
-        return self._accumulator.strand()
+        return self._accumulator.take_unwritten()
+
+    def unwritten(self, records: list[Record]) -> set[int]:
+        return self._accumulator.unwritten({record.seq for record in records})
 
     async def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
@@ -178,7 +182,7 @@ class KafkaConnection(Connection):
         self._sender.stop()
         error = BrokerUnavailable("the connection closed before this message was sent")
         for record in self._accumulator.strand():
-            self.reports.failed(record, error)
+            self.reports.failed(record, error, False)
         await self._producer.stop()
 
 

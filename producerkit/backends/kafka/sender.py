@@ -106,11 +106,15 @@ class Sender:
             self._ship_to(leader, batches)
 
     def _ship_next(self, queue: PartitionQueue, by_leader: dict[int, list[Batch]]) -> None:
-        if not queue.full:
-            self._accumulator.seal(queue)
+        accumulator = self._accumulator
+        while True:
             if not queue.full:
-                return  # the encoder failed these records
-        batch = queue.full.popleft()
+                accumulator.seal(queue)
+                if not queue.full:
+                    return  # nothing live to send (or the encoder failed these records)
+            batch = queue.full.popleft()
+            if accumulator.still_live(batch):  # its records that failed meanwhile are dropped
+                break
         queue.in_flight += 1
         if not batch.sent:
             batch.sent = True
@@ -172,6 +176,8 @@ class Sender:
         except Exception as exc:  # nothing was written: each batch retries or fails with it
             self._retry_or_fail_all(batches, exc)
             return
+        for batch in batches:
+            batch.written = True
         if response is None:  # acks=0: no response will come, written is all there is
             for batch in batches:
                 self._acked(batch, None)
@@ -193,6 +199,8 @@ class Sender:
         if error is not None:
             if getattr(error, "invalid_metadata", False):
                 self._client.force_metadata_update()
+            for batch in batches:  # written, and no answer came: its records may be stored
+                batch.unanswered = True
             self._retry_or_fail_all(batches, error)
         else:
             for batch in batches:
@@ -209,6 +217,7 @@ class Sender:
         if code == 0:
             self._acked(batch, offset, None if log_append_time == -1 else log_append_time)
         elif code is None:
+            batch.unanswered = True
             self._retry_or_fail(batch, DeliveryError(f"the broker did not answer for {queue.key}"))
         else:
             broker_error = kafka_errors.for_code(code)()
@@ -236,7 +245,7 @@ class Sender:
                 self._loop.call_later(self._retry_backoff, self._retry_ready, queue)
             return
         queue.in_flight -= 1
-        self.fail(batch.records, error)
+        self.fail(batch.records, error, possibly_stored=batch.unanswered)
 
     def _retry_ready(self, queue: PartitionQueue) -> None:
         queue.backoff = False
@@ -244,6 +253,7 @@ class Sender:
 
     async def _send_through_aiokafka(self, batch: Batch) -> None:
         queue = batch.queue
+        batch.written = batch.unanswered = True  # aiokafka owns it from here, retries included
         try:
             future = await self._producer.send_batch(
                 batch.data, queue.topic, partition=queue.partition
@@ -252,16 +262,28 @@ class Sender:
         except Exception as exc:
             queue.in_flight -= 1
             self.fail(batch.records, exc)
-        else:  # no RecordMetadata with acks=0: no response, no offset
-            if result is None or self._acks == 0:
+        else:
+            if self._acks == 0:  # no response, no offset: written is all there is
                 self._acked(batch, None)
+            elif result is None or result.offset is None or result.offset < 0:
+                queue.in_flight -= 1
+                self.fail(
+                    batch.records,
+                    DeliveryError(
+                        f"aiokafka reported {queue.key} sent but gave no offset ({result!r}): "
+                        "not counted as delivered"
+                    ),
+                )
             else:  # timestamp_type 1: the topic keeps the broker's LogAppendTime
                 log_append = result.timestamp if result.timestamp_type == 1 else None
                 self._acked(batch, result.offset, log_append)
         self.schedule_ship()
 
-    def fail(self, records: list[Record], exc: BaseException) -> None:
-        """Fail ``records`` with the translation of ``exc`` (kept as its cause)."""
+    def fail(
+        self, records: list[Record], exc: BaseException, *, possibly_stored: bool = True
+    ) -> None:
+        """Fail ``records`` with the translation of ``exc`` (kept as its cause);
+        ``possibly_stored``: whether the broker may have stored them."""
         if not isinstance(exc, kafka_errors.KafkaError | ProducerError | OSError):
             # Not the broker's or the network's doing: producerkit's or aiokafka's. Say so once
             # per batch, with the traceback; the records fail with it as their cause.
@@ -269,7 +291,7 @@ class Sender:
         error = translate(exc)
         failed = self.reports.failed
         for record in records:
-            failed(record, error)
+            failed(record, error, possibly_stored)
 
     def stop(self) -> None:
         """Stop shipping: cancel the linger timer and the tasks still sending."""

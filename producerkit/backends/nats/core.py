@@ -93,7 +93,7 @@ class NatsConnection(NatsClientConnection):
             error = waiting.popleft()
             if not waiting:
                 del denials[subject]
-            self.reports.failed(record, error)
+            self.reports.failed(record, error, False)  # the server refused it
 
     async def flush(self) -> None:
         self._confirm_burst()

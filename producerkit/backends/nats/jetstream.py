@@ -174,8 +174,8 @@ class JetStreamConnection(NatsClientConnection):
         try:
             if not is_plain(data):
                 error = puback_error(self.subject(record), data, headers)
-                if error is not None:
-                    self.reports.failed(record, error)
+                if error is not None:  # the server refused it: not stored
+                    self.reports.failed(record, error, False)
                     return
             sequence = puback_sequence(data)
             if sequence is None:
@@ -201,7 +201,7 @@ class JetStreamConnection(NatsClientConnection):
         for token, record in self._awaiting.items():
             if self.subject(record) == subject:
                 del self._awaiting[token]
-                self.reports.failed(record, error)
+                self.reports.failed(record, error, False)
                 return
 
     async def flush(self) -> None:

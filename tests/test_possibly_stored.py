@@ -1,0 +1,136 @@
+"""Failed means not sent, or says it may be stored: a message whose deadline passes before it is
+written to a connection is removed and never written (``Failure.possibly_stored`` is False); one
+that was written and lost its answer says ``possibly_stored=True``. Checked by reading back, with
+another client, what a broker behind a stalled link stored once the link recovered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from conftest import read_jetstream, read_kafka
+
+import producerkit as pk
+from producerkit.backends import spec_for
+from producerkit.testing.pytest_plugin import NatsSessionBroker, SessionBroker
+
+pytestmark = pytest.mark.anyio
+
+
+async def _failures(producer: pk.Producer) -> list[pk.Failure]:
+    try:
+        await producer.flush()
+    except pk.ProduceError as caught:
+        return caught.failures
+    return []
+
+
+async def _one_written_then_held(producer: pk.Producer, count: int) -> None:
+    """One message written into the stalled link (alone in its batch), then ``count`` more,
+    which wait in the producer: one batch per partition is in flight (the default)."""
+    await producer.produce(b"first", key=b"k", nonblocking=True)
+    await anyio.sleep(0.1)  # its batch is written
+    for number in range(count):
+        await producer.produce(b"m-%d" % number, key=b"k", nonblocking=True)
+
+
+async def test_kafka_expired_unsent_messages_are_never_written(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    """The held messages expire unwritten: they fail with ``possibly_stored=False`` and are not
+    written after (the broker's stall ends later and stores only the first); the first fails
+    as possibly stored, and is."""
+    outcomes: list[Any] = []
+    async with pk.Producer(
+        kafka_broker.faulty_url,
+        topic=topic,
+        timeout=1.5,
+        request_timeout_ms=10_000,  # the written request outlives the messages' deadlines
+        on_outcome=outcomes.append,
+    ) as producer:
+        await producer.produce(b"warm-up", key=b"k")  # the topic's metadata, before the stall
+        kafka_broker.faults.stall(3.0)
+        await _one_written_then_held(producer, 300)
+        failures = await _failures(producer)
+        stats = producer.stats
+        assert stats.acked + stats.failed == stats.produced == 302
+        assert len(failures) == 301 == stats.failed
+        never_written = {f.value for f in failures if not f.possibly_stored}
+        assert never_written == {b"m-%d" % number for number in range(300)}
+        assert all("never sent" in str(f.exception) for f in failures if not f.possibly_stored)
+        assert [f.value for f in failures if f.possibly_stored] == [b"first"]
+        assert {o.possibly_stored for o in outcomes if not o.acked} == {True, False}
+        await anyio.sleep(2.5)  # the stall ends; what it held is delivered, and answered
+    stored = {record["value"] for record in await read_kafka(kafka_broker.url, topic, 2)}
+    assert not (never_written & stored)
+    assert stored == {b"warm-up", b"first"}
+
+
+async def test_jetstream_messages_written_before_their_ack_was_lost_say_so(
+    nats_broker: NatsSessionBroker, topic: str
+) -> None:
+    """JetStream publishes as it is handed a message: a PubAck that does not come in time fails
+    it as possibly stored, and it may indeed be stored when the link recovers."""
+    subject = topic.replace("-", "")
+    async with pk.Producer(
+        nats_broker.faulty_jetstream_url, topic=subject, timeout=1.0, create_stream=True
+    ) as producer:
+        await producer.produce(b"warm-up")
+        nats_broker.faults.stall(3.0)
+        for number in range(50):
+            await producer.produce(b"m-%d" % number, nonblocking=True)
+        failures = await _failures(producer)
+    assert len(failures) == 50
+    assert all(failure.possibly_stored for failure in failures)
+    await anyio.sleep(2.5)
+    stored = await read_jetstream(nats_broker.jetstream_url, subject, 1)
+    assert len(stored) <= 51  # whatever arrived was among those said to be possibly stored
+
+
+async def test_a_refused_message_is_not_stored(
+    backend: Any, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the broker refuses (JetStream: an expectation that does not hold), or what a
+    connection raises as it is handed a message, fails with ``possibly_stored=False``."""
+    seen: list[pk.Failure] = []
+    spec = spec_for(backend.url.split(":", 1)[0])
+    if spec.takes_expectations:
+        subject = topic.replace("-", "")
+        async with pk.Producer(
+            backend.url, topic=subject, on_error=seen.append, **backend.options
+        ) as producer:
+            await producer.produce(b"first", msg_id="a")
+            await producer.produce(
+                b"second", expect=pk.Expect(last_msg_id="not-a"), nonblocking=True
+            )
+            await _failures(producer)
+    else:
+
+        def refuse(self: Any, record: Any) -> None:
+            raise ConnectionRefusedError("refused")
+
+        monkeypatch.setattr(spec.connection, "send", refuse)
+        async with pk.Producer(
+            backend.url, topic=topic, on_error=seen.append, **backend.options
+        ) as producer:
+            await producer.produce(b"v", nonblocking=True)
+            await _failures(producer)
+    assert len(seen) == 1 and seen[0].possibly_stored is False
+
+
+async def test_purged_unsent_messages_are_not_stored(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    async with pk.Producer(kafka_broker.faulty_url, topic=topic, timeout=10.0) as producer:
+        await producer.produce(b"warm-up", key=b"k")
+        kafka_broker.faults.stall(2.0)
+        await _one_written_then_held(producer, 199)
+        purged = producer.purge()
+        assert len(purged) == 200
+        unsent = {failure.value for failure in purged if not failure.possibly_stored}
+        assert unsent == {b"m-%d" % number for number in range(199)}
+        assert [f.value for f in purged if f.possibly_stored] == [b"first"]
+        await anyio.sleep(2.5)
+    stored = {record["value"] for record in await read_kafka(kafka_broker.url, topic, 2)}
+    assert not (unsent & stored)
