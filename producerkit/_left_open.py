@@ -54,6 +54,11 @@ class LeftOpenGuard:
         if generator is not None:
             await generator.aclose()
 
+    def forget(self) -> None:
+        """Nothing to do at loop shutdown, without awaiting (in a forked child)."""
+        self._watching = False
+        self._generator = None
+
     async def _watch(self) -> AsyncGenerator[None, None]:
         try:
             yield

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from producerkit import _logging, _security, serializers
+from producerkit import _fork, _logging, _security, serializers
 from producerkit._byte_window import ByteBoundedWindow
 from producerkit._connections import close_connections, describe_servers, open_connections
 from producerkit._fast import speedups
@@ -24,7 +25,7 @@ from producerkit._left_open import LeftOpenGuard, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
 from producerkit._options import ProducerOptions, is_positive_seconds
 from producerkit._rate import RateLimit
-from producerkit._record import Message, Slot
+from producerkit._record import Message, Record, Slot
 from producerkit._routing import Router
 from producerkit._submit import Submitter
 from producerkit._topics import Topics
@@ -32,7 +33,13 @@ from producerkit._types import Delivery, DeliveryCallback, DeliveryNotice, Failu
 from producerkit._urls import parse_url
 from producerkit._window import InFlightWindow
 from producerkit.backends import Connection, spec_for
-from producerkit.errors import ConfigurationError, ProduceError, ProducerClosed, ProduceTimeout
+from producerkit.errors import (
+    ConfigurationError,
+    ProduceError,
+    ProducerClosed,
+    ProducerForked,
+    ProduceTimeout,
+)
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -180,6 +187,7 @@ class Producer:
         self._connections: list[Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handoff: Handoff | None = None
+        self._forked_from: int | None = None  # the parent's pid, in a forked child
         self._admission: Any = None  # the C fast path of produce(), while running
         self._stats_timer: asyncio.TimerHandle | None = None
         self._left_open = LeftOpenGuard(
@@ -192,6 +200,7 @@ class Producer:
         """Connect every connection. Raises BrokerUnavailable within ``timeout`` if it cannot."""
         if self._state == _RUNNING:
             return
+        self._check_not_forked()
         if self._state != _NEW:
             raise ProducerClosed("this producer is closed; create a new one")
         if self._start_lock is None:
@@ -225,6 +234,7 @@ class Producer:
                     self.settings.stats_interval, self._report_stats
                 )
             await self._left_open.start()
+            _fork.watch(self)
 
     def _new_admission(self) -> Any:
         """The C fast path of produce() (``_speedups.Admission``), where it applies: built, no
@@ -371,6 +381,7 @@ class Producer:
         the producer is closed."""
         handoff = self._handoff
         if handoff is None or not self._running:
+            self._check_not_forked()
             raise ProducerClosed("the producer is not running: start() it, or create a new one")
         on_delivery = self.settings.on_delivery
         slot = waiter if on_delivery is None else DeliveryNotice(on_delivery, context, waiter)
@@ -388,7 +399,28 @@ class Producer:
         if self._state == _NEW:
             await self.start()
         if self._state != _RUNNING:
+            self._check_not_forked()
             raise ProducerClosed("produce() after close(): create a new Producer")
+
+    def _check_not_forked(self) -> None:
+        if self._forked_from is not None:
+            raise ProducerForked(
+                f"this producer was started in process {self._forked_from}, the parent of this "
+                f"one ({os.getpid()}): its connections are the parent's; create a new producer "
+                "here"
+            )
+
+    def retire_after_fork(self, parent: int) -> None:
+        """In a child process right after ``fork()``: stop for good without touching a
+        connection (they are the parent's); every later call raises ProducerForked."""
+        self._forked_from = parent
+        self._state = _CLOSED
+        self._running = False
+        self._admission = None
+        self._submitter.open = self._submitter.closing = False
+        self._handoff = None
+        self._connections = []
+        self._left_open.forget()
 
     async def partitions_for(self, topic: str) -> frozenset[int] | None:
         """The partition numbers of ``topic`` (learned once, as the first produce does; a
@@ -434,6 +466,7 @@ class Producer:
         (they stay in flight and keep their own deadlines).
         """
         timeout = _checked_timeout(timeout)
+        self._check_not_forked()
         if self._connections:
             try:
                 await asyncio.wait_for(self._drain(), timeout)
@@ -457,6 +490,7 @@ class Producer:
         flight; those still unacknowledged then fail with ProduceTimeout. Raises ProduceError if
         any message failed, so ``acked + failed == produced`` always holds after close().
         """
+        self._check_not_forked()
         if self._state in (_CLOSING, _CLOSED):
             return
         timeout = _checked_timeout(timeout)
@@ -577,12 +611,12 @@ class _Reports:
     each record, the producer's routing learns of topics and batches."""
 
     __slots__ = (
+        "_window",
         "acked",
         "acked_each",
         "acked_run",
         "batch_sent",
         "failed",
-        "_window",
         "pending",
         "topic_changed",
     )

@@ -24,12 +24,14 @@ import asyncio
 import concurrent.futures
 import datetime
 import logging
+import os
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from producerkit import _fork
 from producerkit._message import HeadersArgument, check_partition
 from producerkit._options import is_positive_seconds
 from producerkit._producer import Producer
@@ -39,6 +41,7 @@ from producerkit.errors import (
     LoopThreadError,
     ProducerClosed,
     ProducerError,
+    ProducerForked,
     ProduceTimeout,
 )
 
@@ -149,6 +152,7 @@ class SyncProducer:
         if _get_ident() == loop.thread_id:
             raise LoopThreadError(_on_loop_thread("produce()"))
         if loop.closing:
+            loop.check_not_forked()
             raise ProducerClosed("produce() after close(): create a new SyncProducer")
         producer = self._producer
         message = producer.message(
@@ -243,6 +247,8 @@ class _LoopThread:
         self._lock = threading.Lock()
         self.closing = False
         self.stopped = False
+        self.forked_from: int | None = None  # the parent's pid, in a forked child
+        _fork.watch(self)
 
     def call(
         self, name: str, function: Callable[..., Coroutine[Any, Any, T]], *args: Any, wait: float
@@ -251,6 +257,7 @@ class _LoopThread:
         if _get_ident() == self.thread_id:
             raise LoopThreadError(_on_loop_thread(name))
         if self.stopped:
+            self.check_not_forked()
             raise ProducerClosed(f"{name} after close(): create a new SyncProducer")
         future = self.portal.start_task_soon(function, *args)
         limit = wait + _LOOP_MARGIN
@@ -263,6 +270,20 @@ class _LoopThread:
                 raise  # the call's own ProduceTimeout
             raise ProduceTimeout(f"no answer from the producer's loop within {limit}s") from exc
         return result
+
+    def check_not_forked(self) -> None:
+        if self.forked_from is not None:
+            raise ProducerForked(
+                f"this SyncProducer was started in process {self.forked_from}, the parent of "
+                f"this one ({os.getpid()}): its loop thread and connections are the parent's; "
+                "create a new SyncProducer here"
+            )
+
+    def retire_after_fork(self, parent: int) -> None:
+        """In a child process right after ``fork()``: the loop thread is gone; every later
+        call raises ProducerForked, and nothing waits for the missing thread."""
+        self.forked_from = parent
+        self.closing = self.stopped = True
 
     def stats(self) -> Stats:
         if self.stopped or _get_ident() == self.thread_id:
@@ -282,6 +303,7 @@ class _LoopThread:
     # ------------------------------------------------------------------ close
 
     def close(self, timeout: float | None) -> None:
+        self.check_not_forked()
         if _get_ident() == self.thread_id:
             raise LoopThreadError(_on_loop_thread("close()"))
         if timeout is not None and not is_positive_seconds(timeout):
@@ -343,7 +365,7 @@ class _LoopThread:
     def abandon(self) -> None:
         """The SyncProducer was garbage-collected, or the interpreter is exiting, unclosed:
         flush and close within a bounded wait, and say so."""
-        if self.closing:
+        if self.closing:  # closed already, or in a forked child: nothing to wait for
             return
         in_flight = self.producer.stats.in_flight
         message = (

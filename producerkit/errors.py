@@ -20,6 +20,7 @@
     │                                          msg id (10070), another stream (10060)
     ├── ProduceTimeout (TimeoutError)      not acked within ``timeout``; or flush/close deadline
     ├── ProducerClosed                     produce() after close(), or closed with it in flight
+    │   └── ProducerForked                     used in a process forked from the one it started in
     ├── Purged                             failed on purpose by ``purge()``
     ├── LoopThreadError (RuntimeError)     a blocking SyncProducer call made on its own loop thread
     └── ProduceError                       aggregate: ``.failures`` holds every failed message
@@ -55,6 +56,7 @@ __all__ = [
     "ProduceTimeout",
     "ProducerClosed",
     "ProducerError",
+    "ProducerForked",
     "Purged",
     "SerializationError",
     "TLSError",
@@ -149,6 +151,13 @@ class ProduceTimeout(ProducerError, TimeoutError):
 
 class ProducerClosed(ProducerError):
     """The producer is closed, or was closed before this message was acknowledged."""
+
+
+class ProducerForked(ProducerClosed):
+    """The producer was started in another process, this one's parent (``os.fork()``:
+    gunicorn ``--preload``, multiprocessing's fork start method, Celery's prefork pool). Its
+    connections and its loop thread belong to the parent: create a new producer in this process.
+    Every call raises this at once, and nothing is written to the parent's connections."""
 
 
 class Purged(ProducerError):
