@@ -56,9 +56,11 @@ class Reports(Protocol):
         where the broker cannot have stored it (never written, or refused by the broker); a
         connection never writes a record after it is reported failed."""
 
-    #: The records in flight, by ``seq``: a record no longer here was settled (by its deadline,
-    #: say) and must not be written any more.
-    pending: Mapping[int, Record]
+    @property
+    def pending(self) -> Mapping[int, Record]:
+        """The records in flight, by ``seq``: a record no longer here was settled (by its
+        deadline, say) and must not be written any more."""
+        ...
 
     @property
     def failed_count(self) -> int:

@@ -60,10 +60,25 @@ async def choose_path(producer: AIOKafkaProducer, acks: int) -> tuple[str, str]:
         problem = _MISSING
     else:
         try:
-            problem = await _probe(producer.client, acks)
+            problem = _probe_batch_builder(producer) or await _probe(producer.client, acks)
         except Exception as exc:  # a probe that cannot run says the internals are unexpected
             problem = f"probing its internals raised {type(exc).__name__}: {exc}"
     return _clients.resolve_path("aiokafka", version, problem)
+
+
+#: Attempts at a connection to probe (aiokafka's own connect timeout bounds each).
+_PROBE_ATTEMPTS: Final = 3
+
+
+def _probe_batch_builder(producer: AIOKafkaProducer) -> str | None:
+    """What :func:`fill_builder`'s fast fill cannot use on this client's BatchBuilder."""
+    builder = producer.create_batch()
+    inner = getattr(builder, "_builder", None)
+    if not callable(getattr(inner, "append", None)):
+        return "BatchBuilder._builder.append is missing or not as expected"
+    if type(getattr(builder, "_relative_offset", None)) is not int:
+        return "BatchBuilder._relative_offset is missing or not as expected"
+    return None
 
 
 async def _probe(client: Any, acks: int) -> str | None:
@@ -72,11 +87,13 @@ async def _probe(client: Any, acks: int) -> str | None:
     if not brokers:
         return "no broker in the cluster metadata"
     node_id = brokers[0].nodeId
-    conn: Any = await client._get_conn(node_id)
-    if conn is None:
-        # Bootstrapping just worked, so this is a passing failure: the sender will report it if
-        # it lasts, and its guards fail any batch the internals mishandle. Take the fast path.
-        return None
+    conn: Any = None
+    for _ in range(_PROBE_ATTEMPTS):
+        conn = await client._get_conn(node_id)
+        if conn is not None:
+            break
+    if conn is None:  # nothing was checked: nothing may be assumed
+        return f"no connection to broker {node_id} could be opened to probe its internals"
     for name, check in (
         ("_requests", lambda value: isinstance(value, collections.deque)),
         ("_writer", lambda value: hasattr(value, "write")),
@@ -220,6 +237,11 @@ def fill_builder(
     if fast:
         end = append_records(builder._builder.append, records, start, time_shift)
         builder._relative_offset = end - start  # what BatchBuilder.append would have counted
+        if builder.record_count() != end - start:  # the probe checked these; never assume
+            raise kafka_errors.KafkaError(
+                f"aiokafka's BatchBuilder holds {builder.record_count()} records after "
+                f"{end - start} were appended"
+            )
     else:
 
         def append(offset: int, timestamp: int, key: Any, value: Any, headers: Any) -> Any:

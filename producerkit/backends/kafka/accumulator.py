@@ -241,7 +241,9 @@ class Accumulator:
         batches written before and waiting for a retry stay."""
         taken: list[Record] = []
         for queue in self.all_queues():
-            taken += [record for batch in queue.full if not batch.written for record in batch.records]
+            taken += [
+                record for batch in queue.full if not batch.written for record in batch.records
+            ]
             taken += queue.records
             queue.full = deque(batch for batch in queue.full if batch.written)
             queue.records = []

@@ -72,13 +72,6 @@ def _probe(client: Client) -> str | None:
     return None
 
 
-def server_requires_tls(client: Client) -> bool:
-    """Whether the server's INFO asked for TLS (nats-py keeps no public flag for it). False if
-    that cannot be read, so credentials guarded by it are then not sent."""
-    info = getattr(client, "_server_info", None)
-    return bool(info.get("tls_required")) if isinstance(info, dict) else False
-
-
 async def confirm_written(client: Client, timeout: float) -> None:
     """The public path's proof that the server has read everything published so far: two
     ``flush()`` calls, as nats-py writes a flush's PING ahead of publishes still in its buffer

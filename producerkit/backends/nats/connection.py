@@ -4,10 +4,11 @@ headers, the publish path, refusals and reconnect logging."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from nats.aio.client import Client
@@ -41,7 +42,8 @@ class NatsClientConnection(Connection):
         self._down_since = 0.0
         self._connect_errors: list[Exception] = []
         self._refused = asyncio.Event()
-        self._nc = client = Client()
+        self._servers_require_tls = False  # what their INFO said, where TLS is asked for
+        self._nc = Client()
         self._direct_writer: _natspy_compat.DirectWriter | None = None
         self._settings: dict[str, Any] = {
             "servers": [f"nats://{host}:{port}" for host, port in self.url.servers],
@@ -59,8 +61,8 @@ class NatsClientConnection(Connection):
             **_security.nats_settings(
                 self.options,
                 # nats-py upgrades to TLS only when the server requires it: with TLS asked for,
-                # credentials go out only if it did.
-                secure=lambda: _natspy_compat.server_requires_tls(client),
+                # credentials go out only if every server said so (read before connecting).
+                secure=lambda: self._servers_require_tls,
             ),
         }
         if "pending_size" in self.options:
@@ -69,6 +71,10 @@ class NatsClientConnection(Connection):
     async def connect(self) -> None:
         client = self._nc
         try:
+            if _security.tls_enabled(self.options):
+                self._servers_require_tls = await _servers_require_tls(
+                    self.url.servers, min(self.timeout, 5.0)
+                )
             await self._connect_client(client, self._settings)
             self.client_path, self.client_path_reason = _natspy_compat.choose_path(client)
         except BaseException as exc:
@@ -202,6 +208,34 @@ class NatsClientConnection(Connection):
     async def close(self) -> None:
         self._closing = True
         await close_client(self._nc)
+
+
+async def _servers_require_tls(servers: Sequence[tuple[str, int]], timeout: float) -> bool:
+    """Whether every server that answers says ``tls_required`` in the INFO a NATS server sends
+    first on every connection (read here, not from nats-py's internals). False if none
+    answers, so that no credential goes out unencrypted."""
+    said: list[bool] = []
+    for host, port in servers:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]"), port), timeout
+            )
+        except (OSError, TimeoutError):
+            continue
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout)
+        except (OSError, TimeoutError):
+            line = b""
+        finally:
+            writer.transport.abort()
+        if not line.startswith(b"INFO "):
+            said.append(False)
+            continue
+        try:
+            said.append(json.loads(line[5:]).get("tls_required") is True)
+        except ValueError:
+            said.append(False)
+    return bool(said) and all(said)
 
 
 def header_block(record: Record) -> bytes:
