@@ -122,12 +122,12 @@ class InFlightWindow:
     __slots__ = (
         "_empty_waiters",
         "_failure_log",
-        "_unwritten",
         "_loop",
         "_on_error",
         "_on_outcome",
         "_per_connection",
         "_room_waiters",
+        "_unwritten",
         "_waiting",
         "acked_count",
         "connection_acked",
