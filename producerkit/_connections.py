@@ -7,6 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from producerkit._record import Record
 from producerkit._urls import ParsedURL
 from producerkit.backends.base import BackendSpec, Connection, Reports
 from producerkit.errors import BrokerUnavailable, ProducerError
@@ -54,6 +55,16 @@ async def _close_quietly(connection: Connection) -> None:
         await asyncio.wait_for(connection.close(), connection.timeout)
     except Exception:
         logger.debug("error closing %r", connection, exc_info=True)
+
+
+def unwritten(connections: list[Connection], records: list[Record]) -> set[int]:
+    """The seqs of ``records`` their connections still hold unwritten."""
+    found: set[int] = set()
+    for index, connection in enumerate(connections):
+        mine = [record for record in records if record.connection == index]
+        if mine:
+            found |= connection.unwritten(mine)
+    return found
 
 
 def describe_servers(url: ParsedURL) -> str:

@@ -16,6 +16,8 @@ import threading
 import weakref
 from typing import Protocol
 
+from producerkit.errors import ProducerForked
+
 
 class Forkable(Protocol):
     def retire_after_fork(self, parent: int) -> None:
@@ -35,6 +37,15 @@ def watch(producer: Forkable) -> None:
         if not _hooked:
             os.register_at_fork(after_in_child=_retire_all)
             _hooked = True
+
+
+def check(parent: int | None, what: str) -> None:
+    """Raise ProducerForked if ``parent`` (the pid a retired ``what`` was started in) is set."""
+    if parent is not None:
+        raise ProducerForked(
+            f"this {what} was started in process {parent}, the parent of this one "
+            f"({os.getpid()}): its connections are the parent's; create a new {what} here"
+        )
 
 
 def _retire_all() -> None:

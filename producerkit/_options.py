@@ -180,6 +180,9 @@ class ProducerOptions:
         "messages an idle producer may send at once (default: 50 ms of max_rate)",
         text=float,
     )
+    spool: str | None = _setting(
+        None, "a file every failed message is appended to, for producerkit replay", text=str
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.rate_burst is not None and self.max_rate is None and self.max_bytes_rate is None:

@@ -12,22 +12,26 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _fork, _logging, _security, serializers
 from producerkit._byte_window import ByteBoundedWindow
-from producerkit._connections import close_connections, describe_servers, open_connections
-from producerkit._fast import speedups
+from producerkit._connections import (
+    close_connections,
+    describe_servers,
+    open_connections,
+    unwritten,
+)
 from producerkit._handoff import Handoff
-from producerkit._left_open import LeftOpenGuard, report_left_open
+from producerkit._lifecycle import LeftOpenGuard, StatsTimer, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
 from producerkit._options import ProducerOptions, is_positive_seconds
 from producerkit._rate import RateLimit
 from producerkit._record import Message, Record, Slot
 from producerkit._routing import Router
-from producerkit._submit import Submitter
+from producerkit._spool import FailureReports
+from producerkit._submit import DECLINED, Submitter
 from producerkit._topics import Topics
 from producerkit._types import Delivery, DeliveryCallback, DeliveryNotice, Failure, Outcome, Stats
 from producerkit._urls import parse_url
@@ -37,7 +41,6 @@ from producerkit.errors import (
     ConfigurationError,
     ProduceError,
     ProducerClosed,
-    ProducerForked,
     ProduceTimeout,
 )
 
@@ -59,9 +62,6 @@ _CLOSED: Final = 3
 
 #: Messages in flight at once when the producer is not told otherwise.
 DEFAULT_MAX_IN_FLIGHT_MESSAGES: Final = 1000
-#: produce()'s fused C path for plain messages (see its docstring), where it was built.
-_Admission: Any = speedups.Admission if speedups is not None else None
-_DECLINED: Final = speedups.DECLINED if speedups is not None else object()
 
 
 class Producer:
@@ -103,6 +103,7 @@ class Producer:
         max_rate: float | None = None,
         max_bytes_rate: float | None = None,
         rate_burst: float | None = None,
+        spool: str | None = None,
         **options: Any,
     ) -> None:
         self.settings = ProducerOptions(
@@ -125,6 +126,7 @@ class Producer:
             max_rate=max_rate,
             max_bytes_rate=max_bytes_rate,
             rate_burst=rate_burst,
+            spool=spool,
         )
         self._url = parse_url(url)
         self._spec = spec = spec_for(self._url.scheme)
@@ -164,17 +166,20 @@ class Producer:
         if max_rate is not None or max_bytes_rate is not None:
             self._rate = RateLimit(max_rate, max_bytes_rate, rate_burst)
         # Untracking pays only where records wait for a batch's ack (not on null://).
-        untrack, unwritten = spec.holds_records, self._unwritten
+        untrack = spec.holds_records
+        self._failures = FailureReports(spool, on_error)
+        if on_error is not None or spool is not None:
+            on_error = self._failures.report
         if max_in_flight_bytes is None:
             self._window: InFlightWindow = InFlightWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
-                untrack=untrack, resume_at=resume_at, unwritten=unwritten,
+                untrack=untrack, resume_at=resume_at, unwritten=self._unwritten,
             )  # fmt: skip
         else:
             self._window = ByteBoundedWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
                 byte_limit=max_in_flight_bytes, untrack=untrack, resume_at=resume_at,
-                unwritten=unwritten,
+                unwritten=self._unwritten,
             )  # fmt: skip
         self._topics = Topics(self._rules, self._timeout)
         self._reports = _Reports(self._window, self._topics.forget, self._batch_sent)
@@ -189,7 +194,9 @@ class Producer:
         self._handoff: Handoff | None = None
         self._forked_from: int | None = None  # the parent's pid, in a forked child
         self._admission: Any = None  # the C fast path of produce(), while running
-        self._stats_timer: asyncio.TimerHandle | None = None
+        self._stats_timer = (
+            None if on_stats is None else StatsTimer(on_stats, lambda: self.stats, stats_interval)
+        )
         self._left_open = LeftOpenGuard(
             self.close, lambda: self.stats, lambda: repr(self), self._timeout
         )
@@ -210,6 +217,7 @@ class Producer:
                 return
             self._loop = loop = asyncio.get_running_loop()
             _logging.install_default()  # the clients' repeated log lines, rate-limited
+            self._failures.open()
             self._connections = await open_connections(
                 self._spec,
                 self._url,
@@ -226,38 +234,18 @@ class Producer:
             self._submitter.sends = [connection.send for connection in self._connections]
             self._submitter.open = True
             self._handoff = Handoff(loop, self._window, self._submitter.submit)
-            self._admission = self._new_admission()
+            self._admission = self._submitter.fused_path(
+                self._rules,
+                takes_all=self._rate is None
+                and self.settings.on_delivery is None
+                and self.settings.max_in_flight_bytes is None,
+            )
             self._state = _RUNNING
             self._running = True
-            if self.settings.on_stats is not None:
-                self._stats_timer = loop.call_later(
-                    self.settings.stats_interval, self._report_stats
-                )
+            if self._stats_timer is not None:
+                self._stats_timer.start(loop)
             await self._left_open.start()
             _fork.watch(self)
-
-    def _new_admission(self) -> Any:
-        """The C fast path of produce() (``_speedups.Admission``), where it applies: built, no
-        rate limit, byte bound, on_delivery or value transforms. It takes the messages that
-        need nothing of these, and declines the rest (its rule: see its docstring)."""
-        settings = self.settings
-        if (
-            _Admission is None
-            or self._rate is not None
-            or settings.on_delivery is not None
-            or settings.max_in_flight_bytes is not None
-            or self._rules.transforms
-        ):
-            return None
-        return _Admission(
-            self._router,
-            self._window.core,
-            tuple(self._submitter.sends),
-            self._submitter.send_failed,
-            self._topics.counts,
-            self._rules.default_topic,
-            self._rules.max_payload,
-        )
 
     def __del__(self) -> None:
         # The guard above reports a producer left open; this covers a loop closed without
@@ -327,7 +315,7 @@ class Producer:
             )
             if outcome is None:
                 return None
-            if outcome is not _DECLINED:
+            if outcome is not DECLINED:
                 await self._submitter.hand_off(*outcome)
                 return None
         if not self._running:
@@ -403,12 +391,7 @@ class Producer:
             raise ProducerClosed("produce() after close(): create a new Producer")
 
     def _check_not_forked(self) -> None:
-        if self._forked_from is not None:
-            raise ProducerForked(
-                f"this producer was started in process {self._forked_from}, the parent of this "
-                f"one ({os.getpid()}): its connections are the parent's; create a new producer "
-                "here"
-            )
+        _fork.check(self._forked_from, "Producer")
 
     def retire_after_fork(self, parent: int) -> None:
         """In a child process right after ``fork()``: stop for good without touching a
@@ -433,29 +416,12 @@ class Producer:
     # ------------------------------------------------------------------ what connections report
 
     def _unwritten(self, records: list[Record]) -> set[int]:
-        """The seqs of ``records`` their connections still hold unwritten."""
-        found: set[int] = set()
-        for index, connection in enumerate(self._connections):
-            mine = [record for record in records if record.connection == index]
-            if mine:
-                found |= connection.unwritten(mine)
-        return found
+        return unwritten(self._connections, records)
 
     def _batch_sent(self, topic: str, partition: int) -> None:
         num_partitions = self._topics.counts.get(topic)
         if num_partitions:
             self._keyless.on_new_batch(topic, num_partitions, partition)
-
-    def _report_stats(self) -> None:
-        assert self._loop is not None and self.settings.on_stats is not None
-        try:
-            self.settings.on_stats(self.stats)
-        except Exception:
-            logger.exception("on_stats callback raised")
-        if self._state == _RUNNING:
-            self._stats_timer = self._loop.call_later(
-                self.settings.stats_interval, self._report_stats
-            )
 
     # ------------------------------------------------------------------ flush / close
 
@@ -482,6 +448,7 @@ class Producer:
             await self._handoff.drained()
         await asyncio.gather(*(connection.flush() for connection in self._connections))
         await self._window.wait_empty()
+        self._failures.sync()
 
     async def close(self, timeout: float | None = None) -> None:
         """Flush, then close every connection.
@@ -527,9 +494,9 @@ class Producer:
         finally:
             self._window.stop_timer()
             if self._stats_timer is not None:
-                self._stats_timer.cancel()
-                self._stats_timer = None
+                self._stats_timer.stop()
             self._topics.cancel()
+            self._failures.close()
             self._state = _CLOSED
             self._submitter.closing = False
             await self._left_open.stop()
@@ -537,15 +504,11 @@ class Producer:
 
     def purge(self, *, in_flight: bool = True) -> list[Failure]:
         """Fail at once every message not yet written to the broker and, with ``in_flight``
-        (the default), every message still waiting for its ack, and return their Failures.
-
-        For a shutdown that must not wait (SIGTERM): save the returned messages and exit. Each
-        fails with :class:`~producerkit.Purged` (one sent before may still be stored); callers
-        of a blocking produce get that error, ``on_error``/``on_delivery`` are told as for any
-        failure, and they are not raised again by the next ``flush()``. Afterwards
-        ``produced == acked + failed + in_flight`` as ever, with ``in_flight == 0`` when
-        ``in_flight`` was true. The producer stays usable.
-        """
+        (the default), every one waiting for its ack, with :class:`~producerkit.Purged`; return
+        their Failures (``possibly_stored`` for those written), which ``flush()`` does not raise
+        again. For a shutdown that must not wait (SIGTERM): save them and exit (or give the
+        producer a ``spool``). Blocking callers, ``on_error`` and ``on_delivery`` are told as
+        for any failure; the accounting holds; the producer stays usable."""
         unsent = [record for connection in self._connections for record in connection.take_unsent()]
         return self._window.purge(unsent, in_flight)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
 
-from producerkit._message import check_partition
+from producerkit._fast import speedups
+from producerkit._message import MessageRules, check_partition
 from producerkit._rate import RateLimit
 from producerkit._record import Message, Record, Slot
 from producerkit._routing import Router
@@ -23,6 +25,11 @@ from producerkit.errors import ProducerClosed, ProducerError
 
 #: A connection's ``send(record)``.
 Send = Callable[[Record], "Awaitable[None] | None"]
+
+#: produce()'s fused C path for plain messages (see its docstring), where it was built, and
+#: what it returns for a message it leaves to the Python path.
+_Admission: Any = speedups.Admission if speedups is not None else None
+DECLINED: Final = speedups.DECLINED if speedups is not None else object()
 
 
 class Submitter:
@@ -58,6 +65,24 @@ class Submitter:
         #: the producer began to close are still admitted.
         self.open = False
         self.closing = False
+
+    def fused_path(self, rules: MessageRules, *, takes_all: bool) -> Any:
+        """``produce()``'s fused C path (``_speedups.Admission``): :meth:`submit` with the
+        checks of ``rules`` for a plain message, in one call; None where it was not built, or
+        where messages need what it does not do (``takes_all`` false: a rate limit, a byte
+        bound or on_delivery; or serializers, trace context). Its decline rule for each
+        message is in its docstring. Call once the connections are known."""
+        if _Admission is None or not takes_all or rules.transforms:
+            return None
+        return _Admission(
+            self._router,
+            self._window.core,
+            tuple(self.sends),
+            self.send_failed,
+            self._topics.counts,
+            rules.default_topic,
+            rules.max_payload,
+        )
 
     def submit(
         self, message: Message, slot: Slot, reserved: bool = False

@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import datetime
 import logging
-import os
 import threading
 import warnings
 import weakref
@@ -41,7 +40,6 @@ from producerkit.errors import (
     LoopThreadError,
     ProducerClosed,
     ProducerError,
-    ProducerForked,
     ProduceTimeout,
 )
 
@@ -272,12 +270,7 @@ class _LoopThread:
         return result
 
     def check_not_forked(self) -> None:
-        if self.forked_from is not None:
-            raise ProducerForked(
-                f"this SyncProducer was started in process {self.forked_from}, the parent of "
-                f"this one ({os.getpid()}): its loop thread and connections are the parent's; "
-                "create a new SyncProducer here"
-            )
+        _fork.check(self.forked_from, "SyncProducer")
 
     def retire_after_fork(self, parent: int) -> None:
         """In a child process right after ``fork()``: the loop thread is gone; every later

@@ -1,7 +1,7 @@
-"""The ``producerkit`` command: ``demo``, ``bench``, ``produce`` and ``dev``.
+"""The ``producerkit`` command: ``demo``, ``bench``, ``produce``, ``replay`` and ``dev``.
 
 Each subcommand lives in its own module of this package (:mod:`.demo`, :mod:`.bench`,
-:mod:`.produce`, :mod:`.dev`), imported only when it runs, so ``producerkit --help`` is quick and
+:mod:`.produce`, :mod:`.replay`, :mod:`.dev`), imported only when it runs, so ``producerkit --help`` is quick and
 needs none of the optional dependencies.
 """
 
@@ -18,6 +18,7 @@ _COMMANDS = {
     ),
     "bench": ("producerkit.cli.bench", "open-loop latency/throughput benchmark (HDR, plots)"),
     "produce": ("producerkit.cli.produce", "publish each record of a file or stdin"),
+    "replay": ("producerkit.cli.replay", "send a spool's failed messages again"),
     "dev": ("producerkit.cli.dev", "start local Kafka (Tansu) and NATS brokers for development"),
 }
 

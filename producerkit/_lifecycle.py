@@ -1,15 +1,18 @@
-"""A producer left open: closed when its event loop shuts down, and reported.
+"""What runs beside a producer while it runs: the left-open guard and the stats timer.
 
-An application that never closes its producer loses whatever is still in flight when its loop
-ends. :class:`LeftOpenGuard` is an async generator parked on the producer's loop while it runs:
-its ``finally`` runs when the loop shuts down its async generators (the end of ``asyncio.run``),
-or soon after the producer is dropped while its loop still runs. It then closes the producer,
+A producer left open is closed when its event loop shuts down, and reported: an application that
+never closes its producer loses whatever is still in flight when its loop ends.
+:class:`LeftOpenGuard` is an async generator parked on the producer's loop while it runs: its
+``finally`` runs when the loop shuts down its async generators (the end of ``asyncio.run``), or
+soon after the producer is dropped while its loop still runs. It then closes the producer,
 flushing what the loop still allows, and reports the messages that were never acknowledged (an
-ERROR log line and a ResourceWarning, each with the counts).
+ERROR log line and a ResourceWarning, each with the counts). :class:`StatsTimer` calls
+``on_stats`` every ``stats_interval`` seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -98,3 +101,32 @@ def report_left_open(producer: str, in_flight: int, never_acked: int) -> None:
         warnings.warn(message, ResourceWarning, stacklevel=2)
     except Exception:  # at interpreter exit, logging or warnings may be gone
         pass
+
+
+class StatsTimer:
+    """Calls ``on_stats(stats())`` every ``interval`` seconds between :meth:`start` and
+    :meth:`stop` (what it raises is logged)."""
+
+    def __init__(
+        self, on_stats: Callable[[Stats], object], stats: Callable[[], Stats], interval: float
+    ) -> None:
+        self._on_stats = on_stats
+        self._stats = stats
+        self._interval = interval
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(self._interval, self._report, loop)
+
+    def _report(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            self._on_stats(self._stats())
+        except Exception:
+            logger.exception("on_stats callback raised")
+        if self._timer is not None:
+            self._timer = loop.call_later(self._interval, self._report, loop)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
