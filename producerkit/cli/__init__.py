@@ -1,8 +1,8 @@
-"""The ``producerkit`` command: ``demo``, ``bench``, ``produce``, ``replay`` and ``dev``.
+"""The ``producerkit`` command: ``demo``, ``bench``, ``produce``, ``replay``, ``dev``.
 
 Each subcommand lives in its own module of this package (:mod:`.demo`, :mod:`.bench`,
-:mod:`.produce`, :mod:`.replay`, :mod:`.dev`), imported only when it runs, so ``producerkit --help`` is quick and
-needs none of the optional dependencies.
+:mod:`.produce`, :mod:`.replay`, :mod:`.dev`), imported only when it runs, so
+``producerkit --help`` is quick and needs none of the optional dependencies.
 """
 
 from __future__ import annotations

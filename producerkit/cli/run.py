@@ -20,7 +20,7 @@ import anyio
 
 import producerkit as pk
 from producerkit.cli._reader import InputReader
-from producerkit.cli.failures import FailureSink
+from producerkit.cli.failures import FailureSink, possibly_stored_path
 from producerkit.cli.formats import Format, InvalidRecord, Parsed
 from producerkit.cli.progress import ProgressLine
 from producerkit.errors import MessageError, ProduceError, ProducerClosed, ProducerError
@@ -278,5 +278,12 @@ def _summary(
                 f"failed records written to {failed_out}: rerun with it as the input to retry them",
                 file=sys.stderr,
             )
+            if failures.possibly_stored:
+                print(
+                    f"{failures.possibly_stored:,} of them may be stored all the same (their "
+                    f"answer was lost): those are in {possibly_stored_path(failed_out)}, to "
+                    "rerun only where a duplicate does no harm",
+                    file=sys.stderr,
+                )
         else:
             print("pass --failed-out FILE to keep the failed records for a rerun", file=sys.stderr)
