@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _fork, _logging, _security, serializers
+from producerkit._batch import columns_of
 from producerkit._byte_window import ByteBoundedWindow
 from producerkit._connections import (
     close_connections,
@@ -106,28 +107,10 @@ class Producer:
         spool: str | None = None,
         **options: Any,
     ) -> None:
-        self.settings = ProducerOptions(
-            topic=topic,
-            max_in_flight_messages=max_in_flight_messages,
-            timeout=timeout,
-            connections=connections,
-            partitioner=partitioner,
-            keyless=keyless,
-            on_error=on_error,
-            on_delivery=on_delivery,
-            on_outcome=on_outcome,
-            on_stats=on_stats,
-            stats_interval=stats_interval,
-            value_serializer=value_serializer,
-            key_serializer=key_serializer,
-            propagate_trace=propagate_trace,
-            max_in_flight_bytes=max_in_flight_bytes,
-            resume_at=resume_at,
-            max_rate=max_rate,
-            max_bytes_rate=max_bytes_rate,
-            rate_burst=rate_burst,
-            spool=spool,
-        )
+        # Every keyword but url and options is a setting (tests/test_options.py checks it).
+        keywords = dict(locals())
+        del keywords["self"], keywords["url"], keywords["options"]
+        self.settings = ProducerOptions(**keywords)
         self._url = parse_url(url)
         self._spec = spec = spec_for(self._url.scheme)
         # Keywords beat URL query options, then the URL's user:password@, then the environment.
@@ -231,6 +214,7 @@ class Producer:
                 min(connection.max_message_size for connection in self._connections)
                 - RECORD_OVERHEAD
             )
+            self._submitter.connections = self._connections
             self._submitter.sends = [connection.send for connection in self._connections]
             self._submitter.open = True
             self._handoff = Handoff(loop, self._window, self._submitter.submit)
@@ -333,27 +317,44 @@ class Producer:
         delivery: Delivery = await waiter
         return delivery
 
-    def message(
+    async def produce_batch(
         self,
-        value: object,
+        values: Any,
         *,
-        key: object = None,
-        headers: object = None,
-        topic: object = None,
-        partition: object = None,
-        msg_id: object = None,
-        context: object = None,
-        expect: object = None,
-        timestamp: object = None,
-        reported: bool = False,
-    ) -> Message:
-        """The message ``produce()`` would send for these arguments, validated, without I/O:
-        MessageError (or SerializationError) for what this producer cannot send. Safe in any
-        thread; for facades that validate in their caller's thread (``SyncProducer``)."""
-        return self._rules.message(
-            value, key, headers, topic, partition, msg_id,
-            context=context, expect=expect, timestamp=timestamp, reported=reported,
+        keys: Any = None,
+        headers: Any = None,
+        topic: str | None = None,
+        partitions: Any = None,
+        msg_ids: Any = None,
+        timestamps: Any = None,
+        contexts: Any = None,
+    ) -> None:
+        """Publish many messages: as many ``produce(..., nonblocking=True)`` calls, in order
+        (the same routing, window, rate limit and outcomes), at a fraction of their cost.
+
+        Each argument but ``topic`` is a column, one item per message: a list, a tuple, or an
+        Arrow array (binary or string, large ones too, for values, keys and msg_ids; a null
+        value is a tombstone where the backend stores one). Returns once every message is
+        handed off. A bad message raises its MessageError, naming its index, before any
+        message of the batch is admitted.
+        """
+        if not self._running:
+            await self._ensure_running()
+        columns = columns_of(
+            values, keys=keys, headers=headers, partitions=partitions, msg_ids=msg_ids,
+            timestamps=timestamps, contexts=contexts,
         )  # fmt: skip
+        await self._submitter.submit_batch(
+            columns, topic, self._rules, lambda context: self._slot(None, context),
+            self._admission, self._spec.takes_tombstones,
+        )  # fmt: skip
+
+    @property
+    def rules(self) -> MessageRules:
+        """This producer's validation: ``rules.message(value, key, headers, topic, ...)`` is
+        the Message ``produce()`` would send, or its MessageError, without I/O, in any thread
+        (what facades that validate in their caller's thread, such as SyncProducer, use)."""
+        return self._rules
 
     def submit_threadsafe(
         self,
@@ -371,9 +372,7 @@ class Producer:
         if handoff is None or not self._running:
             self._check_not_forked()
             raise ProducerClosed("the producer is not running: start() it, or create a new one")
-        on_delivery = self.settings.on_delivery
-        slot = waiter if on_delivery is None else DeliveryNotice(on_delivery, context, waiter)
-        handoff.put(message, slot, timeout)
+        handoff.put(message, self._slot(waiter, context), timeout)
 
     def _slot(self, waiter: Any, context: Any) -> Slot:
         """What a record carries to tell its outcome: the blocking caller's waiter, or with

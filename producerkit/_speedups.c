@@ -994,7 +994,87 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     return outcome;
 }
 
+/* Whether a chunk's item is a plain message: bytes or (a tombstone) None value, bytes or None
+ * key, within max_payload. */
+static int plain_item(Admission *self, PyObject *value, PyObject *key, int tombstones) {
+    if (key != Py_None && !PyBytes_CheckExact(key)) return 0;
+    Py_ssize_t size = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
+    if (value == Py_None) {
+        if (!tombstones || key == Py_None) return 0;
+    } else if (PyBytes_CheckExact(value)) {
+        size += PyBytes_GET_SIZE(value);
+    } else {
+        return 0;
+    }
+    return size <= self->max_payload;
+}
+
+static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_CheckExact(args[0]) ||
+        (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "admit_chunk(values: list, keys: list | None, topic, start, tombstones)");
+        return NULL;
+    }
+    PyObject *values = args[0], *keys = args[1], *topic = args[2];
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
+    int tombstones = PyObject_IsTrue(args[4]);
+    if ((start == -1 || tombstones < 0) && PyErr_Occurred()) return NULL;
+    if (keys != Py_None && PyList_GET_SIZE(keys) != count) return Py_NewRef(DECLINED);
+    if (topic == Py_None) topic = self->default_topic;
+    if (!PyUnicode_CheckExact(topic) || start < 0 || start > count) return Py_NewRef(DECLINED);
+    PyObject *n_obj = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
+    if (n_obj == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return Py_NewRef(DECLINED);
+    }
+    /* The whole rest of the chunk is plain, or none of it is taken. */
+    for (Py_ssize_t i = start; i < count; i++) {
+        PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
+        if (!plain_item(self, PyList_GET_ITEM(values, i), key, tombstones))
+            return Py_NewRef(DECLINED);
+    }
+    Py_ssize_t connections = self->router->connections, i = start;
+    PyObject *by_connection = PyList_New(connections);
+    if (by_connection == NULL) return NULL;
+    for (Py_ssize_t c = 0; c < connections; c++) {
+        PyObject *records = PyList_New(0);
+        if (records == NULL) goto error;
+        PyList_SET_ITEM(by_connection, c, records);
+    }
+    WindowCore *window = self->window;
+    for (; i < count; i++) {
+        PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
+        if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
+            break; /* full: the caller waits for room and goes on from here */
+        PyObject *partition;
+        Py_ssize_t connection;
+        if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0)
+            goto error;
+        PyObject *fields[M_FIELDS] = {PyList_GET_ITEM(values, i), key,    topic,  Py_None,
+                                      Py_None,                   Py_None, Py_None};
+        PyObject *record = admit(window, fields, partition, connection, Py_None);
+        Py_DECREF(partition);
+        if (record == NULL) goto error;
+        int appended = PyList_Append(PyList_GET_ITEM(by_connection, connection), record);
+        Py_DECREF(record);
+        if (appended < 0) goto error;
+    }
+    PyObject *result = Py_BuildValue("(nN)", i, by_connection);
+    return result;
+error:
+    /* Records admitted before the error are in flight: hand them back with it, so that the
+     * caller sends them and they are not lost from the ledger; the error is the i-th's. */
+    if (i > start) return Py_BuildValue("(nNN)", i, by_connection, raised_exception());
+    Py_DECREF(by_connection);
+    return NULL;
+}
+
 static PyMethodDef Admission_methods[] = {
+    {"admit_chunk", (PyCFunction)(void (*)(void))Admission_admit_chunk, METH_FASTCALL,
+     "admit_chunk(values, keys, topic, start, tombstones) -> (end, records by connection) | "
+     "(end, records by connection, error) | DECLINED"},
     {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
      "admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) -> None | "
      "(record, awaitable) | DECLINED"},

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
+from producerkit._batch import Columns, message_at
 from producerkit._fast import speedups
 from producerkit._message import MessageRules, check_partition
 from producerkit._rate import RateLimit
@@ -21,6 +22,7 @@ from producerkit._record import Message, Record, Slot
 from producerkit._routing import Router
 from producerkit._topics import UNKNOWN, Topics
 from producerkit._window import InFlightWindow
+from producerkit.backends.base import Connection
 from producerkit.errors import ProducerClosed, ProducerError
 
 #: A connection's ``send(record)``.
@@ -42,6 +44,7 @@ class Submitter:
         "_translate_error",
         "_window",
         "closing",
+        "connections",
         "open",
         "sends",
     )
@@ -59,7 +62,8 @@ class Submitter:
         self._topics = topics
         self._rate = rate
         self._translate_error = translate_error
-        #: Each connection's send, by index (set when the producer starts).
+        #: Each connection and its send, by index (set when the producer starts).
+        self.connections: Sequence[Connection] = ()
         self.sends: Sequence[Send] = ()
         #: New messages are taken (the producer runs); ``closing``: messages handed over before
         #: the producer began to close are still admitted.
@@ -142,6 +146,52 @@ class Submitter:
         handed_off = self.send(record)
         if handed_off is not None:
             await handed_off
+
+    async def submit_batch(
+        self,
+        columns: Columns,
+        topic: str | None,
+        rules: MessageRules,
+        slot_of: Callable[[Any], Slot],
+        fused: Any,
+        tombstones: bool,
+    ) -> None:
+        """Every message of ``columns``, in order, as :meth:`submit` would each. A plain chunk
+        (values and keys only) goes through the fused C path a window's room at a time (its
+        records handed to their connections a chunk at a time); the rest, every message checked
+        before any is admitted, through :meth:`submit`."""
+        start = 0
+        if fused is not None and columns.plain and columns.size:
+            name = rules.default_topic if topic is None else topic
+            if type(name) is str:
+                await self._topics.learn(name)
+            while start < columns.size:
+                outcome = fused.admit_chunk(columns.values, columns.keys, name, start, tombstones)
+                if outcome is DECLINED:
+                    break
+                end, by_connection, *raised = outcome
+                for index, records in enumerate(by_connection):
+                    if records:
+                        for handed_off in self.send_many(index, records):
+                            await handed_off
+                start = end
+                if raised:
+                    raise raised[0]
+                if start < columns.size:
+                    await self._window.wait_for_room()
+                    self._check_open(False)
+        messages = [message_at(rules, columns, topic, i) for i in range(start, columns.size)]
+        for index, message in enumerate(messages, start):
+            context = None if columns.contexts is None else columns.contexts[index]
+            waiting = self.submit(message, slot_of(context))
+            if waiting is not None:
+                await waiting
+
+    def send_many(self, index: int, records: list[Record]) -> list[Awaitable[None]]:
+        """Hand admitted records to connection ``index`` at once (see Connection.send_many);
+        the hand-offs to await."""
+        handed = self.connections[index].send_many(records, self.send_failed)
+        return [self.hand_off(record, handed_off) for record, handed_off in handed]
 
     def _check_open(self, reserved: bool) -> None:
         """After a wait: a produce gives up once the producer closes; a message handed over

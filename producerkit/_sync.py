@@ -153,8 +153,8 @@ class SyncProducer:
             loop.check_not_forked()
             raise ProducerClosed("produce() after close(): create a new SyncProducer")
         producer = self._producer
-        message = producer.message(
-            value, key=key, headers=headers, topic=topic, partition=partition, msg_id=msg_id,
+        message = producer.rules.message(
+            value, key, headers, topic, partition, msg_id,
             context=context, expect=expect, timestamp=timestamp, reported=not nonblocking,
         )  # fmt: skip
         partitions = self._partitions.get(message.topic, -1)

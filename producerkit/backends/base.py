@@ -125,6 +125,24 @@ class Connection(abc.ABC):
         then never written). Default: nothing is held back."""
         return set()
 
+    def send_many(
+        self, records: list[Record], failed: Callable[[Record, Exception], object]
+    ) -> list[tuple[Record, Awaitable[None]]]:
+        """Hand off ``records``, in order, as ``send()`` would each (the default does just
+        that). A record whose hand-off raises is passed to ``failed(record, exc)`` and the
+        others go on. Returns the ``(record, awaitable)`` pairs whose hand-off the caller must
+        await (what their ``send()`` returned)."""
+        waiting: list[tuple[Record, Awaitable[None]]] = []
+        for record in records:
+            try:
+                handed_off = self.send(record)
+            except Exception as exc:
+                failed(record, exc)
+                continue
+            if handed_off is not None:
+                waiting.append((record, handed_off))
+        return waiting
+
     def take_unsent(self) -> list[Record]:
         """Remove and return the records handed to this connection that it has not written yet
         (for ``purge()``; it reports nothing of them). Default: none are held back."""

@@ -7,6 +7,8 @@ stored, so a Delivery from null:// has no offset (None), as from core NATS.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from producerkit._record import Record
 from producerkit.backends.base import BackendSpec, Connection
 
@@ -26,6 +28,12 @@ class NullConnection(Connection):
 
     def send(self, record: Record) -> None:
         self._acked(record, None)  # nothing is stored, so there is no offset
+
+    def send_many(
+        self, records: list[Record], failed: Callable[[Record, Exception], object]
+    ) -> list[tuple[Record, Awaitable[None]]]:
+        self.reports.acked_run(records, None)
+        return []
 
     async def close(self) -> None:
         pass

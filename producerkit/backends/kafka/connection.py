@@ -6,7 +6,7 @@ import asyncio
 import functools
 import socket
 import ssl
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -163,6 +163,33 @@ class KafkaConnection(Connection):
         if not gathering.ship_due and queue.in_flight < self._sender.max_batches_in_flight:
             self._sender.schedule_ship(self._sender.linger)
         return None
+
+    def send_many(
+        self, records: list[Record], failed: Callable[[Record, Exception], object]
+    ) -> list[tuple[Record, Awaitable[None]]]:
+        """Append each record to its partition's open list (partition by partition) and
+        arrange for them to ship, as :meth:`send` does for one."""
+        runs: dict[tuple[str, int], list[Record]] = {}
+        for record in records:
+            run = runs.get((record.topic, record.partition))  # type: ignore[arg-type]
+            if run is None:
+                runs[(record.topic, record.partition)] = [record]  # type: ignore[index]
+            else:
+                run.append(record)
+        accumulator, sender, gathering = self._accumulator, self._sender, self._gathering
+        sealed = False
+        for run in runs.values():
+            queue = accumulator.queue_of(run[0])
+            queue.records += run
+            if len(queue.records) >= gathering.batch_records:
+                accumulator.seal(queue)
+                sealed = True
+            elif not gathering.ship_due and queue.in_flight < sender.max_batches_in_flight:
+                sender.schedule_ship(sender.linger)
+        if not sealed:
+            return []
+        sender.schedule_ship()
+        return [(records[-1], asyncio.sleep(0))]  # let the loop write what was sealed
 
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them

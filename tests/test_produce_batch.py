@@ -1,0 +1,171 @@
+"""produce_batch(values, keys=..., ...) is N nonblocking produces in order: the same placement,
+per-key order, headers, outcomes and accounting, on every backend (and, in CI, without the C
+speedups too); a bad message raises naming its index before any of the batch is admitted."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import producerkit as pk
+from producerkit.backends import spec_for
+
+pytestmark = pytest.mark.anyio
+
+pyarrow = pytest.importorskip("pyarrow")
+
+
+def _spec(backend: Any) -> Any:
+    return spec_for(backend.url.split(":", 1)[0])
+
+
+async def _stored(backend: Any, topic: str, producer: pk.Producer, count: int) -> list[Any]:
+    """What the broker stored of ``topic``, in each partition's order, as comparable tuples."""
+    if backend.name == "memory":
+        return [
+            (r.partition, r.key, r.value, r.headers) for r in producer.backend.store.topic(topic)
+        ]
+    from conftest import read_jetstream, read_kafka
+
+    if backend.name == "kafka":
+        records = await read_kafka(backend.url, topic, count)
+        return [
+            (r["partition"], r["key"], r["value"], tuple(r["header_pairs"]) or None)
+            for r in records
+        ]
+    records = await read_jetstream(backend.url, topic, count)
+    return [(r["subject"], None, r["value"], None) for r in records]
+
+
+messages = st.lists(
+    st.tuples(st.binary(min_size=1, max_size=12), st.sampled_from([b"a", b"b", b"c", None])),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(batch=messages, chunk=st.sampled_from([1, 7, 1000]))
+async def test_a_batch_is_n_produces_in_order(
+    backend: Any, topic: str, batch: list[tuple[bytes, bytes | None]], chunk: int
+) -> None:
+    """The same messages through produce_batch (in chunks) and through produce(), to two
+    topics: the same partitions, per-key order, counts, and nothing failed."""
+    spec = _spec(backend)
+    subject = f"b{uuid.uuid4().hex[:12]}"  # hypothesis runs many examples in one test call
+    results = []
+    for mode in ("single", "batch"):
+        name = f"{subject}{mode}"
+        outcomes: list[pk.Outcome] = []
+        async with pk.Producer(
+            backend.url, topic=name, on_outcome=outcomes.append, **backend.options
+        ) as producer:
+            if mode == "single":
+                for value, key in batch:
+                    await producer.produce(value, key=key, nonblocking=True)
+            else:
+                for start in range(0, len(batch), chunk):
+                    part = batch[start : start + chunk]
+                    await producer.produce_batch(
+                        [value for value, _ in part], keys=[key for _, key in part]
+                    )
+            await producer.flush()
+            stats = producer.stats
+            assert (stats.produced, stats.acked, stats.failed) == (len(batch), len(batch), 0)
+            assert sum(len(o.numbers) for o in outcomes) == len(batch)
+            stored = (
+                await _stored(backend, name, producer, len(batch)) if spec.stores_records else []
+            )
+        results.append(stored)
+    # A keyless message's partition is the keyless partitioner's choice of the moment.
+    single, batched = (
+        [r if r[1] is not None else (None, *r[1:]) for r in stored] for stored in results
+    )
+    if backend.name in ("memory", "kafka"):
+        assert sorted(single, key=repr) == sorted(batched, key=repr)
+        for key in (b"a", b"b", b"c"):  # per-key order
+            assert [r for r in single if r[1] == key] == [r for r in batched if r[1] == key]
+    elif backend.name == "jetstream":
+        assert [r[2] for r in single] == [r[2] for r in batched]
+
+
+async def test_every_argument_as_a_column(backend: Any, topic: str) -> None:
+    subject = topic.replace("-", "")
+    seen: list[Any] = []
+    options: dict[str, Any] = dict(backend.options)
+    async with pk.Producer(
+        backend.url, topic=subject, on_delivery=lambda result, context: seen.append(context),
+        **options,
+    ) as producer:  # fmt: skip
+        await producer.produce_batch(
+            [b"v0", "v1", bytearray(b"v2")],
+            keys=[b"k", "k", None],
+            headers=[{"h": b"0"}, None, [("h", "2"), ("h", b"2b")]],
+            msg_ids=["id-0", None, "id-2"],
+            contexts=["c0", "c1", "c2"],
+        )
+        await producer.flush()
+        assert producer.stats.acked == 3
+    assert sorted(seen) == ["c0", "c1", "c2"]
+
+
+async def test_arrow_columns(backend: Any, topic: str) -> None:
+    import pyarrow as pa
+
+    subject = topic.replace("-", "")
+    values = pa.array([f"v{i}" for i in range(50)], pa.string())
+    keys = pa.chunked_array([pa.array([b"k%d" % (i % 3) for i in range(50)], pa.large_binary())])
+    async with pk.Producer(backend.url, topic=subject, **backend.options) as producer:
+        await producer.produce_batch(values, keys=keys)
+        await producer.flush()
+        assert producer.stats.acked == 50
+        if backend.name == "memory":
+            assert [r.value for r in producer.backend.store.topic(subject)] == [
+                b"v%d" % i for i in range(50)
+            ]
+
+
+@pytest.mark.parametrize(
+    ("values", "keys", "match"),
+    [
+        ([b"ok", 5, b"ok"], None, r"message 1: value must be bytes"),
+        ([b"ok", b"ok"], [b"k", object()], r"message 1: key must be bytes"),
+        ([b"ok"] * 3 + [b"x" * (2 << 20)], None, r"message 3: message of \d+ bytes"),
+        ([b"ok", b"ok"], [b"k"], r"keys has 1 items for 2 values"),
+        (b"not a column", None, r"values must be a sequence"),
+    ],
+)
+async def test_a_bad_message_raises_naming_its_index_before_any_is_admitted(
+    values: Any, keys: Any, match: str
+) -> None:
+    async with pk.Producer("memory://", topic="t") as producer:
+        with pytest.raises(pk.MessageError, match=match):
+            await producer.produce_batch(values, keys=keys)
+        assert producer.stats.produced == 0
+        await producer.produce_batch([b"after"])
+        await producer.flush()
+        assert producer.stats.acked == 1
+
+
+async def test_a_tombstone_in_a_batch(topic: str) -> None:
+    async with pk.Producer("memory://", topic="t") as producer:
+        await producer.produce_batch([b"v", None], keys=[b"k", b"k"])
+        await producer.flush()
+        assert [r.value for r in producer.backend.records] == [b"v", None]
+    async with pk.Producer("null://", topic="t") as producer:
+        with pytest.raises(pk.MessageError, match="message 1: value is None"):
+            await producer.produce_batch([b"v", None], keys=[b"k", b"k"])
+
+
+async def test_a_batch_larger_than_the_window_waits_and_drains_to_half() -> None:
+    async with pk.Producer("memory://", topic="t", max_in_flight_messages=10) as producer:
+        await producer.produce_batch([b"%d" % i for i in range(95)])
+        await producer.flush()
+        stats = producer.stats
+        assert stats.acked == 95 and stats.peak_in_flight <= 10
