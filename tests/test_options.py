@@ -78,7 +78,7 @@ def test_the_spark_sink_takes_every_setting_text_can_give_as_strings() -> None:
         "max_bytes_rate": "1000",
         "rate_burst": "5",
     }
-    assert set(texts) | {"topic", "value_serializer", "key_serializer"} == {
+    assert set(texts) | {"topic", "value_serializer", "key_serializer", "spool"} == {
         field.name for field in configurable()
     }
     config = SinkConfig(url="null://", topic="t", producer_kwargs=tuple(texts.items()))
