@@ -336,10 +336,12 @@ class Producer:
         Arrow array (binary or string, large ones too, for values, keys and msg_ids; a null
         value is a tombstone where the backend stores one). Returns once every message is
         handed off. A bad message raises its MessageError, naming its index, before any
-        message of the batch is admitted.
+        message of the batch is admitted. Messages other threads handed over before go first.
         """
         if not self._running:
             await self._ensure_running()
+        if self._handoff is not None:
+            await self._handoff.drained()
         columns = columns_of(
             values, keys=keys, headers=headers, partitions=partitions, msg_ids=msg_ids,
             timestamps=timestamps, contexts=contexts,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
+import functools
 import logging
 import threading
 import warnings
@@ -177,6 +178,38 @@ class SyncProducer:
                 f"no answer from the producer's loop within {timeout + _LOOP_MARGIN}s"
             ) from exc
 
+    def produce_batch(
+        self,
+        values: Any,
+        *,
+        keys: Any = None,
+        headers: Any = None,
+        topic: str | None = None,
+        partitions: Any = None,
+        msg_ids: Any = None,
+        timestamps: Any = None,
+        contexts: Any = None,
+    ) -> None:
+        """Same as :meth:`Producer.produce_batch`, blocking the calling thread until every
+        message is handed off (waiting while the window is full): one hop to the producer's
+        loop for the whole batch. A bad message raises here, naming its index."""
+        self._loop.call(
+            "produce_batch()",
+            functools.partial(
+                self._producer.produce_batch,
+                values,
+                keys=keys,
+                headers=headers,
+                topic=topic,
+                partitions=partitions,
+                msg_ids=msg_ids,
+                timestamps=timestamps,
+                contexts=contexts,
+            ),
+            # No limit: each message in flight ends by its deadline, so room always comes.
+            wait=None,
+        )
+
     def _learn(self, topic: str) -> int | None:
         """The topic's partition count, asked of the loop (which starts the producer first)."""
         partitions = self._loop.call(
@@ -249,16 +282,21 @@ class _LoopThread:
         _fork.watch(self)
 
     def call(
-        self, name: str, function: Callable[..., Coroutine[Any, Any, T]], *args: Any, wait: float
+        self,
+        name: str,
+        function: Callable[..., Coroutine[Any, Any, T]],
+        *args: Any,
+        wait: float | None,
     ) -> T:
-        """Run ``function(*args)`` on the loop and wait at most ``wait`` plus a margin."""
+        """Run ``function(*args)`` on the loop and wait at most ``wait`` plus a margin (None:
+        as long as it takes, for a call that always ends by itself)."""
         if _get_ident() == self.thread_id:
             raise LoopThreadError(_on_loop_thread(name))
         if self.stopped:
             self.check_not_forked()
             raise ProducerClosed(f"{name} after close(): create a new SyncProducer")
         future = self.portal.start_task_soon(function, *args)
-        limit = wait + _LOOP_MARGIN
+        limit = None if wait is None else wait + _LOOP_MARGIN
         try:
             result: T = future.result(limit)
         except concurrent.futures.CancelledError:

@@ -169,3 +169,19 @@ async def test_a_batch_larger_than_the_window_waits_and_drains_to_half() -> None
         await producer.flush()
         stats = producer.stats
         assert stats.acked == 95 and stats.peak_in_flight <= 10
+
+
+def test_a_sync_batch_keeps_its_thread_order_and_raises_at_the_call() -> None:
+    with pk.SyncProducer("memory://", topic="t", max_in_flight_messages=7) as sync:
+        for number in range(5):
+            sync.produce(b"single-%d" % number, key=b"k", nonblocking=True)
+        sync.produce_batch([b"batch-%d" % number for number in range(30)], keys=[b"k"] * 30)
+        sync.produce(b"after", key=b"k", nonblocking=True)
+        with pytest.raises(pk.MessageError, match="message 2: value must be bytes"):
+            sync.produce_batch([b"a", b"b", 3])
+        sync.flush()
+        values = [record.value for record in sync.producer.backend.records]
+    assert values == [b"single-%d" % n for n in range(5)] + [b"batch-%d" % n for n in range(30)] + [
+        b"after"
+    ]
+    assert sync.stats.acked == 36

@@ -289,8 +289,29 @@ class _Tally:
 
 
 def _send_chunk(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: bool) -> None:
-    """Produce every row of ``chunk`` nonblocking, from this thread: each is validated here and
-    handed to the producer's loop, whose window bounds what is in flight."""
+    """Produce every row of ``chunk``: as one batch (one hop to the producer's loop, whose
+    window bounds what is in flight) where every row has a value and the topic is the same;
+    else, or where a row is refused, row by row, each refused row counted."""
+    values = chunk["value"]
+    if chunk.get("topic") is None and None not in values:
+        headers, ids = chunk.get("headers"), chunk.get("id")
+        try:
+            producer.produce_batch(
+                values,
+                keys=chunk.get("key"),
+                partitions=chunk.get("partition"),
+                headers=None if headers is None else [_headers(item) for item in headers],
+                msg_ids=None if ids is None else [_msg_id(item) for item in ids],
+            )
+        except MessageError:
+            pass  # nothing of it was admitted: row by row, to count each row refused
+        else:
+            tally.rows += len(values)
+            return
+    _send_rows(producer, chunk, tally, fail_fast)
+
+
+def _send_rows(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: bool) -> None:
     values = chunk["value"]
     count = len(values)
     keys = chunk.get("key")
