@@ -251,30 +251,40 @@ static unsigned char *put_record(unsigned char *out, const RecordView *r, Py_ssi
     return out;
 }
 
-PyDoc_STRVAR(encode_batch_doc,
-"encode_batch(records, start, max_bytes, time_shift) -> (bytes, end)\n\n"
-"Encode records[start:end] as one uncompressed Kafka RecordBatch (v2), taking records while\n"
-"the batch stays within max_bytes (always at least one). A record's CreateTime is its\n"
-"TIMESTAMP (milliseconds) where set, else its deadline plus time_shift, in milliseconds. A None\n"
-"value (a tombstone), key or header value is written as null.");
+/* Write a v2 RecordBatch header at out for a batch of size bytes (header included) holding
+ * count records with the given codec (attributes) and timestamps; the CRC is left to frame(). */
+static void put_header(unsigned char *out, Py_ssize_t size, int codec, Py_ssize_t count,
+                       int64_t first_timestamp, int64_t max_timestamp) {
+    out = put_be64(out, 0);                        /* base offset: the broker sets it */
+    out = put_be32(out, (uint32_t)(size - 12));    /* length after this field */
+    out = put_be32(out, (uint32_t)-1);             /* partition leader epoch */
+    *out++ = 2;                                    /* magic */
+    out = put_be32(out, 0);                        /* crc, once the rest is written */
+    out = put_be16(out, (uint16_t)codec);          /* attributes: the codec, nothing else */
+    out = put_be32(out, (uint32_t)(count - 1));    /* last offset delta */
+    out = put_be64(out, (uint64_t)first_timestamp);
+    out = put_be64(out, (uint64_t)max_timestamp);
+    out = put_be64(out, (uint64_t)-1);             /* producer id: none */
+    out = put_be16(out, (uint16_t)-1);             /* producer epoch */
+    out = put_be32(out, (uint32_t)-1);             /* base sequence */
+    put_be32(out, (uint32_t)count);                /* record count */
+}
 
-static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "encode_batch(records: list, start: int, max_bytes: int, time_shift: float)");
-        return NULL;
-    }
-    PyObject *records = args[0];
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
-    double time_shift = PyFloat_AsDouble(args[3]);
-    if (PyErr_Occurred()) return NULL;
+static void put_crc(unsigned char *base, Py_ssize_t size) {
+    put_be32(base + CRC_OFFSET,
+             crc32c_impl(0, base + ATTRIBUTES_OFFSET, (size_t)(size - ATTRIBUTES_OFFSET)));
+}
+
+/* Encode records[start:end] (as many as fit in max_bytes, at least one) after header_room
+ * bytes left free: a new bytes object, or NULL with an exception set. */
+static PyObject *encode_records(PyObject *records, Py_ssize_t start, Py_ssize_t max_bytes,
+                                double time_shift, Py_ssize_t header_room, Py_ssize_t *end_out,
+                                int64_t *first_out, int64_t *max_out) {
     Py_ssize_t total = PyList_GET_SIZE(records);
     if (start < 0 || start >= total) {
         PyErr_SetString(PyExc_IndexError, "encode_batch: start is outside the records");
         return NULL;
     }
-
     /* Pass 1: how many records fit, and the exact size; each record's view and body size are
      * kept for pass 2. */
     RecordSlot *slots = PyMem_New(RecordSlot, (size_t)(total - start));
@@ -293,49 +303,113 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
         size += record_size;
         if (slot->view.timestamp_ms > max_timestamp) max_timestamp = slot->view.timestamp_ms;
     }
-
     /* Pass 2: write them. */
-    PyObject *batch = PyBytes_FromStringAndSize(NULL, size);
-    if (batch == NULL) goto error;
-    unsigned char *base = (unsigned char *)PyBytes_AS_STRING(batch);
-    unsigned char *out = base;
-    out = put_be64(out, 0);                             /* base offset: the broker sets it */
-    out = put_be32(out, (uint32_t)(size - 12));         /* length after this field */
-    out = put_be32(out, (uint32_t)-1);                  /* partition leader epoch */
-    *out++ = 2;                                         /* magic */
-    out = put_be32(out, 0);                             /* crc, below */
-    out = put_be16(out, 0);                             /* attributes: no compression */
-    out = put_be32(out, (uint32_t)(end - start - 1));   /* last offset delta */
-    out = put_be64(out, (uint64_t)first_timestamp);
-    out = put_be64(out, (uint64_t)max_timestamp);
-    out = put_be64(out, (uint64_t)-1);                  /* producer id: none */
-    out = put_be16(out, (uint16_t)-1);                  /* producer epoch */
-    out = put_be32(out, (uint32_t)-1);                  /* base sequence */
-    out = put_be32(out, (uint32_t)(end - start));       /* record count */
+    Py_ssize_t length = size - BATCH_HEADER_SIZE + header_room;
+    PyObject *encoded = PyBytes_FromStringAndSize(NULL, length);
+    if (encoded == NULL) goto error;
+    unsigned char *base = (unsigned char *)PyBytes_AS_STRING(encoded);
+    unsigned char *out = base + header_room;
     for (Py_ssize_t i = start; i < end; i++) {
         const RecordSlot *slot = &slots[i - start];
         out = put_record(out, &slot->view, slot->body, slot->timestamp_delta, i - start);
     }
     PyMem_Free(slots);
-    if (out != base + size) { /* a record changed between the passes: impossible with the GIL */
-        Py_DECREF(batch);
+    if (out != base + length) { /* a record changed between the passes: impossible with the GIL */
+        Py_DECREF(encoded);
         PyErr_SetString(PyExc_RuntimeError, "encode_batch: size mismatch");
         return NULL;
     }
-    put_be32(base + CRC_OFFSET,
-             crc32c_impl(0, base + ATTRIBUTES_OFFSET, (size_t)(size - ATTRIBUTES_OFFSET)));
-    PyObject *end_object = PyLong_FromSsize_t(end);
-    if (end_object == NULL) {
-        Py_DECREF(batch);
-        return NULL;
-    }
-    PyObject *result = PyTuple_Pack(2, batch, end_object);
-    Py_DECREF(batch);
-    Py_DECREF(end_object);
-    return result;
+    *end_out = end;
+    *first_out = first_timestamp;
+    *max_out = max_timestamp;
+    return encoded;
 error:
     PyMem_Free(slots);
     return NULL;
+}
+
+static int encoding_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                         Py_ssize_t *start, Py_ssize_t *max_bytes, double *time_shift) {
+    if (nargs != 4 || !PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(records: list, start: int, max_bytes: int, time_shift: float)", name);
+        return -1;
+    }
+    *start = PyLong_AsSsize_t(args[1]);
+    *max_bytes = PyLong_AsSsize_t(args[2]);
+    *time_shift = PyFloat_AsDouble(args[3]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(encode_batch_doc,
+"encode_batch(records, start, max_bytes, time_shift) -> (bytes, end)\n\n"
+"Encode records[start:end] as one uncompressed Kafka RecordBatch (v2), taking records while\n"
+"the batch stays within max_bytes (always at least one). A record's CreateTime is its\n"
+"TIMESTAMP (milliseconds) where set, else its deadline plus time_shift, in milliseconds. A None\n"
+"value (a tombstone), key or header value is written as null.");
+
+static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t start, max_bytes, end;
+    double time_shift;
+    int64_t first_timestamp, max_timestamp;
+    if (encoding_args(args, nargs, "encode_batch", &start, &max_bytes, &time_shift) < 0)
+        return NULL;
+    PyObject *batch = encode_records(args[0], start, max_bytes, time_shift, BATCH_HEADER_SIZE,
+                                     &end, &first_timestamp, &max_timestamp);
+    if (batch == NULL) return NULL;
+    unsigned char *base = (unsigned char *)PyBytes_AS_STRING(batch);
+    Py_ssize_t size = PyBytes_GET_SIZE(batch);
+    put_header(base, size, 0, end - start, first_timestamp, max_timestamp);
+    put_crc(base, size);
+    return Py_BuildValue("(Nn)", batch, end);
+}
+
+PyDoc_STRVAR(encode_records_doc,
+"encode_records(records, start, max_bytes, time_shift) -> (bytes, end, first_ts, max_ts)\n\n"
+"The records section of encode_batch's batch (the same records, without its header), to be\n"
+"compressed and framed by frame_batch.");
+
+static PyObject *encode_records_only(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t start, max_bytes, end;
+    double time_shift;
+    int64_t first_timestamp, max_timestamp;
+    if (encoding_args(args, nargs, "encode_records", &start, &max_bytes, &time_shift) < 0)
+        return NULL;
+    PyObject *section = encode_records(args[0], start, max_bytes, time_shift, 0, &end,
+                                       &first_timestamp, &max_timestamp);
+    if (section == NULL) return NULL;
+    return Py_BuildValue("(NnLL)", section, end, (long long)first_timestamp,
+                         (long long)max_timestamp);
+}
+
+PyDoc_STRVAR(frame_batch_doc,
+"frame_batch(section, codec, count, first_ts, max_ts) -> bytes\n\n"
+"A RecordBatch (v2) around a records section compressed with codec (its attributes: 1 gzip,\n"
+"2 snappy, 3 lz4, 4 zstd): the header, the section as it is, the CRC-32C.");
+
+static PyObject *frame_batch(PyObject *module, PyObject *args) {
+    Py_buffer section;
+    int codec;
+    Py_ssize_t count;
+    long long first_timestamp, max_timestamp;
+    if (!PyArg_ParseTuple(args, "y*inLL", &section, &codec, &count, &first_timestamp,
+                          &max_timestamp))
+        return NULL;
+    if (count < 1 || codec < 0 || codec > 4) {
+        PyBuffer_Release(&section);
+        PyErr_SetString(PyExc_ValueError, "frame_batch: count >= 1 and codec 0-4");
+        return NULL;
+    }
+    Py_ssize_t size = BATCH_HEADER_SIZE + section.len;
+    PyObject *batch = PyBytes_FromStringAndSize(NULL, size);
+    if (batch != NULL) {
+        unsigned char *base = (unsigned char *)PyBytes_AS_STRING(batch);
+        put_header(base, size, codec, count, first_timestamp, max_timestamp);
+        memcpy(base + BATCH_HEADER_SIZE, section.buf, (size_t)section.len);
+        put_crc(base, size);
+    }
+    PyBuffer_Release(&section);
+    return batch;
 }
 
 PyDoc_STRVAR(untracked_doc,
@@ -1108,6 +1182,9 @@ static PyObject *crc32c(PyObject *module, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
+    {"encode_records", (PyCFunction)(void (*)(void))encode_records_only, METH_FASTCALL,
+     encode_records_doc},
+    {"frame_batch", frame_batch, METH_VARARGS, frame_batch_doc},
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
     {"untracked", untracked, METH_O, untracked_doc},
     {"pop_run", (PyCFunction)(void (*)(void))pop_run, METH_FASTCALL, pop_run_doc},

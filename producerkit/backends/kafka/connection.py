@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,9 +42,9 @@ class KafkaConnection(Connection):
         # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
         self._idempotent = bool(settings["enable_idempotence"])
         self._partition_counts: dict[str, int] = {}
-        codec = options.COMPRESSION_CODECS.get(settings.get("compression_type") or "", 0)
+        codec = settings.get("compression_type")
         encode: record_batch.Encoder = (
-            functools.partial(record_batch.encode_batch_with_aiokafka, compression=codec)
+            record_batch.compressed_encoder(codec, self.options.get("compression_level"))
             if codec
             else record_batch.encode_batch
         )

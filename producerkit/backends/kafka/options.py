@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from producerkit import _security
 from producerkit.backends.base import coerce_options
+from producerkit.backends.kafka import codecs
 from producerkit.errors import ConfigurationError, MessageError, MissingDependencyError
 
 #: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
@@ -17,6 +18,7 @@ AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
     "acks": str,  # 0, 1, -1 or all; converted in check_options
     "client_id": str,
     "compression_type": str,
+    "compression_level": int,
     "connections_max_idle_ms": int,
     "enable_idempotence": bool,
     "linger_ms": int,
@@ -42,8 +44,6 @@ THROUGHPUT_WINDOW: Final = 10_000
 #: Batches here grow only while the partition's previous batch is still with the broker, so a
 #: large ceiling costs no latency and saves a request per 16 KiB (aiokafka's default) under load.
 DEFAULT_MAX_BATCH_SIZE: Final = 512 * 1024
-#: compression_type -> the record batch's codec attribute.
-COMPRESSION_CODECS: Final = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -66,6 +66,9 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
     _check_compression(checked.get("compression_type"))
+    level = codecs.check_level(checked.get("compression_type"), checked.get("compression_level"))
+    if level is not None:
+        checked["compression_level"] = level
     acks = checked.get("acks")
     if acks is not None:
         if acks not in ("0", "1", "-1", "all"):
@@ -78,9 +81,9 @@ def _check_compression(codec: str | None) -> None:
     """A codec aiokafka knows, whose library is installed: both checked at construction."""
     if codec is None:
         return
-    if codec not in COMPRESSION_CODECS:
+    if codec not in codecs.CODECS:
         raise ConfigurationError(
-            f"unknown compression_type {codec!r}: use one of {', '.join(COMPRESSION_CODECS)}"
+            f"unknown compression_type {codec!r}: use one of {', '.join(codecs.CODECS)}"
         )
     if codec != "gzip" and importlib.util.find_spec("cramjam") is None:
         raise MissingDependencyError(
@@ -107,6 +110,7 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
     given = {name: v for name, v in options.items() if name not in _security.OPTIONS}
     given.pop("preset", None)  # read by batches_in_flight
     given.pop("max_batches_in_flight", None)  # producerkit's own sender setting, not aiokafka's
+    given.pop("compression_level", None)  # producerkit's own codecs take it
     settings.update(given)
     if settings["enable_idempotence"] and "acks" not in given:
         settings["acks"] = "all"  # idempotence requires it; the Java client defaults the same

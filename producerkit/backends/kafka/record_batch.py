@@ -7,31 +7,100 @@ deadline plus ``time_shift`` (the producer sets the deadline to ``monotonic() + 
 the message is produced, so the backend recovers the produce time without a clock read per
 message).
 
-The C encoder (``producerkit/_speedups.c``, see ``producerkit._fast``) is used where it was
-built; without it aiokafka's batch builder encodes the same bytes (``tests/test_record_batch.py``
-compares them). Compressed batches always use aiokafka's builder, which has the codecs.
+:func:`compressed_encoder` makes the same for a codec: the records section is encoded the same
+way, compressed whole (``codecs``: cramjam, librdkafka's default levels) and framed.
+
+The C functions (``producerkit/_speedups.c``, see ``producerkit._fast``) are used where they were
+built; without them aiokafka's batch builder encodes the same bytes (``tests/test_record_batch.py``
+compares them) and :func:`frame_batch_in_python` frames a compressed section.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from typing import Any, Final
 
 from producerkit import _fast
 from producerkit._record import Record
-from producerkit.backends.kafka import _aiokafka_compat
+from producerkit.backends.kafka import _aiokafka_compat, codecs
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
 
+#: RecordBatch v2: the header's length, and where the CRC and the attributes are in it.
+_HEADER: Final = 61
+_CRC_AT: Final = 17
+_ATTRIBUTES_AT: Final = 21
+_TIMESTAMPS: Final = struct.Struct(">qq")  # first and max timestamp, at offset 27
+
 
 def encode_batch_with_aiokafka(
-    records: list[Record], start: int, max_bytes: int, time_shift: float, compression: int = 0
+    records: list[Record], start: int, max_bytes: int, time_shift: float
 ) -> tuple[bytes | bytearray, int]:
-    """The same batch through aiokafka's builder: the fallback, and the one that compresses."""
-    builder = _aiokafka_compat.new_record_batch_builder(compression, max_bytes)
+    """The same batch through aiokafka's builder: the fallback."""
+    builder = _aiokafka_compat.new_record_batch_builder(0, max_bytes)
     end = _aiokafka_compat.append_records(builder.append, records, start, time_shift)
     return builder.build(), end
+
+
+def encode_records_in_python(
+    records: list[Record], start: int, max_bytes: int, time_shift: float
+) -> tuple[bytes, int, int, int]:
+    """The Python twin of ``_speedups.encode_records``: a batch's records section (no header),
+    where it stopped, and its first and max timestamps."""
+    batch, end = encode_batch_with_aiokafka(records, start, max_bytes, time_shift)
+    first, latest = _TIMESTAMPS.unpack_from(batch, 27)
+    return bytes(batch[_HEADER:]), end, first, latest
+
+
+def frame_batch_in_python(
+    section: Any, codec: int, count: int, first_timestamp: int, max_timestamp: int
+) -> bytes:
+    """The Python twin of ``_speedups.frame_batch``: a RecordBatch around a compressed records
+    section."""
+    header = struct.pack(
+        ">qiibIhiqqqhii",
+        0,
+        _HEADER + len(section) - 12,
+        -1,
+        2,
+        0,
+        codec,
+        count - 1,
+        first_timestamp,
+        max_timestamp,
+        -1,
+        -1,
+        -1,
+        count,
+    )
+    batch = bytearray(header)
+    batch += section
+    crc = _aiokafka_compat.crc32c(bytes(batch[_ATTRIBUTES_AT:]))
+    struct.pack_into(">I", batch, _CRC_AT, crc)
+    return bytes(batch)
 
 
 encode_batch: Encoder = (
     _fast.speedups.encode_batch if _fast.speedups is not None else encode_batch_with_aiokafka
 )
+encode_records: Callable[[list[Record], int, int, float], tuple[Any, int, int, int]] = (
+    _fast.speedups.encode_records if _fast.speedups is not None else encode_records_in_python
+)
+frame_batch: Callable[[Any, int, int, int, int], bytes] = (
+    _fast.speedups.frame_batch if _fast.speedups is not None else frame_batch_in_python
+)
+
+
+def compressed_encoder(codec: str, level: int | None) -> Encoder:
+    """An Encoder of batches compressed with ``codec`` at ``level``."""
+    compress = codecs.compressor(codec, level)
+    attribute = codecs.CODECS[codec]
+
+    def encode(
+        records: list[Record], start: int, max_bytes: int, time_shift: float
+    ) -> tuple[bytes | bytearray, int]:
+        section, end, first, latest = encode_records(records, start, max_bytes, time_shift)
+        return frame_batch(compress(section), attribute, end - start, first, latest), end
+
+    return encode

@@ -1,0 +1,78 @@
+"""Kafka's codecs through producerkit's own cramjam calls: librdkafka's default levels, the LZ4
+frame the Java reader takes (independent blocks, no checksums), compressed batches framed the
+same in C and in Python, readable by aiokafka's batch reader, and compression_level checked."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("aiokafka")
+pytest.importorskip("cramjam")
+
+from aiokafka.record.default_records import DefaultRecordBatch
+
+import producerkit as pk
+from producerkit._fast import speedups
+from producerkit._record import Record
+from producerkit.backends.kafka import codecs, record_batch
+
+RECORDS = [
+    Record(n, b"value-%d " % n * 20, b"k%d" % (n % 3), "t", 0, (("h", b"%d" % n),), None,
+           1000.0, 0, None, 1_700_000_000_000 + n)
+    for n in range(1, 400)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+@pytest.mark.parametrize("level", [None, 1])
+def test_a_compressed_batch_reads_back_whole(codec: str, level: int | None) -> None:
+    if codec == "snappy" and level is not None:
+        pytest.skip("snappy has no levels")
+    checked = codecs.check_level(codec, level)
+    data, end = record_batch.compressed_encoder(codec, checked)(RECORDS, 0, 1 << 20, 0.0)
+    assert end == len(RECORDS)
+    batch = DefaultRecordBatch(bytes(data))
+    assert batch.validate_crc() and batch.compression_type == codecs.CODECS[codec]
+    read = [(r.key, r.value, list(r.headers), r.timestamp) for r in batch]
+    assert read == [(r.key, r.value, list(r.headers), r.timestamp) for r in RECORDS]
+
+
+@pytest.mark.skipif(speedups is None, reason="producerkit._speedups was not built")
+def test_the_c_framing_is_the_python_framing() -> None:
+    assert speedups is not None
+    section, end, first, latest = speedups.encode_records(RECORDS, 0, 1 << 20, 0.0)
+    twin = record_batch.encode_records_in_python(RECORDS, 0, 1 << 20, 0.0)
+    assert (bytes(section), end, first, latest) == twin
+    compressed = codecs.compressor("zstd", 3)(section)
+    assert speedups.frame_batch(compressed, 4, end, first, latest) == (
+        record_batch.frame_batch_in_python(compressed, 4, end, first, latest)
+    )
+
+
+def test_lz4_frames_have_independent_blocks_and_no_checksums() -> None:
+    data = bytes(range(256)) * 1024  # 256 KiB: four blocks
+    frame = codecs.compressor("lz4", 0)(data)
+    assert frame[:4] == b"\x04\x22\x4d\x18"
+    flags, block_size = frame[4], frame[5]
+    assert flags == 0x60 and block_size == 0x40  # independent blocks of 64 KiB, nothing else
+    import cramjam  # what aiokafka decodes with
+
+    assert bytes(cramjam.lz4.decompress(frame)) == data
+
+
+def test_the_default_levels_are_librdkafkas() -> None:
+    assert codecs.DEFAULT_LEVELS == {"gzip": 6, "snappy": None, "lz4": 0, "zstd": 3}
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"compression_type": "gzip", "compression_level": 10}, "from 1 to 9"),
+        ({"compression_type": "zstd", "compression_level": 0}, "from 1 to 22"),
+        ({"compression_type": "snappy", "compression_level": 1}, "has no levels"),
+        ({"compression_level": 3}, "needs a compression_type"),
+    ],
+)
+def test_a_bad_level_is_a_configuration_error(options: dict[str, object], match: str) -> None:
+    with pytest.raises(pk.ConfigurationError, match=match):
+        pk.Producer("kafka://127.0.0.1:1", topic="t", **options)
