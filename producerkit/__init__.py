@@ -14,6 +14,7 @@ from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
 from producerkit._types import ConnectionStats, Delivery, Failure, Outcome, Stats
 from producerkit.errors import (
+    AtomicBatchError,
     AuthenticationError,
     AuthorizationError,
     BrokerUnavailable,
@@ -39,6 +40,7 @@ from producerkit.jetstream import Expect
 __version__ = "0.1.0"
 
 __all__ = [
+    "AtomicBatchError",
     "AuthenticationError",
     "AuthorizationError",
     "BrokerUnavailable",

@@ -149,6 +149,10 @@ class MessageRules:
             stamp = int(time.time() * 1000)
         return _new(Message, (value, key, topic, partition, header_pairs, msg_id, stamp))
 
+    @property
+    def takes_tombstones(self) -> bool:
+        return self._spec.takes_tombstones
+
     def check_topic(self, topic: str) -> None:
         """MessageError if ``topic`` is no topic of this backend (checked once per topic)."""
         check_topic_type(topic, MessageError)

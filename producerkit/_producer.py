@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from producerkit import partitioners
+    from producerkit._atomic import AtomicBatch
     from producerkit.jetstream import Expect
     from producerkit.serializers import Serializer
 
@@ -69,16 +70,13 @@ class Producer:
     """Publishes messages to Kafka, NATS, JetStream, memory or nowhere, with the same calls.
 
     ``async with Producer(url, topic=...) as producer:`` connects, and on leaving flushes and
-    closes. ``await producer.produce(value, key=...)`` waits for the broker's ack and returns a
-    :class:`~producerkit.Delivery`; with ``nonblocking=True`` it returns once the message is handed
-    off, and the outcome is counted in :attr:`stats` and reported by :meth:`flush`.
-
-    ``url`` is ``kafka://host:port[,host:port]``, ``jetstream://host:port``,
-    ``nats://host:port``, ``memory://[name]`` or ``null://``; its query parameters are backend
-    options. Every keyword is a setting of :class:`~producerkit.ProducerOptions` (its fields say
-    what each does); ``**options`` are backend options (``linger_ms``, ``acks``,
-    ``create_stream``, ``partitions``, ...). Callbacks (``on_error``, ``on_delivery``,
-    ``on_outcome``, ``on_stats``) run on the event loop; what they raise is logged.
+    closes. ``await producer.produce(value, key=...)`` returns the broker's ack, a
+    :class:`~producerkit.Delivery`; with ``nonblocking=True`` it returns once the message is
+    handed off, its outcome counted in :attr:`stats` and reported by :meth:`flush`. ``url``:
+    ``kafka://host:port[,...]``, ``jetstream://``, ``nats://``, ``memory://[name]`` or
+    ``null://``, its query parameters backend options. Every keyword is a setting of
+    :class:`~producerkit.ProducerOptions`; ``**options`` are backend options (``linger_ms``,
+    ``acks``, ``create_stream``, ...). Callbacks run on the event loop; what they raise is logged.
     """
 
     def __init__(
@@ -330,14 +328,11 @@ class Producer:
         contexts: Any = None,
     ) -> None:
         """Publish many messages: as many ``produce(..., nonblocking=True)`` calls, in order
-        (the same routing, window, rate limit and outcomes), at a fraction of their cost.
-
-        Each argument but ``topic`` is a column, one item per message: a list, a tuple, or an
-        Arrow array (binary or string, large ones too, for values, keys and msg_ids; a null
-        value is a tombstone where the backend stores one). Returns once every message is
-        handed off. A bad message raises its MessageError, naming its index, before any
-        message of the batch is admitted. Messages other threads handed over before go first.
-        """
+        (the same routing, window, rate limit and outcomes), at a fraction of their cost. Each
+        argument but ``topic`` is a column, one item per message: a list, a tuple, or an Arrow
+        array (binary or string for values, keys and msg_ids). Returns once every message is
+        handed off; a bad message raises its MessageError, naming its index, before any is
+        admitted. Messages other threads handed over before go first."""
         if not self._running:
             await self._ensure_running()
         if self._handoff is not None:
@@ -346,10 +341,18 @@ class Producer:
             values, keys=keys, headers=headers, partitions=partitions, msg_ids=msg_ids,
             timestamps=timestamps, contexts=contexts,
         )  # fmt: skip
-        await self._submitter.submit_batch(
-            columns, topic, self._rules, lambda context: self._slot(None, context),
-            self._admission, self._spec.takes_tombstones,
-        )  # fmt: skip
+        await self._submitter.submit_batch(columns, topic, self._rules, self._slot, self._admission)
+
+    def atomic_batch(self, topic: str | None = None) -> AtomicBatch:
+        """``async with producer.atomic_batch() as batch: await batch.produce(...)``: messages
+        stored all together when the block ends, or none of them (JetStream, on a stream
+        created with ``allow_atomic=True``; see :class:`~producerkit.AtomicBatchError`)."""
+        from producerkit._atomic import AtomicBatch
+
+        if (refusal := self._spec.atomic_batch_refusal) is not None:
+            raise ConfigurationError(f"atomic_batch is JetStream's: {refusal}")
+        return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,
+                           self._slot, topic, self._timeout)  # fmt: skip
 
     @property
     def rules(self) -> MessageRules:

@@ -38,6 +38,7 @@ class Submitter:
     """Routes, rate-limits, admits and sends the messages of one producer."""
 
     __slots__ = (
+        "__weakref__",
         "_rate",
         "_router",
         "_topics",
@@ -120,26 +121,12 @@ class Submitter:
         """The rest of :meth:`submit` for a message that must wait: for its topic's partition
         count, its turn under the rate limit, or room in the window. A handed-over message
         (``reserved``) that cannot be admitted fails here, counted, and nothing is raised."""
-        window = self._window
         try:
-            rate = self._rate
-            if route is None:
-                count = await self._topics.learn(message.topic)
-                if message.partition is not None:
-                    check_partition(message.partition, count, message.topic)
-                route = self._router.route(message.topic, message.key, message.partition, count)
-                wait_for_rate = rate is not None and not rate.try_acquire(payload_size(message))
-            if wait_for_rate:
-                assert rate is not None
-                await rate.wait_for_turn(payload_size(message))
-                self._check_open(reserved)
-            while (record := window.admit(message, route[0], route[1], slot, reserved)) is None:
-                await window.wait_for_room(payload_size(message))
-                self._check_open(reserved)
+            record = await self.admitted(message, slot, reserved, route, wait_for_rate)
         except BaseException as exc:
             if not reserved:
                 raise
-            window.fail_unadmitted(message, slot, _closed_if_cancelled(exc))
+            self._window.fail_unadmitted(message, slot, _closed_if_cancelled(exc))
             if not isinstance(exc, Exception):
                 raise
             return
@@ -147,14 +134,44 @@ class Submitter:
         if handed_off is not None:
             await handed_off
 
+    async def admitted(
+        self,
+        message: Message,
+        slot: Slot,
+        reserved: bool = False,
+        route: tuple[int | None, int] | None = None,
+        wait_for_rate: bool = False,
+        *,
+        connection: int | None = None,
+    ) -> Record:
+        """``message`` routed (unless ``route`` is given; on ``connection`` where given), past
+        the rate limit and admitted, once it may be: its record, not yet sent. Raises only
+        before admission."""
+        window, rate = self._window, self._rate
+        if route is None:
+            count = await self._topics.learn(message.topic)
+            if message.partition is not None:
+                check_partition(message.partition, count, message.topic)
+            route = self._router.route(message.topic, message.key, message.partition, count)
+            wait_for_rate = rate is not None and not rate.try_acquire(payload_size(message))
+        if connection is not None:
+            route = (route[0], connection)
+        if wait_for_rate:
+            assert rate is not None
+            await rate.wait_for_turn(payload_size(message))
+            self._check_open(reserved)
+        while (record := window.admit(message, route[0], route[1], slot, reserved)) is None:
+            await window.wait_for_room(payload_size(message))
+            self._check_open(reserved)
+        return record
+
     async def submit_batch(
         self,
         columns: Columns,
         topic: str | None,
         rules: MessageRules,
-        slot_of: Callable[[Any], Slot],
+        slot_of: Callable[[Any, Any], Slot],
         fused: Any,
-        tombstones: bool,
     ) -> None:
         """Every message of ``columns``, in order, as :meth:`submit` would each. A plain chunk
         (values and keys only) goes through the fused C path a window's room at a time (its
@@ -166,7 +183,9 @@ class Submitter:
             if type(name) is str:
                 await self._topics.learn(name)
             while start < columns.size:
-                outcome = fused.admit_chunk(columns.values, columns.keys, name, start, tombstones)
+                outcome = fused.admit_chunk(
+                    columns.values, columns.keys, name, start, rules.takes_tombstones
+                )
                 if outcome is DECLINED:
                     break
                 end, by_connection, *raised = outcome
@@ -183,7 +202,7 @@ class Submitter:
         messages = [message_at(rules, columns, topic, i) for i in range(start, columns.size)]
         for index, message in enumerate(messages, start):
             context = None if columns.contexts is None else columns.contexts[index]
-            waiting = self.submit(message, slot_of(context))
+            waiting = self.submit(message, slot_of(None, context))
             if waiting is not None:
                 await waiting
 

@@ -15,9 +15,10 @@
     ├── AuthorizationError                 the broker refused this message (permissions)
     ├── DeliveryError                      the broker rejected this message for another reason;
     │   │                                      ``.code``: JetStream's error code, or None
-    │   └── ExpectationFailed                  the stream was not as the message's Expect said:
-    │                                          wrong last sequence (10071, 10164), wrong last
-    │                                          msg id (10070), another stream (10060)
+    │   ├── ExpectationFailed                  the stream was not as the message's Expect said:
+    │   │                                      wrong last sequence (10071, 10164), wrong last
+    │   │                                      msg id (10070), another stream (10060)
+    │   └── AtomicBatchError                   a JetStream atomic batch ended without a commit
     ├── ProduceTimeout (TimeoutError)      not acked within ``timeout``; or flush/close deadline
     ├── ProducerClosed                     produce() after close(), or closed with it in flight
     │   └── ProducerForked                     used in a process forked from the one it started in
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from producerkit._types import Failure
 
 __all__ = [
+    "AtomicBatchError",
     "AuthenticationError",
     "AuthorizationError",
     "BrokerUnavailable",
@@ -131,6 +133,29 @@ class DeliveryError(ProducerError):
     def __init__(self, *args: object, code: int | None = None) -> None:
         super().__init__(*args)
         self.code = code
+
+
+class AtomicBatchError(DeliveryError):
+    """A JetStream atomic batch (``Producer.atomic_batch``) ended without a commit: nothing of it
+    was stored, and each of its messages failed with this error.
+
+    ``code`` is the server's error code where the server refused it: 10174 the stream does
+    not allow atomic batches (create it with ``allow_atomic=True``), 10176 the batch is
+    incomplete (a message lost, or the server abandoned the batch after 10 s without a message),
+    10177 a header a batch cannot carry, 10199 more messages than the server takes in one batch
+    (1,000 by default), 10071 or 10164 an expectation that did not hold at the commit. It is None
+    where the producer refused the batch before it reached the server (the same reasons, said
+    before sending), where the block inside ``async with`` raised, where a message passed its
+    deadline before the commit, or where the commit's answer was lost: then, and only then, the
+    batch may have been stored all the same (:attr:`possibly_stored`, as each message's
+    ``Failure.possibly_stored``).
+    """
+
+    def __init__(
+        self, *args: object, code: int | None = None, possibly_stored: bool = False
+    ) -> None:
+        super().__init__(*args, code=code)
+        self.possibly_stored = possibly_stored
 
 
 class ExpectationFailed(DeliveryError):

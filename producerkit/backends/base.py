@@ -143,6 +143,16 @@ class Connection(abc.ABC):
                 waiting.append((record, handed_off))
         return waiting
 
+    async def send_batch_message(
+        self, record: Record, *, reply: bool, timeout: float
+    ) -> tuple[bytes, dict[str, str] | None] | None:
+        """Write ``record``, a message of an atomic batch (its headers say which), in order
+        after everything sent before on this connection. With ``reply``, wait at most
+        ``timeout`` for the broker's answer and return it (payload, headers); else return None
+        once it is written. No outcome of it is reported: the batch settles its records. Only
+        backends whose spec has no ``atomic_batch_refusal`` have it."""
+        raise NotImplementedError
+
     def take_unsent(self) -> list[Record]:
         """Remove and return the records handed to this connection that it has not written yet
         (for ``purge()``; it reports nothing of them). Default: none are held back."""
@@ -235,6 +245,9 @@ class BackendSpec:
     takes_null_header_values: bool = True
     #: Whether what is acked can be read back (a log, a stream or a store; not core NATS).
     stores_records: bool = True
+    #: Why ``Producer.atomic_batch`` is refused here (None: its connections take one, through
+    #: ``send_batch_message``).
+    atomic_batch_refusal: str | None = "this backend has no atomic batches"
 
     @property
     def takes_tombstones(self) -> bool:

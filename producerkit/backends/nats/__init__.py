@@ -39,6 +39,8 @@ NATS = BackendSpec(
     partitioned=False,
     takes_null_header_values=False,
     stores_records=False,
+    atomic_batch_refusal="core NATS stores nothing; atomic batches are JetStream's "
+    "(jetstream://, a stream created with allow_atomic=True)",
 )
 JETSTREAM = BackendSpec(
     connection=JetStreamConnection,
@@ -53,4 +55,5 @@ JETSTREAM = BackendSpec(
     "other); to delete a subject's messages, purge the stream by subject",
     partitioned=False,
     takes_null_header_values=False,
+    atomic_batch_refusal=None,
 )

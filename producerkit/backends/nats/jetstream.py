@@ -18,6 +18,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Mapping
+from typing import Any
 
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -79,8 +80,11 @@ class JetStreamConnection(NatsClientConnection):
             raise translate(exc) from exc
         name = re.sub(r"[^A-Za-z0-9_-]", "_", topic)
         storage = self.options.get("stream_storage", "memory")
+        atomic: dict[str, Any] = {"allow_atomic": True} if self.options.get("allow_atomic") else {}
         try:
-            await self._js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage)
+            await self._js.add_stream(
+                name=name, subjects=[topic, f"{topic}.>"], storage=storage, **atomic
+            )
         except Exception as exc:
             raise translate(exc) from exc
 
@@ -88,6 +92,25 @@ class JetStreamConnection(NatsClientConnection):
         token = self._next_token = self._next_token + 1
         self._awaiting[token] = record
         return self.publish(record, reply=f"{self._inbox}.{token}")
+
+    async def send_batch_message(
+        self, record: Record, *, reply: bool, timeout: float
+    ) -> tuple[bytes, dict[str, str] | None] | None:
+        try:
+            if reply:
+                answer = await self._nc.request(
+                    self.subject(record),
+                    record.value or b"",
+                    timeout=timeout,
+                    headers=self.nats_headers(record),
+                )
+                return answer.data, answer.headers
+            handed_off = self.publish(record)
+            if handed_off is not None:
+                await handed_off
+        except Exception as exc:
+            raise translate(exc) from exc
+        return None
 
     async def _on_ack(self, msg: Msg) -> None:
         """The public path: nats-py's subscription callback, once per PubAck. Its task calls it

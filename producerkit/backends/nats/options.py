@@ -21,11 +21,13 @@ OPTIONS: Final[dict[str, type]] = {
     **_security.OPTIONS,
 }
 #: JetStream adds ``create_stream`` (create a stream for a topic that has none) and its
-#: ``stream_storage``, ``memory`` or ``file``.
+#: ``stream_storage``, ``memory`` or ``file``, and ``allow_atomic`` (the stream it creates takes
+#: atomic batches).
 JETSTREAM_OPTIONS: Final[dict[str, type]] = {
     **OPTIONS,
     "create_stream": bool,
     "stream_storage": str,
+    "allow_atomic": bool,
 }
 
 _BAD_SUBJECT = re.compile(r"[\s*>]|^\.|\.$|\.\.")
