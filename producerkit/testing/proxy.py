@@ -533,6 +533,9 @@ def _listening_socket(host: str) -> socket.socket:
             probe.bind((host, 0))
             port = probe.getsockname()[1]
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Connections the broker closed leave TIME_WAIT sockets on this port; without it, listening
+        # again after ``refuse`` fails with EADDRINUSE and the proxy refuses for good.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:  # taken between the probe and now: another
