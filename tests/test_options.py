@@ -26,7 +26,7 @@ def test_producer_keywords_are_the_settings_with_their_defaults() -> None:
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY
     }
     assert keywords == {field.name: field.default for field in FIELDS}
-    assert list(parameters)[0] == "url" and list(parameters)[-1] == "options"
+    assert next(iter(parameters)) == "url" and list(parameters)[-1] == "options"
 
 
 def test_every_setting_has_a_one_line_doc_and_its_backends() -> None:
@@ -59,7 +59,7 @@ def test_settings_come_from_the_environment_as_their_types(
 
 
 def test_a_bad_setting_from_text_is_a_configuration_error_naming_it() -> None:
-    with pytest.raises(pk.ConfigurationError, match="PRODUCERKIT_RESUME_AT.*resume_at"):
+    with pytest.raises(pk.ConfigurationError, match=r"PRODUCERKIT_RESUME_AT.*resume_at"):
         settings.load(environ={"PRODUCERKIT_URL": "null://", "PRODUCERKIT_RESUME_AT": "most"})
 
 
