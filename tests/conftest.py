@@ -6,8 +6,12 @@ storage) and ``nats_broker`` (nats-server with JetStream in a temp dir; ``.url``
 ``.jetstream_url`` JetStream), started once per session on free loopback ports. ``async def``
 tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``anyio_backend``:
 asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
-``backend`` runs a test on memory, null, kafka, jetstream and nats; ``read_kafka`` and
-``read_jetstream`` read a topic back with a plain client.
+``backend`` runs a test on memory, null, kafka, jetstream and nats: a behaviour test takes it and
+skips, or asserts the typed refusal, by what ``backend.spec`` declares the backend can do
+(``takes_tombstones``, ``stores_records``...), never by its name; ``backend.read()`` reads back
+what it stored, and on real backends ``backend.faulty_url``/``backend.faults`` put the session
+broker's fault proxy in between. ``read_kafka`` and ``read_jetstream`` read a topic back with a
+plain client.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from typing import Any
 
 import pytest
 
+from producerkit.backends import spec_for
+from producerkit.backends.base import BackendSpec
+from producerkit.backends.memory import get_store
+from producerkit.testing.brokers import BrokerFaults
 from producerkit.testing.pytest_plugin import SessionBroker
 
 BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
@@ -91,16 +99,83 @@ def topic() -> str:
 
 
 class BackendCase:
-    """A backend under test: its URL, the options a test producer needs, and how to read back."""
+    """A backend under test: its URL, the options a test producer needs, its spec (what it can
+    do: ``backend.spec.takes_tombstones``...), and how to read back what it stored."""
 
-    def __init__(self, name: str, url: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        options: dict[str, Any],
+        broker: SessionBroker | None = None,
+    ) -> None:
         self.name = name
         self.url = url
         self.options = options
+        self.spec: BackendSpec = spec_for(url.partition("://")[0].lower())
+        #: The session broker behind a real backend (None for memory:// and null://).
+        self.broker = broker
+        #: memory://NAME's store, held here so that it outlives the test's producers.
+        self.store = get_store(url.removeprefix("memory://")) if name == "memory" else None
 
     @property
     def real(self) -> bool:
-        return self.name in ("kafka", "jetstream", "nats")
+        return self.name in _REAL_BACKENDS
+
+    @property
+    def faulty_url(self) -> str:
+        """``url`` through the session broker's fault proxy (``faults``): real backends only."""
+        assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
+        scheme = self.url.partition("://")[0]
+        return f"{scheme}://{self.broker.faults.host_port}"
+
+    @property
+    def faults(self) -> BrokerFaults:
+        """The fault proxy of ``faulty_url`` (cleared after each test by the plugin)."""
+        assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
+        return self.broker.faults
+
+    def with_options(self, **options: Any) -> BackendCase:
+        """The same backend with more options for its producers."""
+        case = BackendCase(self.name, self.url, {**self.options, **options}, self.broker)
+        case.store = self.store
+        return case
+
+    async def read(self, topic: str, expected: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """What the backend stored on ``topic``, read back outside the producer (a plain aiokafka
+        or nats-py consumer, or memory://'s store), in partition and offset order: dicts with
+        ``value``, ``key`` (None where the backend has no keys), ``headers`` (name to value,
+        bytes), ``header_pairs`` (in order, where the backend keeps repeated names) and
+        ``timestamp`` (epoch ms, where the backend stores one). Only for backends whose
+        ``spec.stores_records``."""
+        assert self.spec.stores_records, f"{self.name}:// stores nothing to read back"
+        if self.name == "kafka":
+            return await read_kafka(self.url, topic, expected, timeout)
+        if self.name == "jetstream":
+            records = await read_jetstream(self.url, topic, expected, timeout)
+            for record in records:
+                headers = {
+                    name: value.encode() if isinstance(value, str) else value
+                    for name, value in record["headers"].items()
+                    if not name.startswith("Nats-")
+                }
+                record.update(key=None, headers=headers, header_pairs=None)
+            return records
+        assert self.store is not None
+        return [
+            {
+                "partition": record.partition,
+                "offset": record.offset,
+                "key": record.key,
+                "value": record.value,
+                "headers": dict(record.headers or ()),
+                "header_pairs": list(record.headers or ()),
+                "timestamp": None if record.timestamp is None else round(record.timestamp * 1000),
+            }
+            for record in sorted(
+                self.store.topic(topic), key=lambda r: (r.partition or 0, r.offset)
+            )
+        ]
 
     def __repr__(self) -> str:
         return f"<BackendCase {self.name} {self.url}>"
@@ -108,6 +183,8 @@ class BackendCase:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> BackendCase:
+    """Each behaviour test runs on every backend: skip (or assert the typed refusal) by what
+    ``backend.spec`` declares, never by the backend's name."""
     name = request.param
     if name == "memory":
         return BackendCase(name, f"memory://{uuid.uuid4().hex}", {})
@@ -115,11 +192,11 @@ def backend(request: pytest.FixtureRequest) -> BackendCase:
         return BackendCase(name, "null://", {})
     if name == "kafka":
         broker: SessionBroker = request.getfixturevalue("kafka_broker")
-        return BackendCase(name, broker.url, {})
+        return BackendCase(name, broker.url, {}, broker)
     broker = request.getfixturevalue("nats_broker")
     if name == "jetstream":
-        return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True})
-    return BackendCase(name, f"nats://{broker.host_port}", {})
+        return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True}, broker)
+    return BackendCase(name, f"nats://{broker.host_port}", {}, broker)
 
 
 ReadBack = Callable[..., Awaitable[list[dict[str, Any]]]]

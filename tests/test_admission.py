@@ -284,9 +284,10 @@ def test_the_c_window_core_admits_as_the_python_one(
         for name in Record._fields:
             if name != "deadline":
                 assert getattr(python_record, name) == getattr(c_record, name), name
-        assert (
-            tuple(python_record)
-            == (*tuple(c_record)[:7], python_record.deadline, *tuple(c_record)[8:])
+        assert tuple(python_record) == (
+            *tuple(c_record)[:7],
+            python_record.deadline,
+            *tuple(c_record)[8:],
         )
         assert abs(python_record.deadline - c_record.deadline) < 1.0
         assert python_record.deadline > time.monotonic()

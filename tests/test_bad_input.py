@@ -5,7 +5,6 @@ anything but a producerkit error (or succeed).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import uuid
@@ -151,16 +150,15 @@ def _bad_messages(backend: str) -> list[tuple[dict[str, Any], type[pk.ProducerEr
     return cases
 
 
-PARTITIONED = {"memory": {"partitions": 3}, "null": {"partitions": 3}, "nats": {"partitions": 3}}
-
-
 @pytest.fixture
-def partitioned(backend: BackendCase, kafka_broker: SessionBroker) -> Iterator[BackendCase]:
-    """The backend with 3 partitions (a fresh 3-partition Kafka topic on Tansu)."""
-    if backend.name == "kafka":
-        asyncio.run(_create_kafka_topic(kafka_broker.url, "bad-input-3", 3))
-    options = {**backend.options, **PARTITIONED.get(backend.name, {})}
-    yield BackendCase(backend.name, backend.url, options)
+async def partitioned(backend: BackendCase) -> BackendCase:
+    """The backend with 3 partitions: ``partitions=3`` where it takes that option, a fresh
+    3-partition topic on Kafka (none on JetStream: a plain subject has no partitions)."""
+    if backend.spec.partitioned and backend.broker is not None:
+        await _create_kafka_topic(backend.url, "bad-input-3", 3)
+    if "partitions" in backend.spec.options:
+        return backend.with_options(partitions=3)
+    return backend
 
 
 async def _create_kafka_topic(url: str, topic: str, partitions: int) -> None:
@@ -181,44 +179,39 @@ async def test_bad_messages_are_refused_at_the_call(partitioned: BackendCase) ->
     """Every row raises its error at produce() (blocking and nonblocking), nothing is counted,
     and the producer then publishes normally."""
     backend = partitioned
-    topic = "bad-input-3" if backend.name == "kafka" else f"bad-{uuid.uuid4().hex[:8]}"
+    kafka_topic = backend.spec.partitioned and backend.broker is not None
+    topic = "bad-input-3" if kafka_topic else f"bad-{uuid.uuid4().hex[:8]}"
     cases = _bad_messages(backend.name)
-    if backend.name == "jetstream":  # no partitions on a plain JetStream subject
+    if not backend.spec.partitioned and "partitions" not in backend.options:
+        # no partitions at all here (a plain JetStream subject)
         cases = [c for c in cases if "partition" not in c[0]] + [
             ({"partition": 0}, pk.MessageError, "partitions=N"),
         ]
-
-    async def main() -> pk.Stats:
-        async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
-            await producer.produce(b"first")
-            for kwargs, error, word in cases:
-                kwargs = {"value": b"v", **kwargs}
-                for nonblocking in (False, True):
-                    with pytest.raises(error, match=f"(?i){word}"):
-                        await producer.produce(**kwargs, nonblocking=nonblocking)
-                stats = producer.stats
-                assert stats.produced == 1 and stats.in_flight == 0, (kwargs, stats)
-            delivery = await producer.produce(b"still usable", key=b"k", headers={"h": "1"})
-            assert delivery is not None and delivery.topic == topic
-        return producer.stats
-
-    stats = await main()
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        await producer.produce(b"first")
+        for kwargs, error, word in cases:
+            kwargs = {"value": b"v", **kwargs}
+            for nonblocking in (False, True):
+                with pytest.raises(error, match=f"(?i){word}"):
+                    await producer.produce(**kwargs, nonblocking=nonblocking)
+            stats = producer.stats
+            assert stats.produced == 1 and stats.in_flight == 0, (kwargs, stats)
+        delivery = await producer.produce(b"still usable", key=b"k", headers={"h": "1"})
+        assert delivery is not None and delivery.topic == topic
+    stats = producer.stats
     assert (stats.produced, stats.acked, stats.failed) == (2, 2, 0)
 
 
 async def test_produce_after_close(backend: BackendCase, topic: str) -> None:
-    async def main() -> None:
-        producer = pk.Producer(backend.url, topic=topic, timeout=10, **backend.options)
-        await producer.produce(b"v")
-        await producer.close()
-        with pytest.raises(pk.ProducerClosed, match="close"):
-            await producer.produce(b"late")
-        with pytest.raises(pk.ProducerClosed):
-            await producer.produce(b"late", nonblocking=True)
-        with pytest.raises(pk.ProducerClosed):
-            await producer.start()
-
-    await main()
+    producer = pk.Producer(backend.url, topic=topic, timeout=10, **backend.options)
+    await producer.produce(b"v")
+    await producer.close()
+    with pytest.raises(pk.ProducerClosed, match="close"):
+        await producer.produce(b"late")
+    with pytest.raises(pk.ProducerClosed):
+        await producer.produce(b"late", nonblocking=True)
+    with pytest.raises(pk.ProducerClosed):
+        await producer.start()
     sync = pk.SyncProducer(backend.url, topic=topic, timeout=10, **backend.options)
     sync.produce(b"v")
     sync.close()
@@ -226,17 +219,48 @@ async def test_produce_after_close(backend: BackendCase, topic: str) -> None:
         sync.produce(b"late")
 
 
-async def test_partition_on_unpartitioned_nats_subject(
-    nats_broker: SessionBroker, topic: str
-) -> None:
-    async with pk.Producer(f"nats://{nats_broker.host_port}", topic=topic) as producer:
-        with pytest.raises(pk.MessageError, match="partitions=N"):
-            await producer.produce(b"v", partition=0)
+async def test_a_partition_where_the_backend_has_none(backend: BackendCase, topic: str) -> None:
+    """partition= on a backend without partitions (a NATS subject without ``partitions=N``,
+    null://) is a MessageError naming the option that gives them; elsewhere it is taken."""
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        if backend.spec.partitioned:
+            delivery = await producer.produce(b"v", partition=0)
+            assert delivery is not None and delivery.partition == 0
+        else:
+            with pytest.raises(pk.MessageError, match="partitions=N"):
+                await producer.produce(b"v", partition=0)
+            assert producer.stats.produced == 0
         await producer.produce(b"v")
+
+
+async def test_the_connections_max_message_size_is_the_limit(
+    backend: BackendCase, topic: str
+) -> None:
+    """What the connection says it takes (Kafka's max_request_size, the NATS server's
+    max_payload, memory's and null's option) bounds value + key + headers, at the call."""
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        await producer.produce(b"first")
+        limit = producer.backend.max_message_size
+        assert limit == 1024 * 1024  # each backend's default (NATS: the server's)
+        for nonblocking in (False, True):
+            with pytest.raises(pk.MessageTooLarge, match="larger"):
+                await producer.produce(b"x" * limit, nonblocking=nonblocking)
+            with pytest.raises(pk.MessageTooLarge):
+                await producer.produce(
+                    b"x" * (limit // 2), headers={"h": "y" * (limit // 2)}, nonblocking=nonblocking
+                )
+            with pytest.raises(pk.MessageTooLarge):
+                await producer.produce(
+                    b"x" * (limit // 2), key=b"k" * (limit // 2), nonblocking=nonblocking
+                )
+        assert producer.stats.produced == 1
+        assert await producer.produce(b"x" * (limit // 2)) is not None
+        assert producer.stats.failed == 0
 
 
 async def test_kafka_max_request_size_is_the_limit(kafka_broker: SessionBroker, topic: str) -> None:
     async with pk.Producer(kafka_broker.url, topic=topic, max_request_size=10_000) as producer:
+        assert producer.backend.max_message_size == 10_000
         with pytest.raises(pk.MessageTooLarge, match="larger"):
             await producer.produce(b"x" * 10_000)
         with pytest.raises(pk.MessageTooLarge):
@@ -400,7 +424,9 @@ def _fuzz_fields(valid_topics: list[str]) -> Any:
 def fuzz_producer(backend: BackendCase) -> Iterator[tuple[pk.SyncProducer, list[str]]]:
     """One SyncProducer per backend for every example; its topics exist (or are created)."""
     topic = f"fuzz-{uuid.uuid4().hex[:8]}"
-    options = {**backend.options, **PARTITIONED.get(backend.name, {})}
+    options = {**backend.options}
+    if "partitions" in backend.spec.options:
+        options["partitions"] = 3
     with pk.SyncProducer(backend.url, topic=topic, timeout=5, **options) as producer:
         producer.produce(b"first")
         yield producer, [topic]

@@ -6,11 +6,11 @@ Every test here talks to the session's real brokers.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
+import anyio
 import pytest
 from conftest import read_jetstream, read_kafka
 
@@ -19,6 +19,8 @@ from producerkit.backends import _clients
 from producerkit.testing.brokers import LocalBroker
 
 SCHEMES = ["kafka", "jetstream", "nats"]
+
+pytestmark = pytest.mark.anyio
 
 
 def _url(
@@ -46,7 +48,7 @@ async def _produce_some(producer: pk.Producer, count: int) -> None:
 
 
 @pytest.mark.parametrize("forced", ["public", "fast"])
-def test_the_forced_path_is_taken_and_delivers(
+async def test_the_forced_path_is_taken_and_delivers(
     target: tuple[str, str, dict[str, Any]],
     topic: str,
     forced: str,
@@ -54,31 +56,23 @@ def test_the_forced_path_is_taken_and_delivers(
 ) -> None:
     _, url, options = target
     monkeypatch.setenv(_clients.PATH_VARIABLE, forced)
-
-    async def main() -> None:
-        async with pk.Producer(url, topic=topic, **options) as producer:
-            assert [backend.client_path for backend in producer.backends] == [forced]
-            await _produce_some(producer, 500)
-            assert (producer.stats.acked, producer.stats.failed) == (500, 0)
-
-    asyncio.run(main())
+    async with pk.Producer(url, topic=topic, **options) as producer:
+        assert [backend.client_path for backend in producer.backends] == [forced]
+        await _produce_some(producer, 500)
+        assert (producer.stats.acked, producer.stats.failed) == (500, 0)
 
 
-def test_an_unknown_forced_path_is_a_configuration_error(
+async def test_an_unknown_forced_path_is_a_configuration_error(
     target: tuple[str, str, dict[str, Any]], topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, url, options = target
     monkeypatch.setenv(_clients.PATH_VARIABLE, "turbo")
-
-    async def main() -> None:
-        with pytest.raises(pk.ConfigurationError, match="'fast' or 'public'"):
-            await pk.Producer(url, topic=topic, **options).start()
-
-    asyncio.run(main())
+    with pytest.raises(pk.ConfigurationError, match="'fast' or 'public'"):
+        await pk.Producer(url, topic=topic, **options).start()
 
 
 @pytest.mark.parametrize("installed", ["older", "unreadable"])
-def test_a_client_older_than_supported_fails_start_at_once(
+async def test_a_client_older_than_supported_fails_start_at_once(
     target: tuple[str, str, dict[str, Any]],
     topic: str,
     installed: str,
@@ -92,23 +86,20 @@ def test_a_client_older_than_supported_fails_start_at_once(
         _clients, "installed_version", lambda name: old if name == package else real(name)
     )
 
-    async def main() -> None:
-        producer = pk.Producer(url, topic=topic, **options)
-        started = time.monotonic()
-        with pytest.raises(pk.IncompatibleClientError) as caught:
-            await producer.start()
-        assert time.monotonic() - started < 1.0
-        error = caught.value
-        assert isinstance(error, pk.ProducerError)
-        assert (error.package, error.version) == (package, old)
-        assert error.supported == _clients.supported_range(package)
-        assert package in str(error) and error.supported in str(error)
-        assert "not installed" not in str(error)
-
-    asyncio.run(main())
+    producer = pk.Producer(url, topic=topic, **options)
+    started = time.monotonic()
+    with pytest.raises(pk.IncompatibleClientError) as caught:
+        await producer.start()
+    assert time.monotonic() - started < 1.0
+    error = caught.value
+    assert isinstance(error, pk.ProducerError)
+    assert (error.package, error.version) == (package, old)
+    assert error.supported == _clients.supported_range(package)
+    assert package in str(error) and error.supported in str(error)
+    assert "not installed" not in str(error)
 
 
-def test_a_client_newer_than_tested_takes_the_fast_path_when_its_internals_match(
+async def test_a_client_newer_than_tested_takes_the_fast_path_when_its_internals_match(
     target: tuple[str, str, dict[str, Any]],
     topic: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -124,14 +115,11 @@ def test_a_client_newer_than_tested_takes_the_fast_path_when_its_internals_match
     )
     monkeypatch.setattr(_clients, "_logged", set())
 
-    async def main() -> None:
+    with caplog.at_level(logging.INFO, logger="producerkit.clients"):
         async with pk.Producer(url, topic=topic, **options) as producer:
             assert producer.backend.client_path == "fast"
             assert "newer than tested" in producer.backend.client_path_reason
             await _produce_some(producer, 100)
-
-    with caplog.at_level(logging.INFO, logger="producerkit.clients"):
-        asyncio.run(main())
     assert [r.getMessage() for r in caplog.records if "newer than tested" in r.getMessage()]
 
 
@@ -151,7 +139,7 @@ def _break_internal(scheme: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return "Client._pending_renamed"
 
 
-def test_a_missing_internal_falls_back_to_the_public_path_and_says_why(
+async def test_a_missing_internal_falls_back_to_the_public_path_and_says_why(
     target: tuple[str, str, dict[str, Any]],
     topic: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -161,7 +149,7 @@ def test_a_missing_internal_falls_back_to_the_public_path_and_says_why(
     monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
     monkeypatch.setattr(_clients, "_logged", set())
 
-    async def main() -> list[dict[str, Any]]:
+    with caplog.at_level(logging.INFO, logger="producerkit.clients"):
         missing = _break_internal(scheme, monkeypatch)
         async with pk.Producer(url, topic=topic, connections=2, **options) as producer:
             for backend in producer.backends:
@@ -169,22 +157,18 @@ def test_a_missing_internal_falls_back_to_the_public_path_and_says_why(
                 assert missing in backend.client_path_reason
             await _produce_some(producer, 300)
             assert (producer.stats.acked, producer.stats.failed) == (300, 0)
-        monkeypatch.undo()
-        if scheme == "kafka":
-            return await read_kafka(url, topic, 300)
-        if scheme == "jetstream":
-            return await read_jetstream(url, topic, 300)
-        return [{}] * 300  # core NATS keeps nothing to read back
-
-    with caplog.at_level(logging.INFO, logger="producerkit.clients"):
-        records = asyncio.run(main())
-    assert len(records) == 300
+    monkeypatch.undo()
+    if scheme == "kafka":
+        assert len(await read_kafka(url, topic, 300)) == 300
+    elif scheme == "jetstream":
+        assert len(await read_jetstream(url, topic, 300)) == 300
+    # (core NATS keeps nothing to read back)
     said = [r for r in caplog.records if "public path" in r.getMessage()]
     assert len(said) == 1, "logged once for both connections"
     assert said[0].levelno == logging.WARNING
 
 
-def test_a_fast_path_failure_mid_run_fails_its_batch_at_once_with_the_cause(
+async def test_a_fast_path_failure_mid_run_fails_its_batch_at_once_with_the_cause(
     kafka_broker: LocalBroker, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An internal that breaks after the probe (here: the correlation id raising) fails exactly
@@ -195,49 +179,60 @@ def test_a_fast_path_failure_mid_run_fails_its_batch_at_once_with_the_cause(
 
     monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
 
-    async def main() -> None:
-        async with pk.Producer(kafka_broker.url, topic=topic, timeout=30) as producer:
-            assert producer.backend.client_path == "fast"
-            await producer.produce(b"warm", key=b"k")
+    async with pk.Producer(kafka_broker.url, topic=topic, timeout=30) as producer:
+        assert producer.backend.client_path == "fast"
+        await producer.produce(b"warm", key=b"k")
 
-            def broken(self: Any) -> int:
-                raise RuntimeError("correlation ids are gone")
+        def broken(self: Any) -> int:
+            raise RuntimeError("correlation ids are gone")
 
-            monkeypatch.setattr(AIOKafkaConnection, "_next_correlation_id", broken)
-            started = time.monotonic()
-            for i in range(200):
-                await producer.produce(b"%d" % i, key=b"k%d" % (i % 3), nonblocking=True)
-            with pytest.raises(pk.ProduceError) as caught:
-                await producer.flush(timeout=5)
-            assert time.monotonic() - started < 2, "failed at once, not at the deadline"
-            failures = caught.value.failures
-            assert sorted(int(failure.value) for failure in failures) == list(range(200))
-            for failure in failures:
-                assert isinstance(failure.exception, pk.DeliveryError)
-                assert isinstance(failure.exception.__cause__, RuntimeError)
-            monkeypatch.undo()
-            delivery = await producer.produce(b"after", key=b"k")
-            assert delivery is not None and delivery.offset is not None
-            stats = producer.stats
-            assert (stats.produced, stats.acked, stats.failed) == (202, 2, 200)
-
-    asyncio.run(main())
+        monkeypatch.setattr(AIOKafkaConnection, "_next_correlation_id", broken)
+        started = time.monotonic()
+        for i in range(200):
+            await producer.produce(b"%d" % i, key=b"k%d" % (i % 3), nonblocking=True)
+        with pytest.raises(pk.ProduceError) as caught:
+            await producer.flush(timeout=5)
+        assert time.monotonic() - started < 2, "failed at once, not at the deadline"
+        failures = caught.value.failures
+        assert sorted(int(failure.value) for failure in failures) == list(range(200))
+        for failure in failures:
+            assert isinstance(failure.exception, pk.DeliveryError)
+            assert isinstance(failure.exception.__cause__, RuntimeError)
+        monkeypatch.undo()
+        delivery = await producer.produce(b"after", key=b"k")
+        assert delivery is not None and delivery.offset is not None
+        stats = producer.stats
+        assert (stats.produced, stats.acked, stats.failed) == (202, 2, 200)
 
 
-def test_the_direct_nats_path_keeps_nats_py_stats(
+async def test_the_direct_nats_path_writes_what_nats_py_would(
     nats_broker: LocalBroker, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
+    """The fast path writes PUBs itself: a plain nats-py subscriber receives each message once,
+    in order, with its bytes."""
+    import nats
 
-    async def main() -> None:
+    monkeypatch.delenv(_clients.PATH_VARIABLE, raising=False)
+    received: list[bytes] = []
+    done = anyio.Event()
+
+    async def collect(msg: Any) -> None:
+        received.append(msg.data)
+        if len(received) == 250:
+            done.set()
+
+    nc = await nats.connect(nats_broker.url)
+    try:
+        await nc.subscribe(topic, cb=collect)
+        await nc.flush()
         async with pk.Producer(f"nats://{nats_broker.host_port}", topic=topic) as producer:
             assert producer.backend.client_path == "fast"
             await _produce_some(producer, 250)
-            stats = producer.backend._nc.stats  # type: ignore[attr-defined]
-            assert stats["out_msgs"] == 250
-            assert stats["out_bytes"] == sum(len(b"%d" % i) for i in range(250))
-
-    asyncio.run(main())
+        with anyio.fail_after(10):
+            await done.wait()
+    finally:
+        await nc.close()
+    assert received == [b"%d" % i for i in range(250)]
 
 
 def test_errors_keep_the_client_exception_as_their_cause() -> None:
@@ -256,7 +251,7 @@ def test_errors_keep_the_client_exception_as_their_cause() -> None:
     assert nats_translated.__cause__ is nats_original
 
 
-def test_the_public_kafka_path_keeps_pipelining_without_spurious_timeouts(
+async def test_the_public_kafka_path_keeps_pipelining_without_spurious_timeouts(
     kafka_broker: LocalBroker, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the throughput preset (5 batches per partition in flight) on aiokafka's send_batch(),
@@ -265,17 +260,14 @@ def test_the_public_kafka_path_keeps_pipelining_without_spurious_timeouts(
     monkeypatch.setenv(_clients.PATH_VARIABLE, "public")
     count = 200_000
 
-    async def main() -> None:
-        async with pk.Producer(
-            kafka_broker.url,
-            topic=topic,
-            preset="throughput",
-            max_in_flight_messages=15_000,
-            max_batch_size=256 * 1024,
-        ) as producer:
-            for i in range(count):
-                await producer.produce(b"x" * 512, key=b"u%d" % (i % 10_000), nonblocking=True)
-            await producer.flush()
-            assert (producer.stats.acked, producer.stats.failed) == (count, 0)
-
-    asyncio.run(main())
+    async with pk.Producer(
+        kafka_broker.url,
+        topic=topic,
+        preset="throughput",
+        max_in_flight_messages=15_000,
+        max_batch_size=256 * 1024,
+    ) as producer:
+        for i in range(count):
+            await producer.produce(b"x" * 512, key=b"u%d" % (i % 10_000), nonblocking=True)
+        await producer.flush()
+        assert (producer.stats.acked, producer.stats.failed) == (count, 0)

@@ -7,9 +7,10 @@ Convention for writers of docs (fences are what matter):
                         Broker placeholders are replaced by the test session's brokers:
                         ``kafka://127.0.0.1:9092``, ``jetstream://127.0.0.1:4222`` and
                         ``nats://127.0.0.1:4222`` (PRODUCERKIT_URL is set to the Kafka one).
-                        Top-level ``await``/``async with`` is allowed (the block then runs in
-                        asyncio.run). A block that mentions ``pyspark`` is skipped when
-                        pyspark or Java is missing.
+                        Top-level ``await``/``async with`` is allowed (the block then runs on
+                        an asyncio event loop of its own, as in ``python -m asyncio``). A
+                        block that mentions ``pyspark`` is skipped when pyspark or Java is
+                        missing.
 - ```python notest     compiled (syntax checked), not run: other libraries' code, fragments.
 - ```bash / ```console / ```sh / ```shell
                         each line starting with ``producerkit `` (after an optional ``$ ``) is
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import asyncio
 import contextlib
 import importlib
 import inspect
@@ -50,8 +50,11 @@ import signal
 import subprocess
 import sys
 import tomllib
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,11 +154,16 @@ def test_blocks_run(
         for placeholder, url in urls.items():
             code = code.replace(placeholder, url)
         # Leading newlines: tracebacks show the line numbers of the page. Top-level await is
-        # allowed, as in an asyncio REPL; such a block runs in asyncio.run().
+        # allowed, as in an asyncio REPL (python -m asyncio): such a block runs on a fresh
+        # asyncio event loop of its own, as the reader's REPL would run it.
         compiled = compile("\n" * line + code, str(page), "exec", flags=TOP_LEVEL_AWAIT)
         result = eval(compiled, namespace)
         if compiled.co_flags & inspect.CO_COROUTINE:
-            asyncio.run(result)
+            anyio.run(_awaited, result, backend="asyncio")
+
+
+async def _awaited(coroutine: Coroutine[Any, Any, object]) -> object:
+    return await coroutine
 
 
 class _Shell:

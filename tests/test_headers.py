@@ -1,11 +1,13 @@
 """Headers as Kafka carries them: repeated names and None values read back by another client in
 order; a Failure keeps every pair (header_pairs) and retry_kwargs() resends them, with the
-partition and CreateTime (NATS refuses a None value: test_tombstones.py)."""
+partition and CreateTime; NATS and JetStream refuse a None value."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from conftest import read_kafka
+from conftest import BackendCase, read_kafka
 
 import producerkit as pk
 from producerkit.testing.pytest_plugin import SessionBroker
@@ -30,14 +32,31 @@ async def read_headers(
     return [(record["value"], record["header_pairs"]) for record in records]
 
 
-async def test_kafka_repeated_names_and_none_values_read_back_in_order(
-    kafka_broker: SessionBroker, topic: str
+async def test_repeated_names_and_none_values_are_kept_in_order_or_refused(
+    backend: BackendCase, topic: str
 ) -> None:
-    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
+    """Where a header may have a None value, every pair is kept in order (read back by another
+    client where the backend stores); elsewhere a None value is a MessageError saying why, and
+    nothing is counted, while repeated names are fine."""
+    without_none = [pair for pair in PAIRS if pair[1] is not None]
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        if not backend.spec.takes_null_header_values:
+            for headers in (PAIRS, {"one": b"1", "none": None}):
+                for nonblocking in (False, True):
+                    with pytest.raises(pk.MessageError, match="no null value"):
+                        await producer.produce(b"v", headers=headers, nonblocking=nonblocking)
+            assert producer.stats.produced == 0
+            await producer.produce(b"repeated", key=b"k", headers=without_none)
+            assert (producer.stats.produced, producer.stats.acked) == (1, 1)
+            return
         await producer.produce(b"blocking", key=b"k", headers=PAIRS)
         await producer.produce(b"nonblocking", key=b"k", headers=PAIRS, nonblocking=True)
         await producer.produce(b"mapping", key=b"k", headers={"one": b"1", "none": None})
-    found = await read_headers(kafka_broker.url, topic, 3)
+        await producer.flush()
+        assert (producer.stats.acked, producer.stats.failed) == (3, 0)
+    if not backend.spec.stores_records:
+        return
+    found = [(r["value"], r["header_pairs"]) for r in await backend.read(topic, 3)]
     assert found == [
         (b"blocking", list(EXPECTED)),
         (b"nonblocking", list(EXPECTED)),
@@ -77,21 +96,32 @@ async def test_a_failure_keeps_every_pair_and_its_partition_for_the_retry(
     assert await read_headers(kafka_broker.url, topic, 1) == [(b"v", list(EXPECTED))]
 
 
-async def test_memory_keeps_pairs_and_none_values() -> None:
-    async with pk.Producer("memory://", topic="t") as producer:
-        await producer.produce(b"v", headers=PAIRS)
-        assert producer.backend.records[0].headers == EXPECTED  # type: ignore[attr-defined]
+async def test_headers_of_another_shape_are_message_errors(
+    backend: BackendCase, topic: str
+) -> None:
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        text: Any = "a=1"
+        number: Any = [("a", 1)]
+        for nonblocking in (False, True):
+            with pytest.raises(pk.MessageError, match="list of \\(name, value\\) pairs"):
+                await producer.produce(b"v", headers=text, nonblocking=nonblocking)
+            with pytest.raises(pk.MessageError, match="bytes, str or None value"):
+                await producer.produce(b"v", headers=number, nonblocking=nonblocking)
+        assert producer.stats.produced == 0
+        assert await producer.produce(b"v", headers=[("a", b"1")]) is not None
 
 
-async def test_headers_of_another_shape_are_message_errors() -> None:
-    async with pk.Producer("memory://", topic="t") as producer:
-        with pytest.raises(pk.MessageError, match="list of \\(name, value\\) pairs"):
-            await producer.produce(b"v", headers="a=1")  # type: ignore[arg-type]
-        with pytest.raises(pk.MessageError, match="bytes, str or None value"):
-            await producer.produce(b"v", headers=[("a", 1)])  # type: ignore[list-item]
-
-
-async def test_a_byte_bounded_producer_takes_none_header_values() -> None:
-    async with pk.Producer("memory://", topic="t", max_in_flight_bytes=1000) as producer:
-        await producer.produce(b"v", headers=[("a", None)])
+async def test_a_byte_bounded_producer_takes_none_header_values_where_the_backend_does(
+    backend: BackendCase, topic: str
+) -> None:
+    async with pk.Producer(
+        backend.url, topic=topic, max_in_flight_bytes=1000, timeout=10, **backend.options
+    ) as producer:
+        if backend.spec.takes_null_header_values:
+            await producer.produce(b"v", headers=[("a", None)])
+        else:
+            with pytest.raises(pk.MessageError, match="no null value"):
+                await producer.produce(b"v", headers=[("a", None)])
+            assert producer.stats.bytes_in_flight == 0
+            await producer.produce(b"v", headers=[("a", b"")])
     assert producer.stats.acked == 1

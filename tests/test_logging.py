@@ -5,33 +5,37 @@ of line appears at most once per interval, with the count of those held back."""
 from __future__ import annotations
 
 import ast
-import asyncio
 import logging
 import re
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import producerkit as pk
 from producerkit import _logging
 from producerkit.testing.brokers import free_port
 
+pytestmark = pytest.mark.anyio
+
 UNABLE = re.compile(r"^Unable connect to .*?(?: \((\d+) more like this in [\d.]+s\))?$")
 
 
 @pytest.fixture(autouse=True)
-def pristine_filter() -> Iterator[None]:
-    """Each test starts and ends with no filter installed and nothing declined."""
-    _logging.route_client_logs(False)
-    _logging._declined = False
+def no_filter() -> Iterator[None]:
+    """Each test starts with no filter installed (and producers kept from adding one: a test
+    that wants it says so), and ends with the default a producer installs."""
+    pk.route_client_logs(False)
     yield
-    _logging.route_client_logs(False)
-    _logging._declined = False
+    pk.route_client_logs()
 
 
-def connect_attempts(seconds: float, then_after: float = 0.0) -> int:
+async def connect_attempts(seconds: float, then_after: float = 0.0) -> int:
     """Start a producer against a closed port again and again for ``seconds`` (and once more
     ``then_after`` seconds later): each attempt is refused, and aiokafka logs an ERROR line."""
     url = f"kafka://127.0.0.1:{free_port()}"
@@ -41,20 +45,17 @@ def connect_attempts(seconds: float, then_after: float = 0.0) -> int:
             async with pk.Producer(url, topic="t", timeout=5):
                 pass
 
-    async def main() -> int:
-        attempts = 0
-        deadline = time.monotonic() + seconds
-        while attempts == 0 or time.monotonic() < deadline:
-            await attempt()
-            attempts += 1
-            await asyncio.sleep(0.02)
-        if then_after:
-            await asyncio.sleep(then_after)
-            await attempt()
-            attempts += 1
-        return attempts
-
-    return asyncio.run(main())
+    attempts = 0
+    deadline = time.monotonic() + seconds
+    while attempts == 0 or time.monotonic() < deadline:
+        await attempt()
+        attempts += 1
+        await anyio.sleep(0.02)
+    if then_after:
+        await anyio.sleep(then_after)
+        await attempt()
+        attempts += 1
+    return attempts
 
 
 def unable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -65,11 +66,11 @@ def unable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def test_failed_connects_are_collapsed_with_counts(caplog: pytest.LogCaptureFixture) -> None:
+async def test_failed_connects_are_collapsed_with_counts(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="aiokafka")
     pk.route_client_logs(interval=0.5)
     # the last attempt comes an interval after the others: its line counts all held back
-    attempts = connect_attempts(1.7, then_after=0.5)
+    attempts = await connect_attempts(1.7, then_after=0.5)
     lines = unable_lines(caplog)
     assert attempts >= 20, attempts
     assert 3 <= len(lines) <= 6, lines
@@ -80,11 +81,13 @@ def test_failed_connects_are_collapsed_with_counts(caplog: pytest.LogCaptureFixt
     assert len(lines) + sum(held) == attempts, (attempts, lines)
 
 
-def test_without_the_filter_every_attempt_is_a_line(caplog: pytest.LogCaptureFixture) -> None:
+async def test_without_the_filter_every_attempt_is_a_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.WARNING, logger="aiokafka")
     pk.route_client_logs(False)
     _logging.install_default()  # what a producer's start does: the application said no
-    attempts = connect_attempts(0.3)
+    attempts = await connect_attempts(0.3)
     assert len(unable_lines(caplog)) == attempts
 
 
@@ -143,12 +146,27 @@ def test_the_filter_is_on_every_client_logger() -> None:
 
 
 def test_a_producer_installs_the_filter_on_start() -> None:
-    async def main() -> None:
-        async with pk.Producer("null://", topic="t"):
-            pass
+    """In a fresh interpreter (no filter yet, none declined): starting a producer adds it."""
+    code = textwrap.dedent(
+        """
+        import logging
+        import anyio
+        import producerkit as pk
+        from producerkit._logging import RepeatFilter
 
-    asyncio.run(main())
-    assert any(isinstance(f, _logging.RepeatFilter) for f in logging.getLogger("aiokafka").filters)
+        def installed():
+            return any(isinstance(f, RepeatFilter) for f in logging.getLogger("aiokafka").filters)
+
+        async def main():
+            assert not installed()
+            async with pk.Producer("null://", topic="t"):
+                pass
+            assert installed()
+
+        anyio.run(main)
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_library_prints_nothing() -> None:

@@ -15,8 +15,7 @@ import anyio
 import pytest
 
 import producerkit as pk
-from producerkit.testing import proxy as proxy_module
-from producerkit.testing.proxy import FaultProxy
+from producerkit.testing.proxy import FaultProxy, _Reader, _rewrite_response
 from producerkit.testing.pytest_plugin import NatsSessionBroker, SessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -112,10 +111,10 @@ def test_metadata_rewrite_flexible_version() -> None:
         return "127.0.0.1", 40000 + port - 9092
 
     versions = {7: (3, 12)}
-    rewritten = proxy_module._rewrite_response(frame, versions, advertised)
+    rewritten = _rewrite_response(frame, versions, advertised)
     assert seen == [("10.0.0.1", 9092), ("10.0.0.2", 9093)]
     assert versions == {}
-    reader = proxy_module._Reader(rewritten[8:])
+    reader = _Reader(rewritten[8:])
     reader.tagged_fields()
     reader.int32()
     assert reader.uvarint() - 1 == 2

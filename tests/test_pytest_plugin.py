@@ -165,15 +165,20 @@ def test_compare_fail_catches_a_slower_run(
 def test_produce_benchmark_refuses_a_running_loop(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_async="""
-        import asyncio
+        import anyio
         import pytest
         import producerkit as pk
 
-        def test_inside_a_loop(produce_benchmark):
-            async def main():
-                with pytest.raises(pk.ConfigurationError, match="plain def test"):
-                    produce_benchmark.run(asyncio.sleep(0))
-            asyncio.run(main())
+        @pytest.fixture
+        def anyio_backend():
+            return "asyncio"
+
+        @pytest.mark.anyio
+        async def test_inside_a_loop(produce_benchmark):
+            sleeping = anyio.sleep(0)
+            with pytest.raises(pk.ConfigurationError, match="plain def test"):
+                produce_benchmark.run(sleeping)
+            await sleeping
         """
     )
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

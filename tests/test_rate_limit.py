@@ -1,104 +1,116 @@
-"""max_rate / max_bytes_rate: a token bucket shared by every connection, in every produce mode."""
+"""max_rate / max_bytes_rate: a token bucket shared by every connection, in every produce mode,
+on every backend."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
+import anyio
 import pytest
 from conftest import BackendCase
 
 from producerkit import ConfigurationError, Producer, ProducerClosed
 from producerkit._rate import RateLimit
 
+pytestmark = pytest.mark.anyio
 
-def test_max_rate_5000_over_20000_messages_takes_four_seconds(
+
+async def test_max_rate_5000_over_10000_messages_takes_two_seconds(
     backend: BackendCase, topic: str
 ) -> None:
-    async def main() -> tuple[float, int]:
-        async with Producer(
-            backend.url, topic=topic, max_rate=5000, connections=2, **backend.options
-        ) as producer:
-            await producer.produce(b"warm-up")  # connect and learn the topic outside the clock
-            await asyncio.sleep(0.1)  # let the bucket fill to its burst, as a fresh one is
-            started = time.monotonic()
-            for number in range(20_000):
-                await producer.produce(b"x" * 100, key=b"%d" % number, nonblocking=True)
-            await producer.flush()
-            elapsed = time.monotonic() - started
-            stats = producer.stats
-        assert stats.acked == 20_001 and stats.failed == 0
-        return elapsed, stats.rate_waits
-
-    elapsed, waits = asyncio.run(main())
-    assert 3.8 <= elapsed <= 4.2, elapsed  # 4.0 s +- 5 %
-    assert waits > 0
+    async with Producer(
+        backend.url, topic=topic, max_rate=5000, connections=2, timeout=10, **backend.options
+    ) as producer:
+        await producer.produce(b"warm-up")  # connect and learn the topic outside the clock
+        await anyio.sleep(0.1)  # let the bucket fill to its burst, as a fresh one is
+        started = time.monotonic()
+        for number in range(10_000):
+            await producer.produce(b"x" * 100, key=b"%d" % number, nonblocking=True)
+        await producer.flush()
+        elapsed = time.monotonic() - started
+        stats = producer.stats
+    assert stats.acked == 10_001 and stats.failed == 0
+    assert 1.9 <= elapsed <= 2.2, elapsed  # 2.0 s, the burst (50 ms) early, the last acks late
+    assert stats.rate_waits > 0
 
 
-def test_max_bytes_rate_limits_bytes(topic: str) -> None:
-    async def main() -> float:
-        async with Producer("null://", topic=topic, max_bytes_rate=1_000_000) as producer:
-            started = time.monotonic()
-            for _ in range(1_000):
-                await producer.produce(b"v" * 1_000, nonblocking=True)  # 1 MB in all
-            await producer.flush()
-            return time.monotonic() - started
-
-    elapsed = asyncio.run(main())
-    assert 0.9 <= elapsed <= 1.15, elapsed  # the first 50 ms are the initial burst
-
-
-def test_concurrent_blocking_produces_share_the_limit_in_order(topic: str) -> None:
-    async def main() -> tuple[float, list[int]]:
-        order: list[int] = []
-        async with Producer("memory://", topic=topic, max_rate=1000, rate_burst=1) as producer:
-
-            async def one(number: int) -> None:
-                await producer.produce(b"%d" % number)
-                order.append(number)
-
-            started = time.monotonic()
-            await asyncio.gather(*(one(number) for number in range(500)))
-            return time.monotonic() - started, order
-
-    elapsed, order = asyncio.run(main())
-    assert 0.45 <= elapsed <= 1.0, elapsed  # at least 499 intervals of 1 ms; a busy machine adds
-    assert order == sorted(order)  # first come, first served
+async def test_max_bytes_rate_limits_bytes(backend: BackendCase, topic: str) -> None:
+    async with Producer(
+        backend.url, topic=topic, max_bytes_rate=1_000_000, timeout=10, **backend.options
+    ) as producer:
+        await producer.produce(b"warm-up")  # counts 7 bytes against the bucket
+        await anyio.sleep(0.1)  # the bucket full again
+        started = time.monotonic()
+        for _ in range(500):
+            await producer.produce(b"v" * 1_000, nonblocking=True)  # 0.5 MB in all
+        await producer.flush()
+        elapsed = time.monotonic() - started
+    assert 0.42 <= elapsed <= 0.65, elapsed  # the first 50 ms are the initial burst
 
 
-def test_a_cancelled_waiter_takes_nothing_and_the_queue_goes_on(topic: str) -> None:
-    async def main() -> None:
-        async with Producer("memory://", topic=topic, max_rate=10, rate_burst=1) as producer:
-            await producer.produce(b"first")  # empties the bucket
-            waiting = asyncio.ensure_future(producer.produce(b"cancelled"))
-            await asyncio.sleep(0.01)
-            waiting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await waiting
-            started = time.monotonic()
-            await producer.produce(b"next")  # served at the first refill, not one later
-            assert time.monotonic() - started < 0.15
-            stats = producer.stats
-            assert stats.produced == stats.acked == 2
+async def test_concurrent_blocking_produces_share_the_limit_in_order(
+    backend: BackendCase, topic: str
+) -> None:
+    order: list[int] = []
+    async with Producer(
+        backend.url, topic=topic, max_rate=1000, rate_burst=1, timeout=10, **backend.options
+    ) as producer:
+        await producer.produce(b"warm-up")
+        await anyio.sleep(0.01)
 
-    asyncio.run(main())
+        async def one(number: int) -> None:
+            await producer.produce(b"%d" % number)
+            order.append(number)
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as group:
+            for number in range(200):
+                group.start_soon(one, number)
+                await anyio.sleep(0)  # each one queued before the next (first come...)
+        elapsed = time.monotonic() - started
+    assert 0.18 <= elapsed <= 0.6, elapsed  # at least 199 intervals of 1 ms; a busy machine adds
+    assert order == sorted(order)  # ... first served
 
 
-def test_close_wakes_rate_waiters_with_producer_closed(topic: str) -> None:
-    async def main() -> None:
-        producer = Producer("memory://", topic=topic, max_rate=1, rate_burst=1)
-        await producer.start()
-        await producer.produce(b"first")
-        waiting = asyncio.ensure_future(producer.produce(b"late", nonblocking=True))
-        await asyncio.sleep(0.01)
+async def test_a_cancelled_waiter_takes_nothing_and_the_queue_goes_on(
+    backend: BackendCase, topic: str
+) -> None:
+    async with Producer(
+        backend.url, topic=topic, max_rate=5, rate_burst=1, timeout=10, **backend.options
+    ) as producer:
+        await producer.produce(b"first")  # empties the bucket: the next token in 0.2 s
+        emptied = time.monotonic()
+        with anyio.move_on_after(0.05) as scope:
+            await producer.produce(b"cancelled")
+        assert scope.cancelled_caught
+        await producer.produce(b"next")  # served at the first refill, not one later (0.4 s)
+        assert time.monotonic() - emptied < 0.3
+        stats = producer.stats
+        assert stats.produced == stats.acked == 2
+
+
+async def test_close_wakes_rate_waiters_with_producer_closed(
+    backend: BackendCase, topic: str
+) -> None:
+    producer = Producer(
+        backend.url, topic=topic, max_rate=1, rate_burst=1, timeout=10, **backend.options
+    )
+    await producer.start()
+    await producer.produce(b"first")
+    closed_after: list[float] = []
+
+    async def waiting() -> None:
+        with pytest.raises(ProducerClosed):
+            await producer.produce(b"late", nonblocking=True)
+        closed_after.append(time.monotonic() - started)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(waiting)
+        await anyio.sleep(0.01)
         started = time.monotonic()
         await producer.close()
-        with pytest.raises(ProducerClosed):
-            await waiting
-        assert time.monotonic() - started < 0.5
-        assert producer.stats.produced == producer.stats.acked == 1
-
-    asyncio.run(main())
+    assert closed_after and closed_after[0] < 0.5
+    assert producer.stats.produced == producer.stats.acked == 1
 
 
 @pytest.mark.parametrize(
@@ -118,14 +130,11 @@ def test_bad_rate_settings_are_configuration_errors(settings: dict[str, object])
         Producer("null://", topic="t", **settings)  # type: ignore[arg-type]
 
 
-def test_a_message_larger_than_the_byte_burst_waits_for_a_full_bucket() -> None:
-    async def main() -> float:
-        limit = RateLimit(None, 1000, None)  # burst: 50 bytes
-        await limit.acquire(10)
-        started = time.monotonic()
-        await limit.acquire(500)  # larger than the bucket: waits until it is full, then owes
-        await limit.acquire(1)  # the debt is paid before the next one goes
-        return time.monotonic() - started
-
-    elapsed = asyncio.run(main())
+async def test_a_message_larger_than_the_byte_burst_waits_for_a_full_bucket() -> None:
+    limit = RateLimit(None, 1000, None)  # burst: 50 bytes
+    await limit.acquire(10)
+    started = time.monotonic()
+    await limit.acquire(500)  # larger than the bucket: waits until it is full, then owes
+    await limit.acquire(1)  # the debt is paid before the next one goes
+    elapsed = time.monotonic() - started
     assert 0.45 <= elapsed <= 0.7, elapsed

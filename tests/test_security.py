@@ -9,7 +9,6 @@ mapping of options; Tansu's --authentication (SCRAM) is tested for refusals.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import json
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import producerkit as pk
@@ -33,6 +33,8 @@ from producerkit.testing.brokers import LocalBroker, free_port, start_nats, tans
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex[:10]  # alice's password: must never be printed
 TOKEN = "tok-" + uuid.uuid4().hex[:12]
+
+pytestmark = pytest.mark.anyio
 
 
 # ---------------------------------------------------------------------- certificates
@@ -222,51 +224,50 @@ async def _refusal(url: str, timeout: float = 10, **options: Any) -> tuple[pk.Pr
 # ---------------------------------------------------------------------- NATS: the good path
 
 
-def test_jetstream_tls_password_publishes_and_reads_back(secure_nats: LocalBroker, pki: Path):
+async def test_jetstream_tls_password_publishes_and_reads_back(
+    secure_nats: LocalBroker, pki: Path
+) -> None:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig
+
     topic = f"orders.{uuid.uuid4().hex[:8]}"
-
-    async def main() -> list[bytes]:
-        url = _alice_url(secure_nats, "jetstream")
-        async with pk.Producer(url, topic=topic, create_stream=True, **_tls(pki)) as producer:
-            deliveries = [await producer.produce(f"m{i}".encode()) for i in range(20)]
-            assert [d.offset for d in deliveries if d] == sorted(d.offset for d in deliveries if d)
-        import nats
-        from nats.js.api import AckPolicy, ConsumerConfig
-
-        nc = await nats.connect(
-            f"nats://{secure_nats.host_port}",
-            user="bob",
-            password="bob-pw",
-            tls=_security.ssl_context(_tls(pki)),
+    url = _alice_url(secure_nats, "jetstream")
+    async with pk.Producer(url, topic=topic, create_stream=True, **_tls(pki)) as producer:
+        deliveries = [await producer.produce(f"m{i}".encode()) for i in range(20)]
+        assert [d.offset for d in deliveries if d] == sorted(d.offset for d in deliveries if d)
+    nc = await nats.connect(
+        f"nats://{secure_nats.host_port}",
+        user="bob",
+        password="bob-pw",
+        tls=_security.ssl_context(_tls(pki)),
+    )
+    try:
+        js = nc.jetstream()
+        stream = await js.find_stream_name_by_subject(topic)
+        sub = await js.pull_subscribe(
+            topic, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
         )
-        try:
-            js = nc.jetstream()
-            stream = await js.find_stream_name_by_subject(topic)
-            sub = await js.pull_subscribe(
-                topic, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
-            )
-            return [msg.data for msg in await sub.fetch(20, timeout=5)]
-        finally:
-            await nc.close()
-
-    assert asyncio.run(main()) == [f"m{i}".encode() for i in range(20)]
+        stored = [msg.data for msg in await sub.fetch(20, timeout=5)]
+    finally:
+        await nc.close()
+    assert stored == [f"m{i}".encode() for i in range(20)]
 
 
-def test_core_nats_tls_password_publishes(secure_nats: LocalBroker, pki: Path):
-    async def main() -> list[bytes]:
-        import nats
+async def test_core_nats_tls_password_publishes(secure_nats: LocalBroker, pki: Path) -> None:
+    import nats
 
-        received: list[bytes] = []
+    received: list[bytes] = []
 
-        async def collect(msg: Any) -> None:
-            received.append(msg.data)
+    async def collect(msg: Any) -> None:
+        received.append(msg.data)
 
-        nc = await nats.connect(
-            f"nats://{secure_nats.host_port}",
-            user="bob",
-            password="bob-pw",
-            tls=_security.ssl_context(_tls(pki)),
-        )
+    nc = await nats.connect(
+        f"nats://{secure_nats.host_port}",
+        user="bob",
+        password="bob-pw",
+        tls=_security.ssl_context(_tls(pki)),
+    )
+    try:
         sub = await nc.subscribe("orders", cb=collect)
         await nc.flush()
         async with pk.Producer(_alice_url(secure_nats, "nats"), **_tls(pki)) as producer:
@@ -274,138 +275,146 @@ def test_core_nats_tls_password_publishes(secure_nats: LocalBroker, pki: Path):
                 await producer.produce(f"c{i}".encode(), topic="orders", nonblocking=True)
             await producer.flush()
             assert producer.stats.acked == 10
-        await asyncio.sleep(0.2)
+        await anyio.sleep(0.2)
         await sub.unsubscribe()
+    finally:
         await nc.close()
-        return received
-
-    assert asyncio.run(main()) == [f"c{i}".encode() for i in range(10)]
+    assert received == [f"c{i}".encode() for i in range(10)]
 
 
-def test_credentials_from_environment(
+async def test_credentials_from_environment(
     secure_nats: LocalBroker, pki: Path, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     monkeypatch.setenv("PRODUCERKIT_USERNAME", "alice")
     monkeypatch.setenv("PRODUCERKIT_PASSWORD", SECRET)
-
-    async def main() -> None:
-        url = f"jetstream://{secure_nats.host_port}?tls_ca_file={pki / 'ca.pem'}"
-        async with pk.Producer(url, topic="orders.env", create_stream=True) as producer:
-            delivery = await producer.produce(b"from the environment")
-            assert delivery is not None and delivery.offset is not None
-            assert "user='alice'" in repr(producer)
-
-    asyncio.run(main())
+    url = f"jetstream://{secure_nats.host_port}?tls_ca_file={pki / 'ca.pem'}"
+    async with pk.Producer(url, topic="orders.env", create_stream=True) as producer:
+        delivery = await producer.produce(b"from the environment")
+        assert delivery is not None and delivery.offset is not None
+        assert "user='alice'" in repr(producer)
 
 
-def test_token(token_nats: LocalBroker):
-    async def main() -> None:
-        async with pk.Producer(f"nats://{token_nats.host_port}", token=TOKEN) as producer:
-            await producer.produce(b"x", topic="anything")
-        error, elapsed = await _refusal(f"nats://{token_nats.host_port}", token="wrong")
-        assert isinstance(error, pk.AuthenticationError) and elapsed < 5
-        error, _ = await _refusal(f"nats://{token_nats.host_port}")  # no token at all
-        assert isinstance(error, pk.AuthenticationError)
+async def test_password_precedence_keyword_url_environment(
+    secure_nats: LocalBroker, pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which password reaches the server: the keyword beats the URL's, which beats the
+    environment's (the server accepts only alice's)."""
+    monkeypatch.setenv("PRODUCERKIT_USERNAME", "alice")
+    monkeypatch.setenv("PRODUCERKIT_PASSWORD", "wrong-from-env")
+    host_port = secure_nats.host_port
+    error, _ = await _refusal(f"nats://{host_port}", **_tls(pki))
+    assert isinstance(error, pk.AuthenticationError), repr(error)  # the environment's is used
+    async with pk.Producer(f"nats://alice:{SECRET}@{host_port}", **_tls(pki)) as producer:
+        await producer.produce(b"the URL's password beats the environment's", topic="orders")
+    error, _ = await _refusal(f"nats://alice:{SECRET}@{host_port}", password="wrong", **_tls(pki))
+    assert isinstance(error, pk.AuthenticationError), repr(error)  # the keyword's is used
+    async with pk.Producer(
+        f"nats://alice:wrong@{host_port}", password=SECRET, **_tls(pki)
+    ) as producer:
+        await producer.produce(b"the keyword's password beats the URL's", topic="orders")
 
-    asyncio.run(main())
+
+async def test_token(token_nats: LocalBroker) -> None:
+    async with pk.Producer(f"nats://{token_nats.host_port}", token=TOKEN) as producer:
+        await producer.produce(b"x", topic="anything")
+    error, elapsed = await _refusal(f"nats://{token_nats.host_port}", token="wrong")
+    assert isinstance(error, pk.AuthenticationError) and elapsed < 5
+    error, _ = await _refusal(f"nats://{token_nats.host_port}")  # no token at all
+    assert isinstance(error, pk.AuthenticationError)
 
 
-def test_mutual_tls(mtls_nats: LocalBroker, pki: Path):
-    async def main() -> None:
-        client = {
-            "tls_cert_file": str(pki / "ca-client.pem"),
-            "tls_key_file": str(pki / "ca-client.key"),
-        }
-        async with pk.Producer(f"nats://{mtls_nats.host_port}", **_tls(pki, **client)) as p:
-            await p.produce(b"x", topic="mtls")
-        error, elapsed = await _refusal(f"nats://{mtls_nats.host_port}", **_tls(pki))
-        assert isinstance(error, pk.BrokerUnavailable) and elapsed < 5  # no client certificate
-
-    asyncio.run(main())
+async def test_mutual_tls(mtls_nats: LocalBroker, pki: Path) -> None:
+    client = {
+        "tls_cert_file": str(pki / "ca-client.pem"),
+        "tls_key_file": str(pki / "ca-client.key"),
+    }
+    async with pk.Producer(f"nats://{mtls_nats.host_port}", **_tls(pki, **client)) as p:
+        await p.produce(b"x", topic="mtls")
+    error, elapsed = await _refusal(f"nats://{mtls_nats.host_port}", **_tls(pki))
+    assert isinstance(error, pk.BrokerUnavailable) and elapsed < 5  # no client certificate
 
 
 # ---------------------------------------------------------------------- NATS: refusals
 
 
 @pytest.mark.parametrize("scheme", ["nats", "jetstream"])
-def test_wrong_password(secure_nats: LocalBroker, pki: Path, scheme: str):
+async def test_wrong_password(secure_nats: LocalBroker, pki: Path, scheme: str) -> None:
     url = f"{scheme}://alice:wrong@{secure_nats.host_port}"
-    error, elapsed = asyncio.run(_refusal(url, **_tls(pki)))
+    error, elapsed = await _refusal(url, **_tls(pki))
     assert isinstance(error, pk.AuthenticationError), repr(error)
     assert elapsed < 5
 
 
-def test_untrusted_certificate(secure_nats: LocalBroker, pki: Path):
-    error, elapsed = asyncio.run(
-        _refusal(_alice_url(secure_nats, "nats"), tls_ca_file=str(pki / "other.pem"))
+async def test_untrusted_certificate(secure_nats: LocalBroker, pki: Path) -> None:
+    error, elapsed = await _refusal(
+        _alice_url(secure_nats, "nats"), tls_ca_file=str(pki / "other.pem")
     )
     assert isinstance(error, pk.TLSError), repr(error)
     assert "not trusted" in str(error) and elapsed < 5
 
 
-def test_missing_tls_options_against_tls_server(secure_nats: LocalBroker):
-    error, elapsed = asyncio.run(_refusal(_alice_url(secure_nats, "nats")))
+async def test_missing_tls_options_against_tls_server(secure_nats: LocalBroker) -> None:
+    error, elapsed = await _refusal(_alice_url(secure_nats, "nats"))
     assert isinstance(error, pk.TLSError), repr(error)
     assert elapsed < 5
 
 
-def test_tls_wanted_but_server_has_none_sends_no_password(plain_nats: LocalBroker, pki: Path):
+async def test_tls_wanted_but_server_has_none_sends_no_password(
+    plain_nats: LocalBroker, pki: Path
+) -> None:
     """nats-py would upgrade only if the server asked; the password must not go out in clear."""
-    error, elapsed = asyncio.run(
-        _refusal(f"nats://alice:{SECRET}@{plain_nats.host_port}", **_tls(pki))
-    )
+    error, elapsed = await _refusal(f"nats://alice:{SECRET}@{plain_nats.host_port}", **_tls(pki))
     assert isinstance(error, pk.TLSError), repr(error)
     assert elapsed < 5
 
 
 @pytest.mark.parametrize("scheme", ["nats", "jetstream"])
-def test_forbidden_subject_fails_with_authorization_error(
+async def test_forbidden_subject_fails_with_authorization_error(
     secure_nats: LocalBroker, pki: Path, scheme: str
-):
-    async def main() -> None:
-        options = _tls(pki, create_stream=True) if scheme == "jetstream" else _tls(pki)
-        allowed = f"orders.{uuid.uuid4().hex[:8]}"
-        async with pk.Producer(
-            _alice_url(secure_nats, scheme), topic=allowed, timeout=20, **options
-        ) as producer:
-            started = time.monotonic()
-            for i in range(6):
-                topic = "forbidden" if i % 2 else allowed
-                await producer.produce(f"{i}".encode(), topic=topic, nonblocking=True)
-            with pytest.raises(pk.ProduceError) as caught:
-                await producer.flush()
-            assert time.monotonic() - started < 5  # refused, not timed out
-            failures = caught.value.failures
-            assert sorted(f.value for f in failures) == [b"1", b"3", b"5"]
-            assert all(isinstance(f.exception, pk.AuthorizationError) for f in failures)
-            stats = producer.stats
-            assert (stats.acked, stats.failed, stats.in_flight) == (3, 3, 0)
-            # The connection stays usable, and a blocking produce raises the typed error.
-            with pytest.raises(pk.AuthorizationError):
-                await producer.produce(b"again", topic="forbidden")
-            assert await producer.produce(b"still fine") is not None
-
-    asyncio.run(main())
+) -> None:
+    options = _tls(pki, create_stream=True) if scheme == "jetstream" else _tls(pki)
+    allowed = f"orders.{uuid.uuid4().hex[:8]}"
+    async with pk.Producer(
+        _alice_url(secure_nats, scheme), topic=allowed, timeout=20, **options
+    ) as producer:
+        started = time.monotonic()
+        for i in range(6):
+            topic = "forbidden" if i % 2 else allowed
+            await producer.produce(f"{i}".encode(), topic=topic, nonblocking=True)
+        with pytest.raises(pk.ProduceError) as caught:
+            await producer.flush()
+        assert time.monotonic() - started < 5  # refused, not timed out
+        failures = caught.value.failures
+        assert sorted(f.value for f in failures) == [b"1", b"3", b"5"]
+        assert all(isinstance(f.exception, pk.AuthorizationError) for f in failures)
+        stats = producer.stats
+        assert (stats.acked, stats.failed, stats.in_flight) == (3, 3, 0)
+        # The connection stays usable, and a blocking produce raises the typed error.
+        with pytest.raises(pk.AuthorizationError):
+            await producer.produce(b"again", topic="forbidden")
+        assert await producer.produce(b"still fine") is not None
 
 
 # ---------------------------------------------------------------------- Kafka
 
 
-def test_kafka_tls_against_plaintext_listener(kafka_broker: LocalBroker, pki: Path):
-    error, elapsed = asyncio.run(_refusal(kafka_broker.url, **_tls(pki)))
+async def test_kafka_tls_against_plaintext_listener(kafka_broker: LocalBroker, pki: Path) -> None:
+    error, elapsed = await _refusal(kafka_broker.url, **_tls(pki))
     assert isinstance(error, pk.TLSError), repr(error)
     assert elapsed < 10
 
 
-def test_kafka_sasl_scram_refused(sasl_kafka: LocalBroker):
+async def test_kafka_sasl_scram_refused(sasl_kafka: LocalBroker) -> None:
     url = f"kafka://alice:{SECRET}@{sasl_kafka.host_port}"
-    error, elapsed = asyncio.run(_refusal(url, sasl_mechanism="SCRAM-SHA-256"))
+    error, elapsed = await _refusal(url, sasl_mechanism="SCRAM-SHA-256")
     assert isinstance(error, pk.AuthenticationError), repr(error)
     assert SECRET not in str(error) and elapsed < 10
 
 
-def test_kafka_without_credentials_on_authenticating_broker(sasl_kafka: LocalBroker):
-    error, elapsed = asyncio.run(_refusal(sasl_kafka.url, timeout=4))
+async def test_kafka_without_credentials_on_authenticating_broker(
+    sasl_kafka: LocalBroker,
+) -> None:
+    error, elapsed = await _refusal(sasl_kafka.url, timeout=4)
     assert isinstance(error, pk.BrokerUnavailable), repr(error)
     assert elapsed < 10
 
@@ -476,15 +485,17 @@ def test_precedence_keyword_url_environment(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PRODUCERKIT_USERNAME", "env-user")
     monkeypatch.setenv("PRODUCERKIT_PASSWORD", "env-pw")
 
-    def options(url: str, **kw: Any) -> dict[str, Any]:
-        return pk.Producer(url, **kw)._options
+    def described(url: str, **kw: Any) -> str:
+        """What repr() says of the producer's credentials (never a secret)."""
+        return repr(pk.Producer(url, **kw))
 
-    assert options("nats://h")["username"] == "env-user"
-    assert options("nats://url-user:url-pw@h")["username"] == "url-user"
-    assert options("nats://url-user:url-pw@h", username="kw", password="x")["username"] == "kw"
-    assert options("nats://url-user:url-pw@h")["password"].reveal() == "url-pw"
-    assert "username" not in options("nats://h", token="t")  # a token: no env user/password
-    assert "username" not in options("memory://")  # backends without credentials ignore them
+    assert "user='env-user'" in described("nats://h")
+    assert "user='url-user'" in described("nats://url-user:url-pw@h")
+    assert "user='kw'" in described("nats://url-user:url-pw@h", username="kw", password="x")
+    token = described("nats://h", token="t")  # a token: no env user/password
+    assert " token " in token and "user=" not in token
+    assert "user=" not in described("memory://")  # backends without credentials ignore them
+    # (which password reaches the server: test_password_precedence_keyword_url_environment)
 
 
 # ---------------------------------------------------------------------- redaction
@@ -513,7 +524,7 @@ def test_reprs_show_no_secret(pki: Path):
     url = f"jetstream://alice:{SECRET}@127.0.0.1:4222?tls_ca_file={pki / 'ca.pem'}"
     producer = pk.Producer(url, topic="orders")
     parsed = parse_url(f"nats://alice:{SECRET}@h?password={SECRET}")
-    texts = [repr(producer), str(producer), repr(producer._options), repr(parsed), str(parsed)]
+    texts = [repr(producer), str(producer), repr(producer.settings), repr(parsed), str(parsed)]
     with pk.SyncProducer("memory://", topic="t") as sync:
         texts.append(repr(sync))
     for text in texts:
@@ -524,9 +535,9 @@ def test_reprs_show_no_secret(pki: Path):
 # ---------------------------------------------------------------------- the leak test
 
 
-def test_secret_appears_nowhere(
+async def test_secret_appears_nowhere(
     secure_nats: LocalBroker, pki: Path, capfd: pytest.CaptureFixture[str], tmp_path: Path
-):
+) -> None:
     """A full produce, refusals and failures at DEBUG on every logger, with all output captured."""
     records: list[str] = []
 
@@ -573,7 +584,7 @@ def test_secret_appears_nowhere(
                 texts.extend(_exception_texts(exc))
 
     try:
-        asyncio.run(main())
+        await main()
     finally:
         root.removeHandler(handler)
         for log, level in zip(loggers, levels, strict=True):

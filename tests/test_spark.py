@@ -7,7 +7,6 @@ test can fail a task once. Everything is read back with a plain aiokafka / nats-
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -19,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from conftest import read_jetstream, read_kafka, run_local_cluster
 
@@ -46,10 +46,10 @@ def _read_js(url: str, subject: str, expected: int) -> list[dict[str, Any]]:
     # its except); each call reads with a fresh consumer from the start, so a retry is exact
     for _ in range(2):
         try:
-            return asyncio.run(read_jetstream(url, subject, expected))
+            return anyio.run(read_jetstream, url, subject, expected)
         except TimeoutError:
             continue
-    return asyncio.run(read_jetstream(url, subject, expected))
+    return anyio.run(read_jetstream, url, subject, expected)
 
 
 def _rows(spark: SparkSession, n: int, partitions: int = 4) -> Any:
@@ -63,7 +63,7 @@ def _rows(spark: SparkSession, n: int, partitions: int = 4) -> Any:
 def test_publish_kafka_100k_read_back(spark: SparkSession, kafka_broker: LocalBroker) -> None:
     topic = _topic()
     report = pks.publish(_rows(spark, N), kafka_broker.url, topic=topic)
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, N))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, N)
     assert report.delivered == len(records) == N
     assert report.failed == 0
     assert len(report.partitions) == 4
@@ -88,7 +88,7 @@ def test_format_producerkit_100k_read_back(
         .mode("append")
         .save()
     )
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, N))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, N)
     report = json.loads(report_path.read_text().splitlines()[-1])
     assert report["delivered"] == len(records) == N
     assert report["failed"] == 0
@@ -211,13 +211,10 @@ def test_bad_configuration_fails_on_the_driver(spark: SparkSession) -> None:
         pks.publish(spark.readStream.format("rate").load(), "null://", topic="t")
 
 
-def test_publish_inside_a_running_event_loop(spark: SparkSession) -> None:
+@pytest.mark.anyio
+async def test_publish_inside_a_running_event_loop(spark: SparkSession) -> None:
     """Notebooks run a loop in the driver thread: publish() must not care."""
-
-    async def main() -> pks.PublishReport:
-        return pks.publish(_rows(spark, 1000, partitions=2), "null://", topic="t")
-
-    report = asyncio.run(main())
+    report = pks.publish(_rows(spark, 1000, partitions=2), "null://", topic="t")
     assert (report.delivered, report.failed) == (1000, 0)
 
 
@@ -244,7 +241,7 @@ def test_streaming_format_and_batch_publisher(
         .start()
     )
     query.awaitTermination(120)
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, 30))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, 30)
     assert sorted(r["value"] for r in records) == sorted(f"v{i}".encode() for i in range(30))
     batches = [json.loads(line) for line in report_path.read_text().splitlines()]
     assert [b["batch_id"] for b in batches] == [0, 1, 2]
@@ -264,7 +261,7 @@ def test_streaming_format_and_batch_publisher(
     )
     query.awaitTermination(120)
     assert seen == [(0, 10), (1, 10), (2, 10)]
-    assert len(asyncio.run(read_kafka(kafka_broker.url, topic2, 30))) == 30
+    assert len(anyio.run(read_kafka, kafka_broker.url, topic2, 30)) == 30
 
 
 # ---------------------------------------------------------------------- serializers
@@ -311,7 +308,7 @@ def test_struct_column_as_json_to_kafka(spark: SparkSession, kafka_broker: Local
         value_serializer="json",
         key_serializer=lambda key: b"order-" + key.encode(),
     )
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, n))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, n)
     assert (report.delivered, report.failed) == (len(records), 0) == (n, 0)
     decoded = {r["key"]: json.loads(r["value"]) for r in records}
     assert decoded == {f"order-{i}".encode(): _order(i) for i in range(n)}
@@ -375,7 +372,7 @@ def test_a_callable_serializer_is_shipped_to_the_executors(
         df, kafka_broker.url, topic=topic, value_serializer=serializers.avro(schema, 42)
     )
     assert (report.delivered, report.failed) == (n, 0)
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, n))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, n)
     parsed = fastavro.parse_schema(schema)
     decoded = {}
     for record in records:
@@ -438,7 +435,7 @@ print("RESULT", report.delivered, report.failed, jvms - 1)
 """
     delivered, failed, executors = run_local_cluster(body, tmp_path)
     assert (delivered, failed, executors) == (20000, 0, 2)
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, 20000))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, 20000)
     assert len(records) == 20000
 
 
@@ -466,52 +463,50 @@ def test_streaming_rate_example() -> None:
     assert batches >= 2 and delivered == stored > 0
 
 
-def test_import_producerkit_does_not_import_pyspark() -> None:
-    code = (
-        "import sys, producerkit; "
-        "print([m for m in ('aiokafka','nats','pyspark','matplotlib','hdrh','rich') "
-        "if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 # ---------------------------------------------------------------------- the worker, without Spark
 
 
-def test_worker_caches_one_producer_per_config_and_rebuilds_after_fork() -> None:
+def test_worker_caches_one_producer_per_config_and_rebuilds_after_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producerkit import SyncProducer
     from producerkit.backends.memory import get_store
     from producerkit.spark import _worker
 
+    made: list[SyncProducer] = []  # every producer the worker builds, in order
+    make_producer = _worker.SinkConfig.make_producer
+
+    def counted(config: _worker.SinkConfig) -> SyncProducer:
+        made.append(make_producer(config))
+        return made[-1]
+
+    monkeypatch.setattr(_worker.SinkConfig, "make_producer", counted)
     name = f"spark-worker-{uuid.uuid4().hex}"
     store = get_store(name)
     config = _worker.SinkConfig(url=f"memory://{name}", topic="t", key_col=None, id_col="id")
     first = _worker.publish_task(config, [{"value": [b"a", b"b"], "id": [1, 2]}])
-    producers = {id(entry.producer) for entry in _worker._cache.values()}
     second = _worker.publish_task(config, [{"value": [b"c"], "id": [3]}])
-    assert {id(entry.producer) for entry in _worker._cache.values()} == producers
+    assert len(made) == 1  # one producer for the config, kept between tasks
     assert (first.delivered, second.delivered) == (2, 1)
     stored = [(r.value, r.msg_id) for r in store.topic("t")]
     assert stored == [(b"a", "1"), (b"b", "2"), (b"c", "3")]
 
-    # held, so that the child's new producer cannot be allocated at a parent producer's address
-    parents = [entry.producer for entry in _worker._cache.values()]
     child = os.fork()
     if child == 0:  # the child must build its own producer: the parent's loop thread is not here
         try:
             counts = _worker.publish_task(config, [{"value": [b"d"], "id": [4]}])
-            fresh = all(
-                entry.producer is not parent
-                for entry in _worker._cache.values()
-                for parent in parents
-            )
+            fresh = len(made) == 2 and made[1] is not made[0]
             os._exit(0 if counts.delivered == 1 and fresh else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    assert not made[0].producer.closed  # the parent's producer is the parent's still
     _worker.close_all()
-    assert not _worker._cache
+    assert made[0].producer.closed
+    third = _worker.publish_task(config, [{"value": [b"e"], "id": [5]}])
+    assert third.delivered == 1 and len(made) == 2  # nothing cached any more: a new one
+    _worker.close_all()
 
 
 def test_worker_counts_or_raises_bad_rows() -> None:
@@ -542,6 +537,7 @@ def test_worker_ships_serializers_and_makes_structs_plain() -> None:
 
     from producerkit.backends.memory import get_store
     from producerkit.spark import _publish, _worker
+    from producerkit.spark._worker import _maps_as_dicts, _pylist
 
     name = f"spark-serializers-{uuid.uuid4().hex}"
     store = get_store(name)
@@ -574,9 +570,9 @@ def test_worker_ships_serializers_and_makes_structs_plain() -> None:
 
     map_type = pa.map_(pa.string(), pa.struct([("m", pa.map_(pa.string(), pa.int64()))]))
     column = pa.array([[[("a", {"m": [("x", 1)]})]], None, []], type=pa.list_(map_type))
-    fallback = [_worker._maps_as_dicts(value, column.type) for value in column.to_pylist()]
-    assert fallback == _worker._pylist(column, True) == [[{"a": {"m": {"x": 1}}}], None, []]
-    assert _worker._pylist(column, False) == column.to_pylist()  # headers keep their pairs
+    fallback = [_maps_as_dicts(value, column.type) for value in column.to_pylist()]
+    assert fallback == _pylist(column, True) == [[{"a": {"m": {"x": 1}}}], None, []]
+    assert _pylist(column, False) == column.to_pylist()  # headers keep their pairs
     _worker.close_all()
 
 

@@ -4,13 +4,13 @@ brokers; everything read back with a plain aiokafka / nats-py client."""
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from conftest import read_jetstream, read_kafka, run_local_cluster
 
@@ -48,7 +48,7 @@ def test_foreach_partition_100k_to_kafka(
             kafka_broker.url, topic=topic, counters=counters, report_path=report_path
         )
     )
-    records = asyncio.run(read_kafka(kafka_broker.url, topic, N))
+    records = anyio.run(read_kafka, kafka_broker.url, topic, N)
     assert len(records) == N
     assert {(r["key"], r["value"]) for r in records} == {(b"%d" % i, b"v-%d" % i) for i in range(N)}
     assert (counters.rows, counters.delivered, counters.failed) == (N, N, 0)
@@ -100,9 +100,9 @@ def test_tuples_retry_exactly_once_on_jetstream_and_counted_once(
     control = run(without_ids)
     assert (counted.rows, counted.delivered, counted.failed) == (n, n, 0)
     assert (control.rows, control.delivered) == (n, n)
-    stored = asyncio.run(read_jetstream(nats_broker.jetstream_url, with_ids, n))
+    stored = anyio.run(read_jetstream, nats_broker.jetstream_url, with_ids, n)
     assert sorted(int(r["headers"]["Nats-Msg-Id"]) for r in stored) == list(range(n))
-    assert len(asyncio.run(read_jetstream(nats_broker.jetstream_url, without_ids, n + 10_000))) > n
+    assert len(anyio.run(read_jetstream, nats_broker.jetstream_url, without_ids, n + 10_000)) > n
 
 
 def test_the_writer_pickles_without_a_producer_and_checks_rows(spark: SparkSession) -> None:
@@ -174,4 +174,4 @@ report = pks.read_report({report_path!r})
 print("RESULT", counters.delivered, counters.failed, report.delivered, len(report.partitions))
 """
     assert run_local_cluster(body, tmp_path) == [20000, 0, 20000, 4]
-    assert len(asyncio.run(read_kafka(kafka_broker.url, topic, 20000))) == 20000
+    assert len(anyio.run(read_kafka, kafka_broker.url, topic, 20000)) == 20000

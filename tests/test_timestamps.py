@@ -1,6 +1,6 @@
 """produce(timestamp=...): the Kafka record's CreateTime, read back exactly (to the millisecond)
-by another client through each encoder; Delivery.timestamp; memory:// keeps it (NATS refuses
-it: test_tombstones.py)."""
+by another client through each encoder; Delivery.timestamp on every backend that takes one;
+memory:// keeps it; NATS and JetStream refuse it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import read_kafka
+from conftest import BackendCase, read_kafka
 
 import producerkit as pk
 from producerkit.backends.kafka import record_batch as _record_batch
@@ -56,25 +56,52 @@ async def test_kafka_createtime_is_read_back_exactly(
             assert started_ms - 1000 < record["timestamp"] < time.time() * 1000 + 1000
 
 
-async def test_kafka_delivery_timestamp_is_what_was_stored(
-    kafka_broker: SessionBroker, topic: str
+async def test_a_given_timestamp_is_stored_and_reported_or_refused(
+    backend: BackendCase, topic: str
 ) -> None:
-    """Without timestamp= a blocking produce's (and on_delivery's) Delivery reports the
-    produce time the record was stored with."""
+    """Where the backend takes a timestamp, the Delivery reports the one given (seconds or an
+    aware datetime, to the millisecond) and a backend that stores it stores exactly that; where
+    it does not, produce(timestamp=...) is a MessageError saying why, and nothing is counted."""
     told: list[pk.Delivery | pk.Failure] = []
     async with pk.Producer(
-        kafka_broker.url, topic=topic, on_delivery=lambda result, _: told.append(result)
+        backend.url,
+        topic=topic,
+        timeout=10,
+        on_delivery=lambda result, _: told.append(result),
+        **backend.options,
     ) as producer:
-        delivery = await producer.produce(b"now", key=b"k")
-        await producer.produce(b"given", key=b"k", timestamp=AWARE, nonblocking=True)
+        if not backend.spec.takes_timestamps:
+            for stamp in (GIVEN, AWARE):
+                for nonblocking in (False, True):
+                    with pytest.raises(pk.MessageError, match="timestamp="):
+                        await producer.produce(b"v", timestamp=stamp, nonblocking=nonblocking)
+            assert producer.stats.produced == 0
+            return
+        delivery = await producer.produce(b"given", key=b"k", timestamp=GIVEN)
+        await producer.produce(b"aware", key=b"k", timestamp=AWARE, nonblocking=True)
         await producer.flush()
-    assert delivery is not None and delivery.timestamp is not None
-    stored = {r["value"]: r["timestamp"] for r in await read_kafka(kafka_broker.url, topic, 2)}
-    assert round(delivery.timestamp * 1000) == stored[b"now"]
-    assert [getattr(result, "timestamp", None) for result in told] == [
-        delivery.timestamp,
-        AWARE_MS / 1000,
-    ]
+    assert delivery is not None and delivery.timestamp == GIVEN
+    assert [getattr(result, "timestamp", None) for result in told] == [GIVEN, AWARE_MS / 1000]
+    if backend.spec.stores_timestamps and backend.spec.stores_records:
+        stored = {r["value"]: r["timestamp"] for r in await backend.read(topic, 2)}
+        assert stored == {b"given": 1_600_000_000_123, b"aware": AWARE_MS}
+
+
+async def test_the_delivery_timestamp_is_what_was_stored(backend: BackendCase, topic: str) -> None:
+    """Without timestamp= a blocking produce's Delivery reports the produce time the record was
+    stored with, where the backend stores one (and None where it does not)."""
+    started = time.time()
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        delivery = await producer.produce(b"now", key=b"k")
+    assert delivery is not None
+    if not backend.spec.stores_timestamps:
+        assert delivery.timestamp is None
+        return
+    assert delivery.timestamp is not None
+    assert started - 1 < delivery.timestamp < time.time() + 1
+    if backend.spec.stores_records:
+        (record,) = await backend.read(topic, 1)
+        assert record["timestamp"] == round(delivery.timestamp * 1000)
 
 
 async def test_memory_keeps_the_timestamp() -> None:
@@ -87,22 +114,23 @@ async def test_memory_keeps_the_timestamp() -> None:
     assert stored[1].timestamp is None  # nonblocking, no timestamp=: none was fixed
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        datetime.datetime(2021, 5, 4),  # naive
-        -1,
-        float("nan"),
-        float("inf"),
-        True,
-        "1600000000",
-        253_402_300_800,  # year 10000
-    ],
-)
-async def test_bad_timestamps_are_message_errors(bad: object) -> None:
-    async with pk.Producer("memory://", topic="t") as producer:
-        with pytest.raises(pk.MessageError, match="timestamp"):
-            await producer.produce(b"v", timestamp=bad)  # type: ignore[arg-type]
+BAD: list[Any] = [
+    datetime.datetime(2021, 5, 4),  # naive
+    -1,
+    float("nan"),
+    float("inf"),
+    True,
+    "1600000000",
+    253_402_300_800,  # year 10000
+]
+
+
+async def test_bad_timestamps_are_message_errors(backend: BackendCase, topic: str) -> None:
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        for bad in BAD:
+            for nonblocking in (False, True):
+                with pytest.raises(pk.MessageError, match="timestamp"):
+                    await producer.produce(b"v", timestamp=bad, nonblocking=nonblocking)
         assert producer.stats.produced == 0
 
 

@@ -1,13 +1,14 @@
 """produce(None, key=k): a Kafka tombstone (a null value), read back by another client as a null
-value through each encoder; memory:// keeps it; NATS, JetStream and null:// refuse it (NATS's
-refusals of a timestamp and of a None header value are tested here too)."""
+value through each encoder, and on every backend that takes one; the others (NATS, JetStream,
+null://) refuse it with their reason."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
-from conftest import read_kafka
+from conftest import BackendCase, read_kafka
 
 import producerkit as pk
 from producerkit.backends.kafka import record_batch as _record_batch
@@ -38,48 +39,55 @@ async def test_a_kafka_tombstone_is_read_back_as_a_null_value(
     } | {b"text key"}
 
 
-async def test_memory_keeps_a_tombstone() -> None:
-    async with pk.Producer("memory://", topic="t", value_serializer="json") as producer:
-        await producer.produce(None, key=b"k")  # the serializer leaves None alone
-        (stored,) = producer.backend.records  # type: ignore[attr-defined]
-    assert (stored.key, stored.value) == (b"k", None)
+async def test_a_tombstone_is_stored_or_refused(backend: BackendCase, topic: str) -> None:
+    """Where the backend takes tombstones, produce(None, key=k) stores a null value (a value
+    serializer leaves None alone) and reads back as one; elsewhere it is a MessageError giving
+    the backend's reason, and nothing is counted."""
+    async with pk.Producer(
+        backend.url, topic=topic, value_serializer="json", timeout=10, **backend.options
+    ) as producer:
+        if not backend.spec.takes_tombstones:
+            refusal = re.escape(backend.spec.tombstone_refusal or "")
+            for nonblocking in (False, True):
+                with pytest.raises(pk.MessageError, match=refusal):
+                    await producer.produce(None, key=b"k", nonblocking=nonblocking)
+            assert producer.stats.produced == 0
+            return
+        await producer.produce({"a": 1}, key=b"k")
+        delivery = await producer.produce(None, key=b"k")
+        await producer.produce(None, key="text key", nonblocking=True)
+        await producer.flush()
+        assert producer.stats.acked == 3
+    assert delivery is not None
+    if backend.spec.stores_records:
+        records = await backend.read(topic, 3)
+        assert [(r["key"], r["value"]) for r in records] == [
+            (b"k", b'{"a":1}'),
+            (b"k", None),
+            (b"text key", None),
+        ]
 
 
-async def test_a_tombstone_needs_a_key() -> None:
-    async with pk.Producer("memory://", topic="t") as producer:
-        with pytest.raises(pk.MessageError, match="needs the key"):
-            await producer.produce(None)
+async def test_a_tombstone_needs_a_key(backend: BackendCase, topic: str) -> None:
+    async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+        reason = "needs the key" if backend.spec.takes_tombstones else "None"
+        for nonblocking in (False, True):
+            with pytest.raises(pk.MessageError, match=reason):
+                await producer.produce(None, nonblocking=nonblocking)
         assert producer.stats.produced == 0
 
 
-async def test_null_refuses_a_tombstone() -> None:
-    async with pk.Producer("null://", topic="t") as producer:
-        with pytest.raises(pk.MessageError, match="null:// stores nothing"):
-            await producer.produce(None, key=b"k", nonblocking=True)
-
-
-async def test_a_byte_bounded_producer_counts_a_tombstone_by_its_key() -> None:
-    async with pk.Producer("memory://", topic="t", max_in_flight_bytes=1000) as producer:
-        await producer.produce(None, key=b"k", headers=[("h", None)])
+async def test_a_byte_bounded_producer_counts_a_tombstone_by_its_key(
+    backend: BackendCase, topic: str
+) -> None:
+    async with pk.Producer(
+        backend.url, topic=topic, max_in_flight_bytes=1000, timeout=10, **backend.options
+    ) as producer:
+        if not backend.spec.takes_tombstones:
+            with pytest.raises(pk.MessageError):
+                await producer.produce(None, key=b"k", headers=[("h", b"")])
+            assert producer.stats.bytes_in_flight == 0 and producer.stats.produced == 0
+            return
+        await producer.produce(None, key=b"k", headers=[("h", b"")])
         assert producer.stats.peak_bytes_in_flight == 2  # the key and the header's name
     assert producer.stats.acked == 1
-
-
-@pytest.mark.parametrize("scheme", ["nats", "jetstream"])
-async def test_nats_refuses_what_it_cannot_store(
-    nats_broker: SessionBroker, topic: str, scheme: str
-) -> None:
-    """A tombstone, a CreateTime and a None header value: each a MessageError saying why,
-    nothing counted; repeated header names are fine."""
-    options = {"create_stream": True} if scheme == "jetstream" else {}
-    url = f"{scheme}://{nats_broker.host_port}"
-    async with pk.Producer(url, topic=topic, **options) as producer:
-        with pytest.raises(pk.MessageError, match="no null value"):
-            await producer.produce(None, key=b"k")
-        with pytest.raises(pk.MessageError, match=r"timestamp= is for Kafka.*header"):
-            await producer.produce(b"v", timestamp=1_600_000_000)
-        with pytest.raises(pk.MessageError, match="no null value"):
-            await producer.produce(b"v", headers=[("a", b"1"), ("b", None)])
-        assert producer.stats.produced == 0
-        await producer.produce(b"v", headers=[("a", b"1"), ("a", b"2")])
-        assert (producer.stats.produced, producer.stats.acked) == (1, 1)
