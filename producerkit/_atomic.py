@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from producerkit._message import MessageRules
-from producerkit._record import Message, Record, Slot
+from producerkit._record import Message, Record
 from producerkit._submit import Submitter
 from producerkit.errors import AtomicBatchError, MessageError, ProducerError
 from producerkit.jetstream import Expect
@@ -71,7 +71,7 @@ class _ToldByTheBatch:
         pass
 
 
-_TOLD: Final = _ToldByTheBatch()
+_TOLD: Final[Any] = _ToldByTheBatch()
 
 
 class AtomicBatch:
@@ -84,7 +84,6 @@ class AtomicBatch:
         submitter: Submitter,
         window: InFlightWindow,
         rules: MessageRules,
-        slot_of: Callable[[Any, Any], Slot],
         topic: str | None,
         timeout: float,
     ) -> None:
@@ -92,7 +91,6 @@ class AtomicBatch:
         self._submitter = submitter
         self._window = window
         self._rules = rules
-        self._slot_of = slot_of
         self._topic = topic
         self._timeout = timeout
         #: The batch id (``Nats-Batch-Id``).
@@ -154,9 +152,7 @@ class AtomicBatch:
     async def _send(self, message: Message, sequence: int, *, commit: bool = False) -> Any:
         """Admit and write one message; the answer of a request (the first, and the commit).
         A message that cannot be sent fails the batch."""
-        record = await self._submitter.admitted(
-            message, self._slot_of(_TOLD, None), connection=self._connection
-        )
+        record = await self._submitter.admitted(message, _TOLD, connection=self._connection)
         self._records.append(record)
         connection = self._submitter.connections[self._connection]
         try:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from producerkit._message import message_size
 from producerkit._record import Message, Record, Slot
+from producerkit._types import DeliveryCallback
 from producerkit._window import ErrorCallback, InFlightWindow, OutcomeCallback
 
 
@@ -29,6 +31,7 @@ class ByteBoundedWindow(InFlightWindow):
         untrack: bool = False,
         resume_at: float = 0.5,
         unwritten: Callable[[list[Record]], set[int]] = lambda records: set(),
+        on_delivery: DeliveryCallback | None = None,
     ) -> None:
         super().__init__(
             limit,
@@ -39,6 +42,7 @@ class ByteBoundedWindow(InFlightWindow):
             untrack=untrack,
             resume_at=resume_at,
             unwritten=unwritten,
+            on_delivery=on_delivery,
         )
         self.byte_limit = byte_limit
         self.byte_low_water = int(byte_limit * resume_at)
@@ -56,12 +60,13 @@ class ByteBoundedWindow(InFlightWindow):
         partition: int | None,
         connection: int,
         slot: Slot,
+        context: Any = None,
         reserved: bool = False,
     ) -> Record | None:
         size = message_size(message.value, message.key, message.headers)
         if self.pending and self.bytes_in_flight + size > self.byte_limit:
             return None
-        record = super().admit(message, partition, connection, slot, reserved)
+        record = super().admit(message, partition, connection, slot, context, reserved)
         if record is not None:
             in_flight = self.bytes_in_flight + size
             self.bytes_in_flight = in_flight
@@ -88,9 +93,11 @@ class ByteBoundedWindow(InFlightWindow):
             self.bytes_in_flight -= record_size(record)
             super().failed(record, exc, possibly_stored)
 
-    def fail_unadmitted(self, message: Message, slot: Slot, exc: BaseException) -> None:
+    def fail_unadmitted(
+        self, message: Message, slot: Slot, context: Any, exc: BaseException
+    ) -> None:
         self.bytes_in_flight += message_size(message.value, message.key, message.headers)
-        super().fail_unadmitted(message, slot, exc)
+        super().fail_unadmitted(message, slot, context, exc)
 
     def _wake(self, in_flight: int) -> None:
         if self.bytes_in_flight <= self.byte_low_water:

@@ -16,13 +16,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from producerkit._record import Message, Slot
 from producerkit._window import InFlightWindow
 from producerkit.errors import ProducerClosed, ProduceTimeout
 
-#: ``submit(message, slot, reserved=True)``: the producer's way in for a handed-over message.
-Submit = Callable[[Message, Slot, bool], "Awaitable[None] | None"]
+#: ``submit(message, slot, context, reserved=True)``: the producer's way in for a handed-over
+#: message.
+Submit = Callable[[Message, Slot, Any, bool], "Awaitable[None] | None"]
 
 
 class Handoff:
@@ -34,16 +36,17 @@ class Handoff:
         self._loop = loop
         self._window = window
         self._submit = submit
-        self._queue: deque[tuple[Message, Slot]] = deque()
-        self._taking: deque[tuple[Message, Slot]] = deque()  # what the drain is submitting
+        self._queue: deque[tuple[Message, Slot, Any]] = deque()
+        self._taking: deque[tuple[Message, Slot, Any]] = deque()  # what the drain is submitting
         self._lock = threading.Lock()
         self._draining = False  # a drain is scheduled or running
         self._drain: asyncio.Task[None] | None = None
         self._closed = False
 
-    def put(self, message: Message, slot: Slot, timeout: float) -> None:
-        """Hand ``message`` over (call from any thread but the loop's); wait at most ``timeout``
-        seconds for room. ProduceTimeout if none came, ProducerClosed after :meth:`close`."""
+    def put(self, message: Message, slot: Slot, context: Any, timeout: float) -> None:
+        """Hand ``message`` over (call from any thread but the loop's), with what tells its
+        outcome (see ``Submitter.submit``); wait at most ``timeout`` seconds for room.
+        ProduceTimeout if none came, ProducerClosed after :meth:`close`."""
         deadline = 0.0
         lock = self._lock
         while True:
@@ -52,7 +55,7 @@ class Handoff:
                 if self._closed:
                     raise ProducerClosed("the producer is closed: create a new one")
                 if self._window.reserve():
-                    self._queue.append((message, slot))
+                    self._queue.append((message, slot, context))
                     if self._draining:
                         return
                     self._draining = True
@@ -87,11 +90,11 @@ class Handoff:
                 self._taking, self._queue = self._queue, deque()
             taking = self._taking
             while taking:
-                message, slot = taking.popleft()
+                message, slot, context = taking.popleft()
                 try:
-                    waiting = submit(message, slot, True)
+                    waiting = submit(message, slot, context, True)
                 except Exception as exc:  # not admitted: it fails in the room it held
-                    fail_unadmitted(message, slot, exc)
+                    fail_unadmitted(message, slot, context, exc)
                     continue
                 if waiting is not None:
                     await waiting  # a message it cannot admit, it fails itself
@@ -111,8 +114,8 @@ class Handoff:
             self._taking.clear()
             self._queue.clear()
             self._closed = True
-        for message, slot in queued:
-            self._window.fail_unadmitted(message, slot, error)
+        for message, slot, context in queued:
+            self._window.fail_unadmitted(message, slot, context, error)
 
     async def drained(self) -> None:
         """Wait until everything handed over so far has been submitted."""

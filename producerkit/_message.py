@@ -49,14 +49,15 @@ class MessageRules:
 
     __slots__ = (
         "_inject_trace",
-        "_key_serializer",
         "_scheme",
         "_spec",
-        "_takes_context",
-        "_value_serializer",
         "default_topic",
+        "key_serializer",
         "max_payload",
+        "takes_context",
+        "trace_headers",
         "transforms",
+        "value_serializer",
     )
 
     def __init__(
@@ -79,10 +80,15 @@ class MessageRules:
             except MessageError as exc:  # a bad default topic is a bad setting: say so now
                 raise ConfigurationError(str(exc)) from None
         self.default_topic = default_topic
-        self._value_serializer = value_serializer
-        self._key_serializer = key_serializer
-        self._inject_trace = trace_injector() if propagate_trace else None
-        self._takes_context = takes_context
+        self.value_serializer = value_serializer
+        self.key_serializer = key_serializer
+        self._inject_trace: Callable[[Any], Any] | None = None
+        #: ``trace_headers()``: the current trace context as header pairs (None without an
+        #: active span), computed once per context; None without ``propagate_trace``.
+        self.trace_headers: Callable[[], HeaderPairs | None] | None = None
+        if propagate_trace:
+            self._inject_trace, self.trace_headers = trace_injectors()
+        self.takes_context = takes_context
         #: Whether values, keys or headers are transformed before they are checked.
         self.transforms = bool(value_serializer or key_serializer or propagate_trace)
         #: The most bytes of value, key and headers a message may have; the connections' own
@@ -140,14 +146,18 @@ class MessageRules:
                 f"message of {size} bytes (value, key and headers) is larger than "
                 f"{self.max_payload}, the most this {self._scheme}:// connection accepts"
             )
-        if context is not None and not self._takes_context:
+        if context is not None and not self.takes_context:
             raise MessageError("context= is for on_delivery: create the Producer with one")
         stamp = None
         if timestamp is not None:
             stamp = self._timestamp_ms(timestamp)
-        elif (reported or self._takes_context) and self._spec.stores_timestamps:
+        elif (reported or self.takes_context) and self._spec.stores_timestamps:
             stamp = int(time.time() * 1000)
         return _new(Message, (value, key, topic, partition, header_pairs, msg_id, stamp))
+
+    @property
+    def stores_timestamps(self) -> bool:
+        return self._spec.stores_timestamps
 
     @property
     def takes_tombstones(self) -> bool:
@@ -213,7 +223,7 @@ class MessageRules:
     ) -> tuple[Any, Any, Any]:
         """The value and key serialized, the trace context added to the headers;
         SerializationError naming the message if a serializer raises."""
-        for what, serializer in (("value", self._value_serializer), ("key", self._key_serializer)):
+        for what, serializer in (("value", self.value_serializer), ("key", self.key_serializer)):
             original = value if what == "value" else key
             if serializer is None or original is None:
                 continue
@@ -314,9 +324,11 @@ def normalize_headers(headers: object) -> HeaderPairs:
     return tuple(normalized)
 
 
-def trace_injector() -> Callable[[Any], Any]:
-    """``(headers) -> headers`` with the current OpenTelemetry context injected as headers, for
-    ``propagate_trace``; headers the caller gave win over injected ones of the same name."""
+def trace_injectors() -> tuple[Callable[[Any], Any], Callable[[], HeaderPairs | None]]:
+    """For ``propagate_trace``: ``(headers) -> headers`` with the current OpenTelemetry context
+    injected as headers (headers the caller gave win over injected ones of the same name), and
+    ``() -> pairs``, the context alone as normalized header pairs (None without an active span);
+    both compute the headers once per context."""
     try:
         from opentelemetry import context as otel_context
         from opentelemetry import propagate
@@ -327,15 +339,25 @@ def trace_injector() -> Callable[[Any], Any]:
     get_current, inject = otel_context.get_current, propagate.inject
     last_context: object = None
     last_carrier: dict[str, str] = {}
+    last_pairs: HeaderPairs | None = None
 
-    def with_trace(headers: Any) -> Any:
-        nonlocal last_context, last_carrier
+    def current() -> dict[str, str]:
+        nonlocal last_context, last_carrier, last_pairs
         context = get_current()
         if context is not last_context:  # a Context is immutable: same object, same headers
             last_carrier = {}
             inject(last_carrier, context=context)
             last_context = context
-        carrier = last_carrier  # only read below
+            last_pairs = normalize_headers(last_carrier) or None
+        return last_carrier
+
+    def trace_headers() -> HeaderPairs | None:
+        if get_current() is not last_context:
+            current()
+        return last_pairs
+
+    def with_trace(headers: Any) -> Any:
+        carrier = current()  # only read below
         if not carrier:
             return headers  # no active span: nothing to propagate
         if headers is None:
@@ -344,7 +366,7 @@ def trace_injector() -> Callable[[Any], Any]:
         given = {pair[0] for pair in pairs if isinstance(pair, tuple) and pair}
         return pairs + [(name, data) for name, data in carrier.items() if name not in given]
 
-    return with_trace
+    return with_trace, trace_headers
 
 
 def _short(obj: object) -> str:

@@ -29,12 +29,12 @@ from producerkit._lifecycle import LeftOpenGuard, StatsTimer, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
 from producerkit._options import ProducerOptions, is_positive_seconds
 from producerkit._rate import RateLimit
-from producerkit._record import Message, Record, Slot
+from producerkit._record import Message, Record
 from producerkit._routing import Router
 from producerkit._spool import FailureReports
 from producerkit._submit import DECLINED, Submitter
 from producerkit._topics import Topics
-from producerkit._types import Delivery, DeliveryCallback, DeliveryNotice, Failure, Outcome, Stats
+from producerkit._types import Delivery, DeliveryCallback, Failure, Outcome, Stats
 from producerkit._urls import parse_url
 from producerkit._window import InFlightWindow
 from producerkit.backends import Connection, spec_for
@@ -155,12 +155,13 @@ class Producer:
             self._window: InFlightWindow = InFlightWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
                 untrack=untrack, resume_at=resume_at, unwritten=self._unwritten,
+                on_delivery=on_delivery,
             )  # fmt: skip
         else:
             self._window = ByteBoundedWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
                 byte_limit=max_in_flight_bytes, untrack=untrack, resume_at=resume_at,
-                unwritten=self._unwritten,
+                unwritten=self._unwritten, on_delivery=on_delivery,
             )  # fmt: skip
         self._topics = Topics(self._rules, self._timeout)
         self._reports = _Reports(self._window, self._topics.forget, self._batch_sent)
@@ -218,9 +219,7 @@ class Producer:
             self._handoff = Handoff(loop, self._window, self._submitter.submit)
             self._admission = self._submitter.fused_path(
                 self._rules,
-                takes_all=self._rate is None
-                and self.settings.on_delivery is None
-                and self.settings.max_in_flight_bytes is None,
+                takes_all=self._rate is None and self.settings.max_in_flight_bytes is None,
             )
             self._state = _RUNNING
             self._running = True
@@ -307,7 +306,7 @@ class Producer:
             context=context, expect=expect, timestamp=timestamp, reported=not nonblocking,
         )  # fmt: skip
         waiter = None if nonblocking else self._loop.create_future()  # type: ignore[union-attr]
-        waiting = self._submitter.submit(message, self._slot(waiter, context))
+        waiting = self._submitter.submit(message, waiter, context)
         if waiting is not None:
             await waiting
         if waiter is None:
@@ -341,7 +340,7 @@ class Producer:
             values, keys=keys, headers=headers, partitions=partitions, msg_ids=msg_ids,
             timestamps=timestamps, contexts=contexts,
         )  # fmt: skip
-        await self._submitter.submit_batch(columns, topic, self._rules, self._slot, self._admission)
+        await self._submitter.submit_batch(columns, topic, self._rules, self._admission)
 
     def atomic_batch(self, topic: str | None = None) -> AtomicBatch:
         """``async with producer.atomic_batch() as batch: await batch.produce(...)``: messages
@@ -352,7 +351,7 @@ class Producer:
         if (refusal := self._spec.atomic_batch_refusal) is not None:
             raise ConfigurationError(f"atomic_batch is JetStream's: {refusal}")
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,
-                           self._slot, topic, self._timeout)  # fmt: skip
+                           topic, self._timeout)  # fmt: skip
 
     @property
     def rules(self) -> MessageRules:
@@ -377,15 +376,7 @@ class Producer:
         if handoff is None or not self._running:
             self._check_not_forked()
             raise ProducerClosed("the producer is not running: start() it, or create a new one")
-        handoff.put(message, self._slot(waiter, context), timeout)
-
-    def _slot(self, waiter: Any, context: Any) -> Slot:
-        """What a record carries to tell its outcome: the blocking caller's waiter, or with
-        on_delivery a notice that tells the callback (and the waiter)."""
-        on_delivery = self.settings.on_delivery
-        if on_delivery is None:
-            return waiter  # type: ignore[no-any-return]
-        return DeliveryNotice(on_delivery, context, waiter)
+        handoff.put(message, waiter, context, timeout)
 
     async def _ensure_running(self) -> None:
         if self._state == _NEW:

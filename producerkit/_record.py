@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from producerkit._types import Headers
 
 if TYPE_CHECKING:
-    from producerkit._types import Delivery, DeliveryNotice
+    from producerkit._types import Delivery
 
-#: What a record carries to tell its outcome: the blocking caller's future (an asyncio one, or a
-#: concurrent one for a caller in another thread), a DeliveryNotice (``on_delivery``), or None.
-Slot: TypeAlias = (
-    "asyncio.Future[Delivery] | concurrent.futures.Future[Delivery] | DeliveryNotice | None"
-)
+#: What a record carries to tell a caller waiting for it its outcome: the blocking caller's future
+#: (an asyncio one, or a concurrent one for a caller in another thread), or None.
+Slot: TypeAlias = "asyncio.Future[Delivery] | concurrent.futures.Future[Delivery] | None"
 
 
 class Message(NamedTuple):
@@ -48,7 +46,8 @@ class Record(NamedTuple):
     """A message in flight: admitted into the window, handed to a connection, waiting for its
     one outcome. ``partition`` is where it was routed (None on an unpartitioned topic),
     ``deadline`` the ``time.monotonic()`` by which it must be acked, ``connection`` the index of
-    the connection carrying it, ``seq`` its number (the n-th record admitted has n)."""
+    the connection carrying it, ``seq`` its number (the n-th record admitted has n), ``slot``
+    what tells a waiting caller its outcome, ``context`` what ``on_delivery`` is told with it."""
 
     seq: int
     value: bytes | None
@@ -61,13 +60,20 @@ class Record(NamedTuple):
     connection: int
     slot: Slot
     timestamp: int | None
+    context: Any = None
 
 
 _new = tuple.__new__
 
 
 def new_record(
-    seq: int, message: Message, partition: int | None, deadline: float, connection: int, slot: Slot
+    seq: int,
+    message: Message,
+    partition: int | None,
+    deadline: float,
+    connection: int,
+    slot: Slot,
+    context: Any = None,
 ) -> Record:
     """The record of ``message`` (the Python twin of what the C admission builds)."""
     return _new(
@@ -84,6 +90,7 @@ def new_record(
             connection,
             slot,
             message[6],
+            context,
         ),
     )
 

@@ -37,7 +37,8 @@
 #define R_CONNECTION 8
 #define R_FUTURE 9
 #define R_TIMESTAMP 10
-#define R_FIELDS 11
+#define R_CONTEXT 11
+#define R_FIELDS 12
 
 /* RecordBatch v2 header: base offset (8), length (4), leader epoch (4), magic (1), crc (4),
  * attributes (2), last offset delta (4), first and max timestamp (8 + 8), producer id (8),
@@ -448,6 +449,21 @@ static int dict_pop(PyObject *dict, PyObject *key) {
 #endif
 }
 
+/* The exception being raised, now cleared. New reference. */
+static PyObject *raised_exception(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) PyException_SetTraceback(value, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    return value;
+#endif
+}
+
 PyDoc_STRVAR(pop_run_doc,
 "pop_run(pending, records) -> (count, waiting)\n\n"
 "Remove each record from pending (a dict by sequence number) and count those that were there;\n"
@@ -486,6 +502,179 @@ static PyObject *pop_run(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return result;
 error:
     Py_XDECREF(waiting);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------ deliveries */
+
+PyDoc_STRVAR(SlotsMaker_doc,
+"SlotsMaker(cls, names)\n\n"
+"A constructor of cls, a class whose fields are plain object slots (an attrs frozen slots\n"
+"class): maker(*values) is an instance whose slot names[i] holds values[i], made without\n"
+"running cls.__init__ (no checks, no conversions: the caller passes what __init__ would\n"
+"store). Every name must be an object slot of cls; at most 8.");
+
+#define MAKER_MAX 8
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyTypeObject *cls;
+    Py_ssize_t count;
+    Py_ssize_t offsets[MAKER_MAX];
+} SlotsMaker;
+
+static PyObject *SlotsMaker_vectorcall(SlotsMaker *self, PyObject *const *args, size_t nargsf,
+                                       PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != self->count || kwnames != NULL) {
+        PyErr_Format(PyExc_TypeError, "%s maker takes %zd positional arguments",
+                     self->cls->tp_name, self->count);
+        return NULL;
+    }
+    PyObject *made = self->cls->tp_alloc(self->cls, 0);
+    if (made == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        *(PyObject **)((char *)made + self->offsets[i]) = Py_NewRef(args[i]);
+    return made;
+}
+
+static int SlotsMaker_init(SlotsMaker *self, PyObject *args, PyObject *kwargs) {
+    PyObject *cls, *names;
+    static char *keywords[] = {"cls", "names", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!:SlotsMaker", keywords, &PyType_Type,
+                                     &cls, &PyTuple_Type, &names))
+        return -1;
+    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    if (count > MAKER_MAX) {
+        PyErr_SetString(PyExc_ValueError, "SlotsMaker: at most 8 names");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *descr = PyObject_GetAttr(cls, PyTuple_GET_ITEM(names, i));
+        if (descr == NULL) return -1;
+        int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                   ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (slot) self->offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!slot) {
+            PyErr_Format(PyExc_TypeError, "SlotsMaker: %R is no object slot of %R",
+                         PyTuple_GET_ITEM(names, i), cls);
+            return -1;
+        }
+    }
+    Py_XSETREF(self->cls, (PyTypeObject *)Py_NewRef(cls));
+    self->count = count;
+    self->vectorcall = (vectorcallfunc)SlotsMaker_vectorcall;
+    return 0;
+}
+
+static void SlotsMaker_dealloc(SlotsMaker *self) {
+    Py_XDECREF(self->cls);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject SlotsMakerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.SlotsMaker",
+    .tp_basicsize = sizeof(SlotsMaker),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = SlotsMaker_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)SlotsMaker_init,
+    .tp_dealloc = (destructor)SlotsMaker_dealloc,
+    .tp_vectorcall_offset = offsetof(SlotsMaker, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
+PyDoc_STRVAR(tell_run_doc,
+"tell_run(pending, records, first_offset, stored_at, make_delivery, on_delivery, report)\n"
+"    -> count\n\n"
+"pop_run's settling with on_delivery (InFlightWindow.acked_run's loop): each record still in\n"
+"pending is removed and its make_delivery(topic, partition, offset, False, timestamp) told to\n"
+"on_delivery(delivery, record.context), then set as its future's result where it has one not\n"
+"done. Offsets run from first_offset by position (all None if it is None); timestamp is\n"
+"stored_at, else the record's CreateTime, in epoch seconds (None if neither). An Exception\n"
+"on_delivery raises goes to report(exc), and the run goes on. Returns how many were removed.");
+
+static PyObject *tell_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "tell_run(pending: dict, records: list, first_offset, "
+                                         "stored_at, make_delivery, on_delivery, report)");
+        return NULL;
+    }
+    PyObject *pending = args[0], *records = args[1], *make = args[4], *tell = args[5];
+    long long first = 0;
+    int offsets = args[2] != Py_None;
+    if (offsets && (first = PyLong_AsLongLong(args[2])) == -1 && PyErr_Occurred()) return NULL;
+    PyObject *stored = NULL; /* stored_at in seconds, the same for the whole run */
+    if (args[3] != Py_None) {
+        double ms = PyFloat_AsDouble(args[3]);
+        if (ms == -1.0 && PyErr_Occurred()) return NULL;
+        if ((stored = PyFloat_FromDouble(ms / 1000.0)) == NULL) return NULL;
+    }
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_CONTEXT) {
+            PyErr_SetString(PyExc_TypeError, "tell_run: a record is not a producerkit Record");
+            goto error;
+        }
+        int found = dict_pop(pending, PyTuple_GET_ITEM(record, R_SEQ));
+        if (found < 0) goto error;
+        if (!found) continue; /* already failed (timed out) or reported twice */
+        count++;
+        PyObject *offset = offsets ? PyLong_FromLongLong(first + i) : Py_NewRef(Py_None);
+        PyObject *stamp = PyTuple_GET_ITEM(record, R_TIMESTAMP);
+        if (stored != NULL) {
+            stamp = Py_NewRef(stored);
+        } else if (stamp != Py_None) {
+            double ms = PyLong_AsDouble(stamp);
+            stamp = ms == -1.0 && PyErr_Occurred() ? NULL : PyFloat_FromDouble(ms / 1000.0);
+        } else {
+            stamp = Py_NewRef(Py_None);
+        }
+        PyObject *delivery = NULL;
+        if (offset != NULL && stamp != NULL) {
+            PyObject *fields[5] = {PyTuple_GET_ITEM(record, R_TOPIC),
+                                   PyTuple_GET_ITEM(record, R_PARTITION), offset, Py_False, stamp};
+            delivery = PyObject_Vectorcall(make, fields, 5, NULL);
+        }
+        Py_XDECREF(offset);
+        Py_XDECREF(stamp);
+        if (delivery == NULL) goto error;
+        PyObject *told_args[2] = {delivery, PyTuple_GET_ITEM(record, R_CONTEXT)};
+        PyObject *told = PyObject_Vectorcall(tell, told_args, 2, NULL);
+        if (told == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto error_delivery;
+            PyObject *exc = raised_exception();
+            told = PyObject_CallOneArg(args[6], exc);
+            Py_DECREF(exc);
+            if (told == NULL) goto error_delivery;
+        }
+        Py_DECREF(told);
+        PyObject *future = PyTuple_GET_ITEM(record, R_FUTURE);
+        if (future != Py_None) {
+            PyObject *done = PyObject_CallMethod(future, "done", NULL);
+            if (done == NULL) goto error_delivery;
+            int is_done = PyObject_IsTrue(done);
+            Py_DECREF(done);
+            if (is_done < 0) goto error_delivery;
+            if (!is_done) {
+                PyObject *set = PyObject_CallMethod(future, "set_result", "O", delivery);
+                if (set == NULL) goto error_delivery;
+                Py_DECREF(set);
+            }
+        }
+        Py_DECREF(delivery);
+        continue;
+    error_delivery:
+        Py_DECREF(delivery);
+        goto error;
+    }
+    Py_XDECREF(stored);
+    return PyLong_FromSsize_t(count);
+error:
+    Py_XDECREF(stored);
     return NULL;
 }
 
@@ -690,6 +879,7 @@ static PyMemberDef Record_members[] = {
     {"connection", T_OBJECT, ITEM_OFFSET(R_CONNECTION), READONLY, "the connection's index"},
     {"slot", T_OBJECT, ITEM_OFFSET(R_FUTURE), READONLY, "what tells its outcome, or None"},
     {"timestamp", T_OBJECT, ITEM_OFFSET(R_TIMESTAMP), READONLY, "CreateTime in ms, or None"},
+    {"context", T_OBJECT, ITEM_OFFSET(R_CONTEXT), READONLY, "what on_delivery is told with it"},
     {NULL},
 };
 
@@ -738,7 +928,7 @@ static PyObject *new_record(void) {
 
 PyDoc_STRVAR(WindowCore_doc,
 "WindowCore(limit, timeout, watch, untrack=False)\n\n"
-"The C twin of producerkit._window.PyWindowCore: the ledger every message reads (pending,\n"
+"The C twin of producerkit._window_core.PyWindowCore: the ledger every message reads (pending,\n"
 "limit, peak_in_flight, timeout, handed, taken) and admit().");
 
 typedef struct {
@@ -828,7 +1018,7 @@ static double monotonic(void) {
  * window is full; NULL with an exception set. fields: a message's, in Message order; partition
  * replaces its partition. */
 static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *partition,
-                       Py_ssize_t connection, PyObject *slot) {
+                       Py_ssize_t connection, PyObject *slot, PyObject *context) {
     Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
     if (in_flight + self->handed - self->taken >= self->limit) return Py_NewRef(Py_None);
     PyObject *seq = PyIter_Next(self->seqs);
@@ -855,6 +1045,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
     PyTuple_SET_ITEM(record, R_CONNECTION, index);
     PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(slot));
     PyTuple_SET_ITEM(record, R_TIMESTAMP, Py_NewRef(fields[M_TIMESTAMP]));
+    PyTuple_SET_ITEM(record, R_CONTEXT, Py_NewRef(context));
     PyObject_GC_Track(record);
     if (self->untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
 
@@ -876,19 +1067,22 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
 }
 
 static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != M_FIELDS) {
-        PyErr_SetString(PyExc_TypeError,
-                        "admit(message: Message, partition, connection, slot) -> Record | None");
+    if ((nargs != 4 && nargs != 5) || !PyTuple_Check(args[0]) ||
+        PyTuple_GET_SIZE(args[0]) != M_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "admit(message: Message, partition, connection, slot, "
+                                         "context=None) -> Record | None");
         return NULL;
     }
     Py_ssize_t connection = PyLong_AsSsize_t(args[2]);
     if (connection == -1 && PyErr_Occurred()) return NULL;
-    return admit(self, &PyTuple_GET_ITEM(args[0], 0), args[1], connection, args[3]);
+    return admit(self, &PyTuple_GET_ITEM(args[0], 0), args[1], connection, args[3],
+                 nargs == 5 ? args[4] : Py_None);
 }
 
 static PyMethodDef WindowCore_methods[] = {
     {"admit", (PyCFunction)(void (*)(void))WindowCore_admit, METH_FASTCALL,
-     "admit(message, partition, connection, slot) -> Record, or None if the window is full"},
+     "admit(message, partition, connection, slot, context=None) -> Record, or None if the "
+     "window is full"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -921,14 +1115,16 @@ static PyTypeObject WindowCoreType = {
 /* ------------------------------------------------------------------------------ produce */
 
 PyDoc_STRVAR(Admission_doc,
-"Admission(router, window, sends, send_failed, topics, default_topic, max_payload)\n\n"
+"Admission(router, window, sends, send_failed, topics, default_topic, max_payload,\n"
+"          takes_context=False)\n\n"
 "Producer.produce's fast path for a plain nonblocking message, fused in one call: the checks of\n"
 "MessageRules.message for such a message, then Producer._submit's route, admit and send, with\n"
 "the same C Router.route and WindowCore.admit. The producer builds it only where nothing of the\n"
-"rest applies (no rate limit, byte bound, on_delivery or serializers).\n\n"
+"rest applies (no rate limit, byte bound or trace context; serializers run before it).\n\n"
 "admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) declines\n"
 "(returns DECLINED, having done nothing) every message but one with: bytes value, bytes or None\n"
-"key, no partition, headers, msg_id, context, expectation or timestamp, a topic whose partition\n"
+"key, no partition, headers, msg_id, expectation or timestamp, no context unless takes_context\n"
+"(then the record carries it, for on_delivery), a topic whose partition\n"
 "count is known (in topics), a size within max_payload, and room in the window. That is its\n"
 "whole decline rule; Producer.produce takes every declined message through the Python path.\n"
 "A taken message is routed, admitted and passed to sends[connection](record); a send raising\n"
@@ -948,6 +1144,10 @@ typedef struct {
     PyObject *topics;        /* dict: validated topic -> partition count (None: unpartitioned) */
     PyObject *default_topic; /* str or None */
     Py_ssize_t max_payload;
+    int takes_context;          /* the producer has on_delivery: a message may carry a context */
+    int stamps;                 /* fix each record's CreateTime (epoch ms) as it is admitted */
+    PyObject *value_serializer; /* value_serializer(value) -> bytes, or NULL */
+    PyObject *trace_headers;    /* trace_headers() -> header pairs or None, or NULL */
 } Admission;
 
 static PyObject *DECLINED;
@@ -959,6 +1159,8 @@ static int Admission_traverse(Admission *self, visitproc visit, void *arg) {
     Py_VISIT(self->send_failed);
     Py_VISIT(self->topics);
     Py_VISIT(self->default_topic);
+    Py_VISIT(self->value_serializer);
+    Py_VISIT(self->trace_headers);
     return 0;
 }
 
@@ -969,6 +1171,8 @@ static int Admission_clear(Admission *self) {
     Py_CLEAR(self->send_failed);
     Py_CLEAR(self->topics);
     Py_CLEAR(self->default_topic);
+    Py_CLEAR(self->value_serializer);
+    Py_CLEAR(self->trace_headers);
     return 0;
 }
 
@@ -981,12 +1185,16 @@ static void Admission_dealloc(Admission *self) {
 static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
     PyObject *router, *window, *sends, *send_failed, *topics, *default_topic;
     Py_ssize_t max_payload;
-    static char *names[] = {"router", "window",        "sends",       "send_failed",
-                            "topics", "default_topic", "max_payload", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!OO!On:Admission", names, &RouterType,
-                                     &router, &WindowCoreType, &window, &PyTuple_Type, &sends,
-                                     &send_failed, &PyDict_Type, &topics, &default_topic,
-                                     &max_payload))
+    int takes_context = 0, stamps = 0;
+    PyObject *value_serializer = Py_None, *trace_headers = Py_None;
+    static char *names[] = {"router",        "window",        "sends",       "send_failed",
+                            "topics",        "default_topic", "max_payload", "takes_context",
+                            "stamps",        "value_serializer", "trace_headers", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!OO!On|$ppOO:Admission", names,
+                                     &RouterType, &router, &WindowCoreType, &window, &PyTuple_Type,
+                                     &sends, &send_failed, &PyDict_Type, &topics, &default_topic,
+                                     &max_payload, &takes_context, &stamps, &value_serializer,
+                                     &trace_headers))
         return -1;
     if (PyTuple_GET_SIZE(sends) != ((Router *)router)->connections) {
         PyErr_SetString(PyExc_ValueError, "Admission: one send per connection");
@@ -1000,23 +1208,13 @@ static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
     self->topics = Py_NewRef(topics);
     self->default_topic = Py_NewRef(default_topic);
     self->max_payload = max_payload;
+    self->takes_context = takes_context;
+    self->stamps = stamps;
+    self->value_serializer = value_serializer == Py_None ? NULL : Py_NewRef(value_serializer);
+    self->trace_headers = trace_headers == Py_None ? NULL : Py_NewRef(trace_headers);
     return 0;
 }
 
-/* The exception being raised, now cleared. New reference. */
-static PyObject *raised_exception(void) {
-#if PY_VERSION_HEX >= 0x030C0000
-    return PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != NULL) PyException_SetTraceback(value, traceback);
-    Py_XDECREF(type);
-    Py_XDECREF(traceback);
-    return value;
-#endif
-}
 
 static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9) {
@@ -1024,11 +1222,10 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
                                          "context, expect, timestamp) takes 9 arguments");
         return NULL;
     }
-    PyObject *value = args[0], *key = args[1], *topic = args[2];
+    PyObject *key = args[1], *topic = args[2], *context = args[6];
     for (int i = 3; i < 9; i++)
-        if (args[i] != Py_None) return Py_NewRef(DECLINED);
-    if (!PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key)))
-        return Py_NewRef(DECLINED);
+        if (args[i] != Py_None && !(i == 6 && self->takes_context)) return Py_NewRef(DECLINED);
+    if (key != Py_None && !PyBytes_CheckExact(key)) return Py_NewRef(DECLINED);
     if (topic == Py_None) topic = self->default_topic;
     if (!PyUnicode_CheckExact(topic)) return Py_NewRef(DECLINED);
     PyObject *n_obj = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
@@ -1036,19 +1233,51 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
         if (PyErr_Occurred()) return NULL;
         return Py_NewRef(DECLINED); /* first message to it: the Python path learns its count */
     }
-    Py_ssize_t size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
     WindowCore *window = self->window;
-    if (size > self->max_payload ||
-        PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
+    if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
         return Py_NewRef(DECLINED);
+    /* Owned from here: the value (serialized), the headers (the trace context's), the stamp. */
+    PyObject *value = Py_NewRef(args[0]), *headers = Py_NewRef(Py_None), *stamp = Py_None;
+    PyObject *outcome = Py_NewRef(DECLINED), *record = NULL;
+    Py_INCREF(stamp);
+    if (self->value_serializer != NULL && value != Py_None) {
+        /* One that raises declines: the Python path calls it again and reports what it raised. */
+        Py_SETREF(value, PyObject_CallOneArg(self->value_serializer, value));
+        if (value == NULL) goto decline;
+    }
+    if (!PyBytes_CheckExact(value)) goto done;
+    Py_ssize_t size = PyBytes_GET_SIZE(value) + (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
+    if (self->trace_headers != NULL) {
+        Py_SETREF(headers, PyObject_CallNoArgs(self->trace_headers));
+        if (headers == NULL) goto decline;
+        if (headers != Py_None) {
+            if (!PyTuple_CheckExact(headers)) goto done;
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(headers); i++) {
+                PyObject *pair = PyTuple_GET_ITEM(headers, i);
+                if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                    !PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 0)) ||
+                    !PyBytes_CheckExact(PyTuple_GET_ITEM(pair, 1)))
+                    goto done;
+                size += PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(pair, 0)) +
+                        PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1));
+            }
+        }
+    }
+    if (size > self->max_payload) goto done;
+    if (self->stamps) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        Py_SETREF(stamp, PyLong_FromLongLong((long long)now.tv_sec * 1000 + now.tv_nsec / 1000000));
+        if (stamp == NULL) goto error;
+    }
     PyObject *partition;
     Py_ssize_t connection;
-    if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) return NULL;
-    PyObject *fields[M_FIELDS] = {value, key, topic, Py_None, Py_None, Py_None, Py_None};
-    PyObject *record = admit(window, fields, partition, connection, Py_None);
+    if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) goto error;
+    PyObject *fields[M_FIELDS] = {value, key, topic, Py_None, headers, Py_None, stamp};
+    record = admit(window, fields, partition, connection, Py_None, context);
     Py_DECREF(partition);
-    if (record == NULL) return NULL;
-    PyObject *outcome = NULL;
+    if (record == NULL) goto error;
+    Py_CLEAR(outcome);
     PyObject *handed_off =
         PyObject_Vectorcall(PyTuple_GET_ITEM(self->sends, connection), &record, 1, NULL);
     if (handed_off == NULL) {
@@ -1064,7 +1293,18 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
         outcome = PyTuple_Pack(2, record, handed_off);
         Py_DECREF(handed_off);
     }
-    Py_DECREF(record);
+    goto done;
+decline:
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) goto error; /* KeyboardInterrupt and kin */
+    PyErr_Clear();
+    goto done;
+error:
+    Py_CLEAR(outcome);
+done:
+    Py_XDECREF(record);
+    Py_XDECREF(value);
+    Py_XDECREF(headers);
+    Py_XDECREF(stamp);
     return outcome;
 }
 
@@ -1128,7 +1368,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
             goto error;
         PyObject *fields[M_FIELDS] = {PyList_GET_ITEM(values, i), key,    topic,  Py_None,
                                       Py_None,                   Py_None, Py_None};
-        PyObject *record = admit(window, fields, partition, connection, Py_None);
+        PyObject *record = admit(window, fields, partition, connection, Py_None, Py_None);
         Py_DECREF(partition);
         if (record == NULL) goto error;
         int appended = PyList_Append(PyList_GET_ITEM(by_connection, connection), record);
@@ -1188,6 +1428,7 @@ static PyMethodDef methods[] = {
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
     {"untracked", untracked, METH_O, untracked_doc},
     {"pop_run", (PyCFunction)(void (*)(void))pop_run, METH_FASTCALL, pop_run_doc},
+    {"tell_run", (PyCFunction)(void (*)(void))tell_run, METH_FASTCALL, tell_run_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1203,7 +1444,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_sse42;
 #endif
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&RouterType) < 0 ||
-        PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0)
+        PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
+        PyType_Ready(&SlotsMakerType) < 0)
         return NULL;
     if (DECLINED == NULL) {
         DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
@@ -1225,6 +1467,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddIntConstant(module, "RECORD_CONNECTION", R_CONNECTION) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_FUTURE", R_FUTURE) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_TIMESTAMP", R_TIMESTAMP) < 0 ||
+        PyModule_AddIntConstant(module, "RECORD_CONTEXT", R_CONTEXT) < 0 ||
         PyModule_AddIntConstant(module, "MESSAGE_VALUE", M_VALUE) < 0 ||
         PyModule_AddIntConstant(module, "MESSAGE_KEY", M_KEY) < 0 ||
         PyModule_AddIntConstant(module, "MESSAGE_TOPIC", M_TOPIC) < 0 ||
@@ -1236,7 +1479,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(module, "Record", (PyObject *)&RecordType) < 0 ||
         PyModule_AddObjectRef(module, "Router", (PyObject *)&RouterType) < 0 ||
         PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||
-        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0) {
+        PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
+        PyModule_AddObjectRef(module, "SlotsMaker", (PyObject *)&SlotsMakerType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

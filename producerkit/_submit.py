@@ -74,10 +74,10 @@ class Submitter:
     def fused_path(self, rules: MessageRules, *, takes_all: bool) -> Any:
         """``produce()``'s fused C path (``_speedups.Admission``): :meth:`submit` with the
         checks of ``rules`` for a plain message, in one call; None where it was not built, or
-        where messages need what it does not do (``takes_all`` false: a rate limit, a byte
-        bound or on_delivery; or serializers, trace context). Its decline rule for each
-        message is in its docstring. Call once the connections are known."""
-        if _Admission is None or not takes_all or rules.transforms:
+        where messages need what it does not do (``takes_all`` false: a rate limit or a byte
+        bound; or serializers, trace context). Its decline rule for each message is in its
+        docstring. Call once the connections are known."""
+        if _Admission is None or not takes_all or rules.key_serializer is not None:
             return None
         return _Admission(
             self._router,
@@ -87,33 +87,39 @@ class Submitter:
             self._topics.counts,
             rules.default_topic,
             rules.max_payload,
+            takes_context=rules.takes_context,
+            stamps=rules.takes_context and rules.stores_timestamps,
+            value_serializer=rules.value_serializer,
+            trace_headers=rules.trace_headers,
         )
 
     def submit(
-        self, message: Message, slot: Slot, reserved: bool = False
+        self, message: Message, slot: Slot, context: Any = None, reserved: bool = False
     ) -> Awaitable[None] | None:
         """Route, wait for the rate limit and for room, admit, send. Returns None when the
         message is handed off, else an awaitable that hands it off (it had to wait). Raises (or
-        the awaitable raises) only before admission. ``reserved``: handed over by another
-        thread, with its room held (see ``InFlightWindow.reserve``)."""
+        the awaitable raises) only before admission. ``slot``: a blocking caller's future (or
+        None); ``context``: what ``on_delivery`` is told with the outcome; ``reserved``: handed
+        over by another thread, with its room held (see ``InFlightWindow.reserve``)."""
         topic = message.topic
         count = self._topics.counts.get(topic, UNKNOWN)
         if count == UNKNOWN:
-            return self._submit_later(message, slot, reserved, None)
+            return self._submit_later(message, slot, context, reserved, None)
         if message.partition is not None:
             check_partition(message.partition, count, topic)
         route = self._router.route(topic, message.key, message.partition, count)
         if self._rate is not None and not self._rate.try_acquire(payload_size(message)):
-            return self._submit_later(message, slot, reserved, route, True)
-        record = self._window.admit(message, route[0], route[1], slot, reserved)
+            return self._submit_later(message, slot, context, reserved, route, True)
+        record = self._window.admit(message, route[0], route[1], slot, context, reserved)
         if record is None:
-            return self._submit_later(message, slot, reserved, route)
+            return self._submit_later(message, slot, context, reserved, route)
         return self.send(record)
 
     async def _submit_later(
         self,
         message: Message,
         slot: Slot,
+        context: Any,
         reserved: bool,
         route: tuple[int | None, int] | None,
         wait_for_rate: bool = False,
@@ -122,11 +128,11 @@ class Submitter:
         count, its turn under the rate limit, or room in the window. A handed-over message
         (``reserved``) that cannot be admitted fails here, counted, and nothing is raised."""
         try:
-            record = await self.admitted(message, slot, reserved, route, wait_for_rate)
+            record = await self.admitted(message, slot, context, reserved, route, wait_for_rate)
         except BaseException as exc:
             if not reserved:
                 raise
-            self._window.fail_unadmitted(message, slot, _closed_if_cancelled(exc))
+            self._window.fail_unadmitted(message, slot, context, _closed_if_cancelled(exc))
             if not isinstance(exc, Exception):
                 raise
             return
@@ -138,6 +144,7 @@ class Submitter:
         self,
         message: Message,
         slot: Slot,
+        context: Any = None,
         reserved: bool = False,
         route: tuple[int | None, int] | None = None,
         wait_for_rate: bool = False,
@@ -160,7 +167,9 @@ class Submitter:
             assert rate is not None
             await rate.wait_for_turn(payload_size(message))
             self._check_open(reserved)
-        while (record := window.admit(message, route[0], route[1], slot, reserved)) is None:
+        while (
+            record := window.admit(message, route[0], route[1], slot, context, reserved)
+        ) is None:
             await window.wait_for_room(payload_size(message))
             self._check_open(reserved)
         return record
@@ -170,7 +179,6 @@ class Submitter:
         columns: Columns,
         topic: str | None,
         rules: MessageRules,
-        slot_of: Callable[[Any, Any], Slot],
         fused: Any,
     ) -> None:
         """Every message of ``columns``, in order, as :meth:`submit` would each. A plain chunk
@@ -202,7 +210,7 @@ class Submitter:
         messages = [message_at(rules, columns, topic, i) for i in range(start, columns.size)]
         for index, message in enumerate(messages, start):
             context = None if columns.contexts is None else columns.contexts[index]
-            waiting = self.submit(message, slot_of(None, context))
+            waiting = self.submit(message, None, context)
             if waiting is not None:
                 await waiting
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -185,46 +183,6 @@ class Outcome:
 
 
 DeliveryCallback = Callable[["Delivery | Failure", Any], object]
-
-
-class DeliveryNotice:
-    """What stands in a record's future slot when the producer has an ``on_delivery`` callback:
-    the window settles the record through it exactly once, and it tells the callback (with the
-    message's context) and, for a blocking produce, the caller's future."""
-
-    __slots__ = ("callback", "context", "waiter")
-
-    def __init__(
-        self,
-        callback: DeliveryCallback,
-        context: Any,
-        waiter: asyncio.Future[Delivery] | concurrent.futures.Future[Delivery] | None,
-    ) -> None:
-        self.callback = callback
-        self.context = context
-        self.waiter = waiter
-
-    def done(self) -> bool:
-        return False  # the window settles a record once: nothing can have settled it before
-
-    def set_result(self, delivery: Delivery) -> None:
-        self._tell(delivery)
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(delivery)
-
-    def tell_failure(self, failure: Failure) -> None:
-        """The message failed: tell the callback, and a blocking caller (raising its error)."""
-        self._tell(failure)
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(failure.exception)
-
-    def _tell(self, result: Delivery | Failure) -> None:
-        try:
-            self.callback(result, self.context)
-        except Exception:
-            logger.exception("on_delivery callback raised")
 
 
 def failure_of(record: Record, exception: BaseException, possibly_stored: bool = True) -> Failure:

@@ -16,7 +16,7 @@ until exactly one of :meth:`InFlightWindow.acked` / :meth:`InFlightWindow.failed
 single ledger gives ``produced == acked + failed + in_flight`` at every moment, per-message
 deadlines with one timer for the whole window (no task or timer per message), and the list of what
 is left at close. The core is :class:`PyWindowCore`, or its C twin ``_speedups.WindowCore`` where
-it was built (the differential tests compare them).
+it was built (``producerkit._window_core``; the differential tests compare them).
 
 Messages another thread hands to the producer (``producerkit._handoff``) count as in flight from
 the moment they are handed: :meth:`InFlightWindow.reserve` takes their room in the calling
@@ -26,25 +26,24 @@ thread, and the loop admits them into that room.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from producerkit._fast import speedups
 from producerkit._logging import FailureLog
-from producerkit._record import Message, Record, Slot, new_record
+from producerkit._record import Message, Record, Slot
 from producerkit._types import (
     ConnectionStats,
     Delivery,
-    DeliveryNotice,
+    DeliveryCallback,
     Failure,
     Outcome,
     Stats,
     failure_of,
 )
+from producerkit._window_core import WindowCore, delivery_of, new_delivery, pop_run, tell_run
 from producerkit.errors import ProduceError, ProduceTimeout, Purged
 
 logger = logging.getLogger("producerkit.producer")
@@ -52,68 +51,9 @@ logger = logging.getLogger("producerkit.producer")
 ErrorCallback = Callable[[Failure], object]
 OutcomeCallback = Callable[[Outcome], object]
 
-
-class PyWindowCore:
-    """The window's ledger and :meth:`admit`: the Python twin of ``_speedups.WindowCore`` (same
-    constructor, fields and ``admit``)."""
-
-    __slots__ = (
-        "_seqs",
-        "_watch",
-        "handed",
-        "limit",
-        "peak_in_flight",
-        "pending",
-        "taken",
-        "timeout",
-        "untrack",
-    )
-
-    def __init__(
-        self,
-        limit: int,
-        timeout: float,
-        watch: Callable[[Record], object],
-        untrack: bool = False,
-    ) -> None:
-        self.limit = limit
-        self.timeout = timeout
-        self.untrack = untrack  # the C twin stops the GC tracking records: see _fast.untracked
-        self.pending: dict[int, Record] = {}
-        self.peak_in_flight = 0
-        #: Messages handed over by other threads, and those of them admitted (see reserve()).
-        self.handed = 0
-        self.taken = 0
-        self._watch = watch  # called with the first record into an empty window
-        self._seqs = itertools.count(1)
-
-    def admit(
-        self, message: Message, partition: int | None, connection: int, slot: Slot
-    ) -> Record | None:
-        """Put ``message`` in flight as a record routed to ``partition`` on ``connection``: in
-        ``pending``, counted in the peak, its deadline watched if the window was empty. From
-        here on it must end acked or failed. None (and nothing done) if the window is full."""
-        pending = self.pending
-        in_flight = len(pending)
-        if in_flight + self.handed - self.taken >= self.limit:
-            return None
-        seq = next(self._seqs)
-        record = new_record(
-            seq, message, partition, time.monotonic() + self.timeout, connection, slot
-        )
-        pending[seq] = record
-        if in_flight >= self.peak_in_flight:
-            self.peak_in_flight = in_flight + 1
-        if not in_flight:
-            self._watch(record)
-        return record
-
-
-#: The core this installation runs: the C twin where it was built.
-WindowCore: Any = speedups.WindowCore if speedups is not None else PyWindowCore
-
-#: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
-_pop_run: Any = speedups.pop_run if speedups is not None else None
+#: The most Failures kept between two ``flush()`` calls; beyond them only counts are kept (a
+#: long outage must not grow memory without bound: each holds its message and its exception).
+KEPT_FAILURES = 10_000
 
 
 class InFlightWindow:
@@ -123,9 +63,11 @@ class InFlightWindow:
         "_empty_waiters",
         "_failure_log",
         "_loop",
+        "_on_delivery",
         "_on_error",
         "_on_outcome",
         "_per_connection",
+        "_purging",
         "_room_waiters",
         "_unwritten",
         "_waiting",
@@ -138,6 +80,7 @@ class InFlightWindow:
         "low_water",
         "pending",
         "timer",
+        "unkept",
         "wait_seconds",
         "waits",
     )
@@ -153,6 +96,7 @@ class InFlightWindow:
         untrack: bool = False,
         resume_at: float = 0.5,
         unwritten: Callable[[list[Record]], set[int]] = lambda records: set(),
+        on_delivery: DeliveryCallback | None = None,
     ) -> None:
         self.core = WindowCore(limit, timeout, self.watch, untrack)
         #: ``unwritten(records)``: the seqs of those their connections still hold unwritten
@@ -170,8 +114,13 @@ class InFlightWindow:
         self.connection_acked = [0] * connections
         self.connection_failed = [0] * connections
         self.failures: list[Failure] = []
+        #: Failures beyond KEPT_FAILURES since the last take_failures: a count per error type.
+        self.unkept: dict[str, int] = {}
+        self._purging = False  # purge returns its failures: they are not kept
         self._on_error = on_error
         self._on_outcome = on_outcome
+        #: ``on_delivery(Delivery | Failure, record.context)`` for every record settled.
+        self._on_delivery = on_delivery
         self._failure_log = FailureLog(logger)
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
@@ -208,6 +157,7 @@ class InFlightWindow:
         partition: int | None,
         connection: int,
         slot: Slot,
+        context: Any = None,
         reserved: bool = False,
     ) -> Record | None:
         """The core's admit (see :meth:`PyWindowCore.admit`): the record, or None if full.
@@ -215,9 +165,9 @@ class InFlightWindow:
         (see :meth:`reserve`), which it gives up as it is admitted."""
         core = self.core
         if not reserved:
-            return core.admit(message, partition, connection, slot)  # type: ignore[no-any-return]
+            return core.admit(message, partition, connection, slot, context)  # type: ignore[no-any-return]
         core.taken += 1
-        record: Record | None = core.admit(message, partition, connection, slot)
+        record: Record | None = core.admit(message, partition, connection, slot, context)
         if record is None:
             core.taken -= 1  # still its room, until it is admitted
         return record
@@ -281,7 +231,23 @@ class InFlightWindow:
         if self._waiting:
             self._wake(len(pending))
         slot = record.slot
-        if slot is not None and not slot.done():
+        on_delivery = self._on_delivery
+        if on_delivery is not None:  # delivery_of and _tell, inlined: this runs per message
+            stamp = record.timestamp
+            delivery = new_delivery(
+                record.topic,
+                record.partition,
+                offset,
+                duplicate,
+                None if stamp is None else stamp / 1000,
+            )
+            try:
+                on_delivery(delivery, record.context)
+            except Exception as exc:
+                self._report_raised(exc)
+            if slot is not None and not slot.done():
+                slot.set_result(delivery)
+        elif slot is not None and not slot.done():
             slot.set_result(delivery_of(record, offset, duplicate))
         if observe and self._on_outcome is not None:
             self._observe((record,), None)
@@ -293,8 +259,10 @@ class InFlightWindow:
         on one connection): :meth:`acked` for each, with the counting and waking done once.
         ``stored_at``: the broker's LogAppendTime (epoch ms) where the topic keeps one."""
         observed = self._settling(records) if self._on_outcome is not None else None
-        if _pop_run is not None:
-            count, waiting = _pop_run(self.pending, records)
+        if self._on_delivery is not None:
+            count = self._pop_telling(records, first_offset, stored_at)
+        elif pop_run is not None:
+            count, waiting = pop_run(self.pending, records)
             for position in waiting or ():  # blocking produces in this run: each its offset
                 record = records[position]
                 slot = record.slot
@@ -321,6 +289,52 @@ class InFlightWindow:
                 self._wake(len(self.pending))
         if observed:
             self._observe(observed, None)
+
+    def _pop_telling(
+        self, records: list[Record], first_offset: int | None, stored_at: int | None
+    ) -> int:
+        """acked_run's settling with ``on_delivery``: each record still pending is popped, and
+        its Delivery told to the callback (and to its waiter). Returns how many were."""
+        if tell_run is not None:
+            return int(
+                tell_run(
+                    self.pending, records, first_offset, stored_at, new_delivery,
+                    self._on_delivery, self._report_raised,
+                )
+            )  # fmt: skip
+        pop = self.pending.pop
+        tell = self._tell
+        count = 0
+        offset = first_offset
+        for record in records:
+            if pop(record.seq, None) is not None:
+                count += 1
+                stamp = stored_at if stored_at is not None else record.timestamp
+                delivery = new_delivery(
+                    record.topic,
+                    record.partition,
+                    offset,
+                    False,
+                    None if stamp is None else stamp / 1000,
+                )
+                tell(delivery, record.context)
+                slot = record.slot
+                if slot is not None and not slot.done():
+                    slot.set_result(delivery)
+            if offset is not None:
+                offset += 1
+        return count
+
+    def _tell(self, result: Delivery | Failure, context: Any) -> None:
+        """Tell ``on_delivery`` of one outcome; what it raises is logged, never propagated."""
+        try:
+            self._on_delivery(result, context)  # type: ignore[misc]
+        except Exception as exc:
+            self._report_raised(exc)
+
+    @staticmethod
+    def _report_raised(exc: Exception) -> None:
+        logger.error("on_delivery callback raised", exc_info=exc)
 
     def acked_each(self, records: list[Record], offsets: list[int | None]) -> None:
         """Ack records that settled together (one read of JetStream PubAcks), each at its own
@@ -372,19 +386,21 @@ class InFlightWindow:
             self._wake(len(pending))
         if self._on_outcome is not None:
             self._observe((record,), exc, possibly_stored)
-        slot = record.slot
         failure = None
-        if slot is not None and not slot.done():
-            if not isinstance(slot, DeliveryNotice):
-                slot.set_exception(exc)
-                return  # the caller awaiting it is told; a blocking produce is not reported twice
+        if self._on_delivery is not None:
             failure = failure_of(record, exc, possibly_stored)
-            slot.tell_failure(failure)
-            if slot.waiter is not None:
-                return  # a blocking produce: its caller is told, as above
+            self._tell(failure, record.context)
+        slot = record.slot
+        if slot is not None and not slot.done():
+            slot.set_exception(exc)
+            return  # the caller awaiting it is told; a blocking produce is not reported twice
         if failure is None:
             failure = failure_of(record, exc, possibly_stored)
-        self.failures.append(failure)
+        if len(self.failures) < KEPT_FAILURES:
+            self.failures.append(failure)
+        elif not self._purging:
+            name = type(exc).__name__
+            self.unkept[name] = self.unkept.get(name, 0) + 1
         self._failure_log.add(failure)
         if self._on_error is not None:
             try:
@@ -392,14 +408,16 @@ class InFlightWindow:
             except Exception:
                 logger.exception("on_error callback raised; the failure is still in flush()")
 
-    def fail_unadmitted(self, message: Message, slot: Slot, exc: BaseException) -> None:
+    def fail_unadmitted(
+        self, message: Message, slot: Slot, context: Any, exc: BaseException
+    ) -> None:
         """A message handed over (counted in flight since :meth:`reserve`) that cannot be
         admitted: it fails, counted and reported like any other failure."""
         core = self.core
         core.taken += 1  # the room it held is now its record's
         core.limit += 1  # ... even where other produces have filled the window since
         try:
-            record = core.admit(message, message.partition, 0, slot)
+            record = core.admit(message, message.partition, 0, slot, context)
         finally:
             core.limit -= 1
         self.failed(record, exc, possibly_stored=False)
@@ -449,17 +467,21 @@ class InFlightWindow:
         purging = unsent + (list(self.pending.values()) if in_flight else [])
         reported_before = len(self.failures)
         purged: list[Failure] = []
-        for record in purging:
-            if record.seq not in self.pending:
-                continue  # settled already, or listed twice
-            unsent_one = record.seq in unsent_numbers
-            error = Purged(
-                "purged before it was sent"
-                if unsent_one
-                else "purged while waiting for its ack; it may still have been stored"
-            )
-            self.failed(record, error, not unsent_one)
-            purged.append(failure_of(record, error, not unsent_one))
+        self._purging = True
+        try:
+            for record in purging:
+                if record.seq not in self.pending:
+                    continue  # settled already, or listed twice
+                unsent_one = record.seq in unsent_numbers
+                error = Purged(
+                    "purged before it was sent"
+                    if unsent_one
+                    else "purged while waiting for its ack; it may still have been stored"
+                )
+                self.failed(record, error, not unsent_one)
+                purged.append(failure_of(record, error, not unsent_one))
+        finally:
+            self._purging = False
         del self.failures[reported_before:]
         return purged
 
@@ -469,7 +491,8 @@ class InFlightWindow:
         if not self.failures:
             return None
         failures, self.failures = self.failures, []
-        return ProduceError(failures)
+        unkept, self.unkept = self.unkept, {}
+        return ProduceError(failures, unkept=unkept)
 
     def stats(self, connections: int, rate_waits: int, rate_wait_seconds: float) -> Stats:
         """A snapshot of the counters (see :class:`~producerkit.Stats`)."""
@@ -544,19 +567,3 @@ class InFlightWindow:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-
-
-def delivery_of(
-    record: Record, offset: int | None, duplicate: bool = False, stored_at: int | None = None
-) -> Delivery:
-    """The Delivery of a record stored at ``offset``: its timestamp is the broker's
-    LogAppendTime (``stored_at``, epoch ms) where it gave one, else the CreateTime the producer
-    fixed for the record, else None."""
-    stamp = stored_at if stored_at is not None else record.timestamp
-    return Delivery(
-        record.topic,
-        record.partition,
-        offset,
-        duplicate,
-        None if stamp is None else stamp / 1000,
-    )

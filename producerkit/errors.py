@@ -35,7 +35,7 @@ original as ``__cause__``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -196,20 +196,34 @@ class LoopThreadError(ProducerError, RuntimeError):
 
 
 class ProduceError(ProducerError):
-    """Some messages failed; :attr:`failures` holds each with its exception, ready to retry."""
+    """Some messages failed; :attr:`failures` holds each with its exception, ready to retry.
 
-    def __init__(self, failures: Sequence[Failure], message: str | None = None) -> None:
+    A producer keeps the first 10,000 Failures between two ``flush()`` calls; the rest are
+    counted (``unkept``: how many of each error type), so an outage cannot grow its memory
+    without bound. ``count`` is how many failed in all. Every failure is told to
+    ``on_error`` / ``on_delivery`` and written to the ``spool`` as it happens, kept or not."""
+
+    def __init__(
+        self,
+        failures: Sequence[Failure],
+        message: str | None = None,
+        *,
+        unkept: Mapping[str, int] | None = None,
+    ) -> None:
         self.failures: list[Failure] = list(failures)
+        self.unkept: dict[str, int] = dict(unkept or {})
+        self.count = len(self.failures) + sum(self.unkept.values())
         if message is None:
-            message = _summarize(self.failures)
+            message = _summarize(self.failures, self.unkept)
         super().__init__(message)
 
 
-def _summarize(failures: Sequence[Failure]) -> str:
-    counts: dict[str, int] = {}
+def _summarize(failures: Sequence[Failure], unkept: Mapping[str, int]) -> str:
+    counts: dict[str, int] = dict(unkept)
     for failure in failures:
         name = type(failure.exception).__name__
         counts[name] = counts.get(name, 0) + 1
     parts = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
     first = f"; first: {failures[0].exception}" if failures else ""
-    return f"{len(failures)} message(s) failed ({parts}){first}"
+    kept = f"; the first {len(failures)} are in .failures" if unkept else ""
+    return f"{sum(counts.values())} message(s) failed ({parts}){first}{kept}"

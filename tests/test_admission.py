@@ -1,10 +1,10 @@
 """The C twins do exactly what their Python twins do: ``_speedups.Router.route`` what
-``_routing.PyRouter.route`` does, ``_speedups.WindowCore.admit`` what ``_window.PyWindowCore.admit``
-does (and ``_speedups.Record`` reads as ``_record.Record``), and produce()'s fused C path for plain
-nonblocking messages (``_speedups.Admission``) what the Python path does: the same records,
-partitions, connections, counts and failures, message for message. The produce cases run the same
-messages through the fused path (nonblocking) and the Python path (blocking) on memory:// and
-compare what was stored."""
+``_routing.PyRouter.route`` does, ``_speedups.WindowCore.admit`` what
+``_window_core.PyWindowCore.admit`` does (and ``_speedups.Record`` reads as ``_record.Record``),
+and produce()'s fused C path for plain nonblocking messages (``_speedups.Admission``) what the
+Python path does: the same records, partitions, connections, counts and failures, message for
+message. The produce cases run the same messages through the fused path (nonblocking) and the
+Python path (blocking) on memory:// and compare what was stored."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from producerkit import partitioners
 from producerkit._fast import SPEEDUPS, speedups
 from producerkit._record import Message, Record
 from producerkit._routing import PyRouter
-from producerkit._window import PyWindowCore
+from producerkit._window_core import PyWindowCore
 from producerkit.backends.memory import MemoryConnection
 
 pytestmark = pytest.mark.anyio
@@ -155,6 +155,76 @@ def test_the_fused_path_declines_when_the_window_is_full() -> None:
     del core.pending[next(iter(core.pending))]
     assert admission.admit(*plain) is speedups.DECLINED
     assert len(sent) == 2
+
+
+@needs_speedups
+def test_the_fused_path_serializes_adds_the_trace_and_carries_the_context() -> None:
+    """With a value serializer, trace headers and on_delivery, a message is still taken whole:
+    its value serialized, the trace context's pairs as its headers (counted in its size), its
+    context and a CreateTime on its record; a serializer or trace that raises, or pairs of the
+    wrong shape, decline with nothing counted (the Python path then says what is wrong)."""
+    assert speedups is not None
+    sent: list[Any] = []
+    core = speedups.WindowCore(10, 5.0, lambda record: None)
+    router = speedups.Router(partitioners.xxhash, None, partitioners.RoundRobinPartitioner(), 1)
+    pairs: Any = (("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"),)
+
+    def serialize(value: Any) -> bytes:
+        if value == "boom":
+            raise ValueError("boom")
+        return repr(value).encode()
+
+    admission = speedups.Admission(
+        router, core, (sent.append,), lambda record, exc: None, {"t": 3}, "t", 200,
+        takes_context=True, stamps=True, value_serializer=serialize,
+        trace_headers=lambda: pairs,
+    )  # fmt: skip
+    before = int(time.time() * 1000)
+    assert admission.admit({"n": 1}, b"k", None, None, None, None, "ctx", None, None) is None
+    (record,) = sent
+    assert record.value == b"{'n': 1}" and record.headers is pairs and record.context == "ctx"
+    assert before <= record.timestamp <= int(time.time() * 1000)
+    declined = [
+        ("boom", None),  # the serializer raises
+        ("x" * 140, None),  # 142 bytes of value, with the 66 of the trace: over 200
+    ]
+    for value, _ in declined:
+        assert admission.admit(value, None, None, None, None, None, None, None, None) is (
+            speedups.DECLINED
+        )
+    pairs = [("traceparent", "not bytes")]
+    assert admission.admit(1, None, None, None, None, None, None, None, None) is speedups.DECLINED
+    assert len(sent) == 1 and len(core.pending) == 1
+
+
+async def test_extras_on_the_fused_path_match_the_python_path() -> None:
+    """json, propagate_trace and on_delivery with a context: what a nonblocking produce (the
+    fused path) stores and tells is what a blocking one (the Python path) does."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    told: list[tuple[Any, Any]] = []
+    stored = []
+    with TracerProvider().get_tracer("t").start_as_current_span("span"):
+        for nonblocking in (True, False):
+            async with pk.Producer(
+                "memory://", topic="t", partitions=3, value_serializer="json",
+                propagate_trace=True, on_delivery=lambda result, context: told.append(
+                    (type(result).__name__, context)
+                ),
+            ) as producer:  # fmt: skip
+                for n in range(20):
+                    await producer.produce({"n": n}, key=str(n), context=n, nonblocking=nonblocking)
+                await producer.flush()
+                stored.append(
+                    [
+                        (r.topic, r.partition, r.key, r.value, r.headers)
+                        for r in producer.backend.records
+                    ]
+                )
+                assert all(r.timestamp is not None for r in producer.backend.records)
+    assert stored[0] == stored[1]
+    assert [name for name, _ in stored[0][0][4]] == ["traceparent"]
+    assert told == [("Delivery", n) for n in range(20)] * 2
 
 
 async def test_a_partitioner_returning_no_int_is_named_at_the_call_over_several_connections() -> (
@@ -295,3 +365,41 @@ def test_the_c_window_core_admits_as_the_python_one(
     assert list(python.pending) == list(c.pending)
     assert python.peak_in_flight == c.peak_in_flight
     assert [r.seq for r in watched[0]] == [r.seq for r in watched[1]]
+
+
+@pytest.mark.parametrize("c_loop", [True, False], ids=["tell_run", "python"])
+async def test_an_acked_run_tells_on_delivery_alike_in_c_and_python(
+    c_loop: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each record still pending told once, at its offset, with its context and CreateTime
+    (or the broker's LogAppendTime); a callback that raises is logged and the run goes on."""
+    from producerkit import _window
+
+    if c_loop and _window.tell_run is None:
+        pytest.skip(f"producerkit._speedups: {SPEEDUPS}")
+    if not c_loop:
+        monkeypatch.setattr(_window, "tell_run", None)
+    told: list[tuple[Any, Any]] = []
+
+    def on_delivery(result: Any, context: Any) -> None:
+        told.append((result, context))
+        if context == "c1":
+            raise RuntimeError("a bad callback")
+
+    window = _window.InFlightWindow(10, 5.0, 1, None, on_delivery=on_delivery)
+    message = Message(b"v", b"k", "t", None, None, None, 1_700_000_000_123)
+    records = [window.admit(message, 2, 0, None, f"c{n}") for n in range(4)]
+    assert all(record is not None for record in records)
+    window.acked(records[2], 7)  # settled before the run: not told again
+    told.clear()
+    window.acked_run(records, 40)  # type: ignore[arg-type]
+    window.acked_run(records[:1], None, stored_at=1_700_000_000_999)  # none pending: nothing
+    assert [(d.topic, d.partition, d.offset, d.timestamp, c) for d, c in told] == [
+        ("t", 2, 40, 1_700_000_000.123, "c0"),
+        ("t", 2, 41, 1_700_000_000.123, "c1"),
+        ("t", 2, 43, 1_700_000_000.123, "c3"),
+    ]
+    assert all(type(d) is pk.Delivery for d, _ in told)
+    assert window.acked_count == 4 and not window.pending
+    assert "on_delivery callback raised" in caplog.text
+    window.stop_timer()

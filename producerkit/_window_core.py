@@ -1,0 +1,114 @@
+"""The window's core: the ledger of records in flight and the leaf functions that settle them.
+
+:class:`PyWindowCore` admits (the Python twin of ``_speedups.WindowCore``; :data:`WindowCore` is
+the one this installation runs), ``pop_run`` and ``tell_run`` settle a run of records in C where
+it was built, and :func:`delivery_of` is the Delivery a record settles with. The window
+(``producerkit._window``) is written on them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from producerkit._fast import speedups
+from producerkit._record import Message, Record, Slot, new_record
+from producerkit._types import Delivery
+
+
+class PyWindowCore:
+    """The window's ledger and :meth:`admit`: the Python twin of ``_speedups.WindowCore`` (same
+    constructor, fields and ``admit``)."""
+
+    __slots__ = (
+        "_seqs",
+        "_watch",
+        "handed",
+        "limit",
+        "peak_in_flight",
+        "pending",
+        "taken",
+        "timeout",
+        "untrack",
+    )
+
+    def __init__(
+        self,
+        limit: int,
+        timeout: float,
+        watch: Callable[[Record], object],
+        untrack: bool = False,
+    ) -> None:
+        self.limit = limit
+        self.timeout = timeout
+        self.untrack = untrack  # the C twin stops the GC tracking records: see _fast.untracked
+        self.pending: dict[int, Record] = {}
+        self.peak_in_flight = 0
+        #: Messages handed over by other threads, and those of them admitted (see reserve()).
+        self.handed = 0
+        self.taken = 0
+        self._watch = watch  # called with the first record into an empty window
+        self._seqs = itertools.count(1)
+
+    def admit(
+        self,
+        message: Message,
+        partition: int | None,
+        connection: int,
+        slot: Slot,
+        context: Any = None,
+    ) -> Record | None:
+        """Put ``message`` in flight as a record routed to ``partition`` on ``connection``
+        (carrying ``slot`` and ``context``): in ``pending``, counted in the peak, its deadline
+        watched if the window was empty. From here on it must end acked or failed. None (and
+        nothing done) if the window is full."""
+        pending = self.pending
+        in_flight = len(pending)
+        if in_flight + self.handed - self.taken >= self.limit:
+            return None
+        seq = next(self._seqs)
+        record = new_record(
+            seq, message, partition, time.monotonic() + self.timeout, connection, slot, context
+        )
+        pending[seq] = record
+        if in_flight >= self.peak_in_flight:
+            self.peak_in_flight = in_flight + 1
+        if not in_flight:
+            self._watch(record)
+        return record
+
+
+#: The core this installation runs: the C twin where it was built.
+WindowCore: Any = speedups.WindowCore if speedups is not None else PyWindowCore
+
+#: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
+pop_run: Any = speedups.pop_run if speedups is not None else None
+#: ``tell_run(...) -> count``, or None: see InFlightWindow._pop_telling.
+tell_run: Any = speedups.tell_run if speedups is not None else None
+#: ``new_delivery(topic, partition, offset, duplicate, timestamp)``: a Delivery, made in C
+#: where it was built (a Delivery's fields are plain slots; its __init__ checks nothing).
+new_delivery: Any = (
+    Delivery
+    if speedups is None
+    else speedups.SlotsMaker(Delivery, tuple(field.name for field in attrs.fields(Delivery)))
+)
+
+
+def delivery_of(
+    record: Record, offset: int | None, duplicate: bool = False, stored_at: int | None = None
+) -> Delivery:
+    """The Delivery of a record stored at ``offset``: its timestamp is the broker's
+    LogAppendTime (``stored_at``, epoch ms) where it gave one, else the CreateTime the producer
+    fixed for the record, else None."""
+    stamp = stored_at if stored_at is not None else record.timestamp
+    return new_delivery(  # type: ignore[no-any-return]
+        record.topic,
+        record.partition,
+        offset,
+        duplicate,
+        None if stamp is None else stamp / 1000,
+    )
