@@ -115,45 +115,57 @@ class MessageRules:
             value, key, headers = self._transformed(value, key, headers, topic)
         if expect is not None:
             headers = self._with_expectation(headers, expect)
-        if value is None:
-            self._check_tombstone(key)
-        elif type(value) is not bytes:
-            value = to_bytes("value", value)
-        if key is not None and type(key) is not bytes:
-            key = to_bytes("key", key)
+        if type(value) is not bytes or (key is not None and type(key) is not bytes):
+            value, key = self._value_and_key(value, key)
         if topic is None:
             topic = self.default_topic
             if topic is None:
                 raise MessageError("no topic: pass topic= to produce() or to the Producer")
         elif type(topic) is not str or not topic:
             check_topic_type(topic, MessageError)
-        if partition is not None and type(partition) is not int:
-            raise MessageError(f"partition must be an int, not {type(partition).__name__}")
-        if msg_id is not None and (type(msg_id) is not str or not msg_id):
-            raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
+        if partition is not None or msg_id is not None:
+            _check_ids(partition, msg_id)
         header_pairs = None
         if headers is not None:
-            header_pairs = normalize_headers(headers)
-            # The spec's check takes Headers: the backends that refuse None values say so.
-            self._spec.check_headers(header_pairs)  # type: ignore[arg-type]
-        size = 0 if value is None else len(value)
-        if key is not None:
-            size += len(key)
-        if header_pairs:
-            size += sum(len(name) + len(data or b"") for name, data in header_pairs)
+            header_pairs = self._header_pairs(headers)
+        size = message_size(value, key, header_pairs)
         if size > self.max_payload:
-            raise MessageTooLarge(
-                f"message of {size} bytes (value, key and headers) is larger than "
-                f"{self.max_payload}, the most this {self._scheme}:// connection accepts"
-            )
+            self._refuse_size(size)
         if context is not None and not self.takes_context:
             raise MessageError("context= is for on_delivery: create the Producer with one")
         stamp = None
-        if timestamp is not None:
-            stamp = self._timestamp_ms(timestamp)
-        elif (reported or self.takes_context) and self._spec.stores_timestamps:
-            stamp = int(time.time() * 1000)
+        if timestamp is not None or reported or self.takes_context:
+            stamp = self._stamp(timestamp)
         return _new(Message, (value, key, topic, partition, header_pairs, msg_id, stamp))
+
+    def _value_and_key(self, value: object, key: object) -> tuple[bytes | None, bytes | None]:
+        """The value and key as bytes (a None value: a tombstone, checked)."""
+        if value is None:
+            self._check_tombstone(key)
+        elif type(value) is not bytes:
+            value = to_bytes("value", value)
+        if key is not None and type(key) is not bytes:
+            key = to_bytes("key", key)
+        return value, key
+
+    def _header_pairs(self, headers: object) -> HeaderPairs:
+        pairs = normalize_headers(headers)
+        # The spec's check takes Headers: the backends that refuse None values say so.
+        self._spec.check_headers(pairs)  # type: ignore[arg-type]
+        return pairs
+
+    def _refuse_size(self, size: int) -> None:
+        raise MessageTooLarge(
+            f"message of {size} bytes (value, key and headers) is larger than "
+            f"{self.max_payload}, the most this {self._scheme}:// connection accepts"
+        )
+
+    def _stamp(self, timestamp: object) -> int | None:
+        """The record's CreateTime in epoch ms: ``timestamp``'s, else now (its Delivery reports
+        it: a blocking produce, on_delivery) where the backend stores one, else None."""
+        if timestamp is not None:
+            return self._timestamp_ms(timestamp)
+        return int(time.time() * 1000) if self._spec.stores_timestamps else None
 
     @property
     def stores_timestamps(self) -> bool:
@@ -242,6 +254,14 @@ class MessageRules:
         if self._inject_trace is not None:
             headers = self._inject_trace(headers)
         return value, key, headers
+
+
+def _check_ids(partition: object, msg_id: object) -> None:
+    """MessageError if an explicit partition is no int, or a msg_id no non-empty str."""
+    if partition is not None and type(partition) is not int:
+        raise MessageError(f"partition must be an int, not {type(partition).__name__}")
+    if msg_id is not None and (type(msg_id) is not str or not msg_id):
+        raise MessageError(f"msg_id must be a non-empty str, got {msg_id!r}")
 
 
 def check_partition(partition: int, num_partitions: int | None, topic: str) -> None:

@@ -260,27 +260,18 @@ class InFlightWindow:
         ``stored_at``: the broker's LogAppendTime (epoch ms) where the topic keeps one."""
         observed = self._settling(records) if self._on_outcome is not None else None
         if self._on_delivery is not None:
-            count = self._pop_telling(records, first_offset, stored_at)
-        elif pop_run is not None:
+            count = tell_run(
+                self.pending, records, first_offset, stored_at, new_delivery,
+                self._on_delivery, self._report_raised,
+            )  # fmt: skip
+        else:
             count, waiting = pop_run(self.pending, records)
             for position in waiting or ():  # blocking produces in this run: each its offset
                 record = records[position]
                 slot = record.slot
-                if not slot.done():
+                if slot is not None and not slot.done():
                     offset = None if first_offset is None else first_offset + position
                     slot.set_result(delivery_of(record, offset, stored_at=stored_at))
-        else:
-            pop = self.pending.pop
-            count = 0
-            offset = first_offset
-            for record in records:
-                if pop(record.seq, None) is not None:
-                    count += 1
-                    slot = record.slot
-                    if slot is not None and not slot.done():
-                        slot.set_result(delivery_of(record, offset, stored_at=stored_at))
-                if offset is not None:
-                    offset += 1
         if count:
             self.acked_count += count
             if self._per_connection:
@@ -289,41 +280,6 @@ class InFlightWindow:
                 self._wake(len(self.pending))
         if observed:
             self._observe(observed, None)
-
-    def _pop_telling(
-        self, records: list[Record], first_offset: int | None, stored_at: int | None
-    ) -> int:
-        """acked_run's settling with ``on_delivery``: each record still pending is popped, and
-        its Delivery told to the callback (and to its waiter). Returns how many were."""
-        if tell_run is not None:
-            return int(
-                tell_run(
-                    self.pending, records, first_offset, stored_at, new_delivery,
-                    self._on_delivery, self._report_raised,
-                )
-            )  # fmt: skip
-        pop = self.pending.pop
-        tell = self._tell
-        count = 0
-        offset = first_offset
-        for record in records:
-            if pop(record.seq, None) is not None:
-                count += 1
-                stamp = stored_at if stored_at is not None else record.timestamp
-                delivery = new_delivery(
-                    record.topic,
-                    record.partition,
-                    offset,
-                    False,
-                    None if stamp is None else stamp / 1000,
-                )
-                tell(delivery, record.context)
-                slot = record.slot
-                if slot is not None and not slot.done():
-                    slot.set_result(delivery)
-            if offset is not None:
-                offset += 1
-        return count
 
     def _tell(self, result: Delivery | Failure, context: Any) -> None:
         """Tell ``on_delivery`` of one outcome; what it raises is logged, never propagated."""

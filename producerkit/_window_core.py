@@ -85,10 +85,64 @@ class PyWindowCore:
 #: The core this installation runs: the C twin where it was built.
 WindowCore: Any = speedups.WindowCore if speedups is not None else PyWindowCore
 
-#: ``pop_run(pending, records) -> (count, waiting)``, or None: see InFlightWindow.acked_run.
-pop_run: Any = speedups.pop_run if speedups is not None else None
-#: ``tell_run(...) -> count``, or None: see InFlightWindow._pop_telling.
-tell_run: Any = speedups.tell_run if speedups is not None else None
+
+def py_pop_run(pending: dict[int, Record], records: list[Record]) -> tuple[int, list[int] | None]:
+    """Remove each record from ``pending`` and count those that were there; the positions, in
+    ``records``, of removed records with a slot (None if none): the Python twin of
+    ``_speedups.pop_run``."""
+    pop = pending.pop
+    count = 0
+    waiting: list[int] | None = None
+    for position, record in enumerate(records):
+        if pop(record.seq, None) is not None:
+            count += 1
+            if record.slot is not None:
+                if waiting is None:
+                    waiting = []
+                waiting.append(position)
+    return count, waiting
+
+
+def py_tell_run(
+    pending: dict[int, Record],
+    records: list[Record],
+    first_offset: int | None,
+    stored_at: int | None,
+    make_delivery: Callable[..., Delivery],
+    on_delivery: Callable[[Delivery, Any], object],
+    report: Callable[[Exception], object],
+) -> int:
+    """pop_run's settling with ``on_delivery``: the Python twin of ``_speedups.tell_run`` (see
+    its docstring). Returns how many records were still pending."""
+    pop = pending.pop
+    count = 0
+    offset = first_offset
+    for record in records:
+        if pop(record.seq, None) is not None:
+            count += 1
+            stamp = stored_at if stored_at is not None else record.timestamp
+            delivery = make_delivery(
+                record.topic, record.partition, offset, False,
+                None if stamp is None else stamp / 1000,
+            )  # fmt: skip
+            try:
+                on_delivery(delivery, record.context)
+            except Exception as exc:
+                report(exc)
+            slot = record.slot
+            if slot is not None and not slot.done():
+                slot.set_result(delivery)
+        if offset is not None:
+            offset += 1
+    return count
+
+
+#: ``pop_run(pending, records) -> (count, waiting)``: see InFlightWindow.acked_run.
+pop_run: Callable[[dict[int, Record], list[Record]], tuple[int, list[int] | None]] = (
+    py_pop_run if speedups is None else speedups.pop_run
+)
+#: ``tell_run(...) -> count``: see :func:`py_tell_run`.
+tell_run: Callable[..., int] = py_tell_run if speedups is None else speedups.tell_run
 #: ``new_delivery(topic, partition, offset, duplicate, timestamp)``: a Delivery, made in C
 #: where it was built (a Delivery's fields are plain slots; its __init__ checks nothing).
 new_delivery: Any = (
