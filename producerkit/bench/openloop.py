@@ -93,6 +93,7 @@ class ProducerTarget:
             url, topic=topic, on_outcome=self._timing.observe, **producer_kwargs
         )
         self.on_ack: AckCallback = _ignore
+        self._admitted = 0  # produces so far: the nth is the producer's nth record (its seq)
 
     async def start(self) -> None:
         await self.producer.start()
@@ -100,12 +101,14 @@ class ProducerTarget:
     def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
         # One sender produces in index order: the nth message admitted has number n.
         timing = self._timing
-        timing.base = self.producer._window.produced + 1 - index
+        self._admitted += 1
+        timing.base = self._admitted - index
         timing.on_ack = self.on_ack
         return self.producer.produce(value, key=key, nonblocking=True)
 
     async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
         self._timing.on_ack = _ignore  # the driver times blocking produces itself
+        self._admitted += 1
         try:
             await self.producer.produce(value, key=key)
         except Exception:
