@@ -5,6 +5,7 @@
     python benches/throughput.py --only memory
     python benches/throughput.py --only production [--messages 300000] [--repeat 5]
     python benches/throughput.py --only compression [--messages 200000] [--repeat 3]
+    python benches/throughput.py --only batch [--messages 300000] [--repeat 3]
 
 ``--only defaults``: on Tansu null storage, producerkit at its true defaults, with
 ``preset="throughput"`` alone, and with larger windows (with and without the preset), against
@@ -20,6 +21,14 @@ twice, so the noise between two identical runners shows.
 ``--only compression``: each codec (gzip, snappy, lz4, zstd) on Tansu null storage, producerkit
 (its throughput settings here) beside confluent-kafka (librdkafka's defaults) with the same
 ``compression.type``, on values that compress about as well as JSON does (hex text).
+
+``--only batch``: what one message costs on each path, rounds interleaved and rotated. On Tansu
+null storage: ``produce()`` at producerkit's defaults and with ``preset="throughput"``,
+``produce_batch`` (chunks of ``BATCH_CHUNK`` messages, as lists of bytes and as Arrow arrays)
+with ``preset="throughput"``, beside confluent-kafka's produce loop at librdkafka's defaults; on
+``null://`` (10,000 in flight): ``produce()`` and ``produce_batch`` beside the floor (a loop
+awaiting a method that hashes each key with xxhash). Best msg/s and µs per message per runner,
+and the median over rounds of the ratio to the peer in the same round.
 
 Brokers are started here from the installed wheels: Tansu with ``null://`` storage (the protocol
 path only, as in seed 004) and with memory storage, and nats-server with JetStream (memory
@@ -94,6 +103,44 @@ async def trivial_produce_floor(url: str, topic: str, messages: Messages) -> int
     for key, value in messages:
         await produce(value, key=key, nonblocking=True)
     return _rate(len(messages), time.perf_counter() - started)
+
+
+#: How many messages one ``produce_batch`` call takes in ``--only batch`` (Spark's Arrow batches
+#: are as long by default: ``spark.sql.execution.arrow.maxRecordsPerBatch``).
+BATCH_CHUNK = 10_000
+
+
+def batch_chunks(messages: Messages, arrow: bool = False) -> list[tuple[Any, Any]]:
+    """``messages`` as (values, keys) columns of ``BATCH_CHUNK`` messages each: lists of bytes,
+    or Arrow binary arrays (made here, before any timing)."""
+    chunks: list[tuple[Any, Any]] = []
+    for start in range(0, len(messages), BATCH_CHUNK):
+        part = messages[start : start + BATCH_CHUNK]
+        values, keys = [value for _, value in part], [key for key, _ in part]
+        if arrow:
+            import pyarrow as pa
+
+            chunks.append((pa.array(values, pa.binary()), pa.array(keys, pa.binary())))
+        else:
+            chunks.append((values, keys))
+    return chunks
+
+
+async def producerkit_batch_run(
+    url: str, topic: str, chunks: list[tuple[Any, Any]], **options: Any
+) -> int:
+    """:func:`producerkit_run` with one ``produce_batch(values, keys=keys)`` per chunk."""
+    count = sum(len(values) for values, _ in chunks)
+    async with pk.Producer(url, topic=topic, **options) as producer:
+        await producer.produce(b"warm-up", key=b"warm-up")
+        started = time.perf_counter()
+        produce_batch = producer.produce_batch
+        for values, keys in chunks:
+            await produce_batch(values, keys=keys)
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+        assert producer.stats.acked == count + 1, producer.stats
+    return _rate(count, elapsed)
 
 
 def on_public_path(run: Runner) -> Runner:
@@ -625,7 +672,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--only",
-        choices=["null", "kafka", "jetstream", "defaults", "memory", "production", "compression"],
+        choices=[
+            "null",
+            "kafka",
+            "jetstream",
+            "defaults",
+            "memory",
+            "production",
+            "compression",
+            "batch",
+        ],
         action="append",
     )
     parser.add_argument(
@@ -646,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         return production_main(args)
     if "compression" in only:
         return compression_main(args)
+    if "batch" in only:
+        return batch_main(args)
     results: dict[str, dict[str, int]] = {}
     if "null" in only:
         print("null:// (no I/O: producerkit's own overhead)", flush=True)
@@ -778,6 +836,111 @@ def compression_main(args: argparse.Namespace) -> int:
             f"| {codec} | {max(r[mine] for r in rounds):,} | {max(r[theirs] for r in rounds):,} "
             f"| {median_ratio(rounds, mine, theirs):.2f}x |"
         )
+    save_report(args.json, report)
+    return 0
+
+
+# --------------------------------------------------------------------------- batches
+
+#: ``--only batch``: each runner's peer (the ratio's denominator) and the issue's target.
+BATCH_PEERS: dict[str, tuple[str, float | None]] = {
+    "kafka: produce() defaults": ("kafka: confluent-kafka (librdkafka defaults)", None),
+    'kafka: produce() preset="throughput"': ("kafka: confluent-kafka (librdkafka defaults)", 2.0),
+    'kafka: produce_batch lists, preset="throughput"': (
+        "kafka: confluent-kafka (librdkafka defaults)",
+        2.0,
+    ),
+    'kafka: produce_batch Arrow, preset="throughput"': (
+        "kafka: confluent-kafka (librdkafka defaults)",
+        2.0,
+    ),
+    "null://: produce() keyed": ("null://: floor, trivial async produce with xxhash", None),
+    "null://: produce_batch lists": ("null://: floor, trivial async produce with xxhash", 1.5),
+    "null://: produce_batch Arrow": ("null://: floor, trivial async produce with xxhash", 1.5),
+}
+
+
+def batch_runners(url: str, count: int) -> dict[str, Runner]:
+    """The runners of ``--only batch`` (see the module docstring): keyed 512-byte messages."""
+    keyed = make_messages(count, True)
+    lists, arrays = batch_chunks(keyed), batch_chunks(keyed, arrow=True)
+    preset: dict[str, Any] = {"preset": "throughput"}
+    null_url, null_window = "null://?partitions=12", {"max_in_flight_messages": 10_000}
+    null_count = count * 3
+    null_keyed = make_messages(null_count, True)
+    null_lists, null_arrays = batch_chunks(null_keyed), batch_chunks(null_keyed, arrow=True)
+
+    def kafka(tag: str, run: Callable[[str], Awaitable[int]]) -> Runner:
+        return on_new_topic_of(url, f"batch-{tag}", run)
+
+    return {
+        "kafka: produce() defaults": kafka("d", lambda t: producerkit_run(url, t, keyed)),
+        'kafka: produce() preset="throughput"': kafka(
+            "p", lambda t: producerkit_run(url, t, keyed, **preset)
+        ),
+        'kafka: produce_batch lists, preset="throughput"': kafka(
+            "bl", lambda t: producerkit_batch_run(url, t, lists, **preset)
+        ),
+        'kafka: produce_batch Arrow, preset="throughput"': kafka(
+            "ba", lambda t: producerkit_batch_run(url, t, arrays, **preset)
+        ),
+        "kafka: confluent-kafka (librdkafka defaults)": kafka(
+            "ck", lambda t: confluent_kafka(url, t, keyed)
+        ),
+        "null://: floor, trivial async produce with xxhash": lambda: trivial_produce_floor(
+            "", "bench", null_keyed
+        ),
+        "null://: produce() keyed": lambda: producerkit_run(
+            null_url, "bench", null_keyed, **null_window
+        ),
+        "null://: produce_batch lists": lambda: producerkit_batch_run(
+            null_url, "bench", null_lists, **null_window
+        ),
+        "null://: produce_batch Arrow": lambda: producerkit_batch_run(
+            null_url, "bench", null_arrays, **null_window
+        ),
+    }
+
+
+def batch_main(args: argparse.Namespace) -> int:
+    """``--only batch``: see the module docstring."""
+    report: dict[str, Any] = {
+        "messages": args.messages,
+        "null_messages": args.messages * 3,
+        "repeat": args.repeat,
+        "chunk": BATCH_CHUNK,
+        "value_bytes": len(VALUE),
+    }
+    with start_kafka(storage="null://sink") as kafka:
+        print(f"Kafka: tansu null storage at {kafka.url}", flush=True)
+        rounds = rounds_of(batch_runners(kafka.url, args.messages), args.repeat)
+    report["rounds"] = rounds
+    rows = []
+    print(
+        "\n| runner | best msg/s | µs per message | peer | peer's best msg/s | best / peer's best "
+        "| median ratio to the peer | target (best / best) |\n"
+        "|---|---:|---:|---|---:|---:|---:|---:|"
+    )
+    for name in rounds[0]:
+        best = max(one[name] for one in rounds)
+        peer, target = BATCH_PEERS.get(name, (None, None))
+        row: dict[str, Any] = {"runner": name, "best": best, "us_per_message": 1e6 / best}
+        cells = ["", "", "", "", ""]
+        if peer is not None:
+            peer_best = max(one[peer] for one in rounds)
+            row.update(peer=peer, peer_best=peer_best, best_ratio=best / peer_best, target=target)
+            row["median_ratio"] = median_ratio(rounds, name, peer)
+            verdict = "" if target is None else " met" if best / peer_best >= target else " NOT met"
+            cells = [
+                peer,
+                f"{peer_best:,}",
+                f"{best / peer_best:.2f}x",
+                f"{row['median_ratio']:.2f}x",
+                "" if target is None else f"{target:.1f}x{verdict}",
+            ]
+        rows.append(row)
+        print(f"| {name} | {best:,} | {1e6 / best:.3f} | " + " | ".join(cells) + " |")
+    report["table"] = rows
     save_report(args.json, report)
     return 0
 

@@ -60,6 +60,33 @@ def test_lz4_frames_have_independent_blocks_and_no_checksums() -> None:
     assert bytes(cramjam.lz4.decompress(frame)) == data
 
 
+@pytest.mark.parametrize("level", [0, 9])
+def test_lz4_frames_read_back_whatever_the_blocks(level: int) -> None:
+    """Incompressible blocks are stored as they are (the high bit of their size set), a short
+    last block and an empty section make valid frames too."""
+    import random
+
+    import cramjam
+
+    generator = random.Random(7)
+    for data in (b"", b"a", generator.randbytes(65537), b"ab" * 100_000):
+        frame = bytes(codecs.compressor("lz4", level)(data))
+        assert bytes(cramjam.lz4.decompress(frame)) == data, len(data)
+        if len(data) > 1000 and data[:2] != b"ab":
+            assert frame[7 + 3] & 0x80  # the first block's size: stored uncompressed
+
+
+def test_zstd_sections_of_every_size_read_back() -> None:
+    """zstd through the streaming compressor (no content size in the frame) at the batch sizes
+    where zstd's parameters change (16, 128 and 256 KiB)."""
+    import cramjam
+
+    data = bytes(range(256)) * 4096 + b"records " * 100_000
+    for size in (0, 1, 16 * 1024, 128 * 1024, 200 * 1024, 256 * 1024, 300 * 1024):
+        frame = codecs.compressor("zstd", 3)(data[:size])
+        assert bytes(cramjam.zstd.decompress(frame)) == data[:size]
+
+
 def test_the_default_levels_are_librdkafkas() -> None:
     assert codecs.DEFAULT_LEVELS == {"gzip": 6, "snappy": None, "lz4": 0, "zstd": 3}
 

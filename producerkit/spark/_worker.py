@@ -16,13 +16,14 @@ producers idle for ``idle_timeout`` seconds; ``atexit`` closes the rest.
 from __future__ import annotations
 
 import atexit
+import gc
 import hashlib
 import logging
 import os
 import pickle
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -31,14 +32,19 @@ from producerkit._options import configurable, convert_text
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
 from producerkit.errors import ConfigurationError, MessageError, ProduceError, ProducerError
+from producerkit.spark._chunks import Chunk, Column, chunks_from_arrow, chunks_from_rows
 
-__all__ = ["Chunk", "Column", "SinkConfig", "TaskCounts", "publish_task"]
+__all__ = [
+    "Chunk",
+    "Column",
+    "SinkConfig",
+    "TaskCounts",
+    "chunks_from_arrow",
+    "chunks_from_rows",
+    "publish_task",
+]
 
 logger = logging.getLogger("producerkit.spark")
-
-#: A column by name (a DataFrame's, a Row's, a dict's) or by position (a tuple's, a Row's;
-#: only ``partition_writer`` takes positions: a DataFrame's columns are named).
-Column = str | int
 
 #: Seconds a cached producer may sit unused in a worker before the reaper closes it.
 DEFAULT_IDLE_TIMEOUT = 60.0
@@ -159,10 +165,12 @@ class TaskCounts:
     first_error: str | None = None
 
 
-#: One chunk of rows, column-wise: role -> list of Python values (bytes/str/int/None/...). A
-#: value or key column that a serializer turns into bytes may hold anything it takes: structs
-#: and maps as dicts, arrays as lists (plain Python, never Spark Rows).
-Chunk = Mapping[str, Sequence[Any]]
+#: How often (seconds) a task with ``on_error="fail"`` asks its producer whether a message
+#: failed, between chunks: each ask is a hop to the producer's loop and a Stats snapshot (which
+#: counts the records in flight one by one). Asked before every chunk, that was 4-5% of the
+#: worker's CPU; a task that failed is retried whole, so sending on for half a second more only
+#: adds rows that the retry sends again anyway.
+_FAILURE_CHECK_INTERVAL = 0.5
 
 
 # ---------------------------------------------------------------------- the producer cache
@@ -179,6 +187,8 @@ class _Entry:
 _cache: dict[str, _Entry] = {}
 _cache_lock = threading.Lock()
 _reaper_pid: int | None = None
+#: The process in which :func:`_freeze_long_lived` froze objects (None: none).
+_frozen_in: int | None = None
 _atexit_registered = False
 
 
@@ -197,8 +207,38 @@ def _lease(config: SinkConfig) -> _Entry:
                 raise
             entry = _cache[key] = _Entry(producer)
             _start_housekeeping(config.idle_timeout)
+            _freeze_long_lived()
     entry.lock.acquire()
     return entry
+
+
+def _freeze_long_lived() -> None:
+    """In a reused Spark Python worker, exempt what it holds now from the garbage collector.
+
+    PySpark's daemon runs a full ``gc.collect()`` in a reused worker after every task, and a
+    full collection visits every object the worker holds: pyspark's, pyarrow's, the cached
+    producer's. That cost about 35 ms of CPU per task on the 2-core development machine (0.35
+    µs per row of 100,000-row tasks: more than Spark's reading of the rows). Once a worker has
+    built a producer, the objects it holds are long-lived: after one collection they are frozen
+    (``gc.freeze``), so the later per-task collections visit only what later tasks allocate.
+    Frozen objects are still freed when nothing refers to them; only the cycle collector skips
+    them, and :func:`_close_quietly` unfreezes them when a cached producer closes so that the
+    closed producer's cycles can be collected. Nothing is done outside a reused worker
+    (``SPARK_REUSE_WORKER``, set by Spark for its daemon's workers).
+    """
+    global _frozen_in
+    if os.environ.get("SPARK_REUSE_WORKER"):
+        gc.collect()
+        gc.freeze()
+        _frozen_in = os.getpid()
+
+
+def _unfreeze() -> None:
+    """Undo :func:`_freeze_long_lived` in this process (nothing if it froze nothing here)."""
+    global _frozen_in
+    if _frozen_in == os.getpid():
+        _frozen_in = None
+        gc.unfreeze()
 
 
 def _release(entry: _Entry) -> None:
@@ -263,6 +303,8 @@ def _close_quietly(producer: SyncProducer, timeout: float | None = None) -> None
         producer.close(timeout)
     except Exception:
         logger.debug("error closing a cached producer", exc_info=True)
+    finally:
+        _unfreeze()  # the closed producer's cycles may be collected (_freeze_long_lived)
 
 
 # ---------------------------------------------------------------------- publishing one task
@@ -293,7 +335,7 @@ def _send_chunk(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: 
     window bounds what is in flight) where every row has a value and the topic is the same;
     else, or where a row is refused, row by row, each refused row counted."""
     values = chunk["value"]
-    if chunk.get("topic") is None and None not in values:
+    if chunk.get("topic") is None and not _has_null(values):
         headers, ids = chunk.get("headers"), chunk.get("id")
         try:
             producer.produce_batch(
@@ -311,10 +353,26 @@ def _send_chunk(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: 
     _send_rows(producer, chunk, tally, fail_fast)
 
 
+def _has_null(values: Sequence[Any]) -> bool:
+    """Whether a value column (a list, or an Arrow array) holds a null."""
+    if isinstance(values, list):
+        return None in values
+    return bool(values.null_count)  # type: ignore[attr-defined]
+
+
+def _as_list(column: Sequence[Any] | None) -> Sequence[Any] | None:
+    """A column as Python values, indexable row by row (an Arrow array's items are Arrow
+    scalars): the row-by-row path only."""
+    if column is None or isinstance(column, list):
+        return column
+    return column.to_pylist()  # type: ignore[attr-defined,no-any-return]
+
+
 def _send_rows(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: bool) -> None:
-    values = chunk["value"]
+    values = _as_list(chunk["value"])
+    assert values is not None
     count = len(values)
-    keys = chunk.get("key")
+    keys = _as_list(chunk.get("key"))
     topics = chunk.get("topic")
     partitions = chunk.get("partition")
     headers = chunk.get("headers")
@@ -404,13 +462,18 @@ def publish_task(config: SinkConfig, chunks: Iterable[Chunk]) -> TaskCounts:
 def _send_chunks(
     sync: SyncProducer, chunks: Iterable[Chunk], tally: _Tally, fail_fast: bool
 ) -> None:
-    """Produce each chunk; with ``fail_fast``, stop at the first chunk after a message failed."""
-    failed_before = sync.stats.failed
+    """Produce each chunk; with ``fail_fast``, stop at the first chunk after a message failed
+    (asked of the producer between chunks, at most every ``_FAILURE_CHECK_INTERVAL`` seconds:
+    a Stats snapshot per 10,000-row chunk cost more than the rest of the worker's own code)."""
+    failed_before = sync.stats.failed if fail_fast else 0
+    checked = time.monotonic()
     for chunk in chunks:
         if not len(chunk["value"]):
             continue
-        if fail_fast and sync.stats.failed > failed_before:
-            break  # a message already failed: stop sending, flush reports it below
+        if fail_fast and time.monotonic() - checked >= _FAILURE_CHECK_INTERVAL:
+            if sync.stats.failed > failed_before:
+                break  # a message already failed: stop sending, flush reports it below
+            checked = time.monotonic()
         _send_chunk(sync, chunk, tally, fail_fast)
 
 
@@ -434,141 +497,3 @@ def _flush_counting(entry: _Entry, tally: _Tally) -> bool:
             raise exc from None
         return False
     return True
-
-
-#: The roles whose values a serializer may take as structures: their maps become dicts.
-_SERIALIZED_ROLES = ("value", "key")
-
-
-def chunks_from_arrow(
-    batches: Iterable[Any], columns: Mapping[str, Column], as_bytes: Iterable[str] = ()
-) -> Iterator[Chunk]:
-    """Arrow record batches -> chunks: each used column as one Python list (one C call each).
-
-    Structs arrive as dicts, arrays as lists; maps in the value and key columns as dicts (Arrow's
-    default is a list of pairs, which JSON would write as an array), elsewhere (headers) as pairs.
-    A string column of an ``as_bytes`` role arrives as its UTF-8 bytes (Arrow's cast to binary
-    keeps the buffers: no decoding, and bytes take the producer's fast path).
-    """
-    binary = frozenset(as_bytes)
-    for batch in batches:
-        yield {
-            role: _pylist(batch.column(name), role in _SERIALIZED_ROLES, role in binary)
-            for role, name in columns.items()
-        }
-
-
-def _pylist(column: Any, maps_as_dicts: bool, text_as_bytes: bool = False) -> list[Any]:
-    if text_as_bytes:
-        import pyarrow as pa
-
-        if pa.types.is_string(column.type):
-            return column.cast(pa.binary()).to_pylist()  # type: ignore[no-any-return]
-        if pa.types.is_large_string(column.type):
-            return column.cast(pa.large_binary()).to_pylist()  # type: ignore[no-any-return]
-    if not (maps_as_dicts and _has_map(column.type)):
-        return column.to_pylist()  # type: ignore[no-any-return]
-    try:
-        return column.to_pylist(maps_as_pydicts="strict")  # type: ignore[no-any-return]
-    except TypeError:  # pyarrow < 20 has no maps_as_pydicts
-        return [_maps_as_dicts(value, column.type) for value in column.to_pylist()]
-
-
-def _children(arrow_type: Any) -> list[Any]:
-    """The types directly inside an Arrow type (struct fields, list items, map keys/items)."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(arrow_type):
-        return [arrow_type.field(i).type for i in range(arrow_type.num_fields)]
-    if pa.types.is_map(arrow_type):
-        return [arrow_type.key_type, arrow_type.item_type]
-    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
-    if any(is_list(arrow_type) for is_list in lists):
-        return [arrow_type.value_type]
-    return []
-
-
-def _has_map(arrow_type: Any) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_map(arrow_type) or any(map(_has_map, _children(arrow_type)))
-
-
-def _maps_as_dicts(value: Any, arrow_type: Any) -> Any:
-    """``to_pylist()``'s value of ``arrow_type`` with every map's (key, item) pairs as a dict."""
-    import pyarrow as pa
-
-    if value is None or not _has_map(arrow_type):
-        return value
-    if pa.types.is_map(arrow_type):
-        key_type, item_type = arrow_type.key_type, arrow_type.item_type
-        return {
-            _maps_as_dicts(key, key_type): _maps_as_dicts(item, item_type) for key, item in value
-        }
-    if pa.types.is_struct(arrow_type):
-        fields = [arrow_type.field(i) for i in range(arrow_type.num_fields)]
-        return {field.name: _maps_as_dicts(value[field.name], field.type) for field in fields}
-    (item_type,) = _children(arrow_type)
-    return [_maps_as_dicts(item, item_type) for item in value]
-
-
-def chunks_from_rows(
-    rows: Iterable[Any],
-    columns: Mapping[str, Column],
-    size: int = 10_000,
-    structured: Iterable[str] = (),
-    as_bytes: Iterable[str] = (),
-) -> Iterator[Chunk]:
-    """Rows -> chunks of ``size`` rows (the row-based writers of Sparks without Arrow ones, and
-    ``partition_writer``): Spark Rows, dicts or tuples, each column read as ``row[column]``.
-    The ``structured`` roles' values hold structs: each becomes plain Python (a Row a dict,
-    recursively), as :func:`chunks_from_arrow` gives; other columns pay nothing. The text of
-    the ``as_bytes`` roles is encoded to UTF-8 here, a chunk at a time."""
-    names = list(columns.items())
-    plain = frozenset(structured)
-    encoded = [role for role in as_bytes if role in columns]
-    buffer: dict[str, list[Any]] = {role: [] for role, _ in names}
-    filled = 0
-    for row in rows:
-        for role, name in names:
-            value = row[name]
-            buffer[role].append(_plain(value) if role in plain and value is not None else value)
-        filled += 1
-        if filled == size:
-            yield _encode_text(buffer, encoded)
-            buffer = {role: [] for role, _ in names}
-            filled = 0
-    if filled:
-        yield _encode_text(buffer, encoded)
-
-
-def _encode_text(chunk: dict[str, list[Any]], roles: Iterable[str]) -> dict[str, list[Any]]:
-    """Each ``roles`` column's str values as their UTF-8 bytes (what the producer would send);
-    text that cannot be encoded (a lone surrogate) stays, for the producer to refuse that row."""
-    for role in roles:
-        try:
-            chunk[role] = [value.encode() if type(value) is str else value for value in chunk[role]]
-        except UnicodeEncodeError:
-            chunk[role] = [_utf8_or_text(value) for value in chunk[role]]
-    return chunk
-
-
-def _utf8_or_text(value: Any) -> Any:
-    if type(value) is not str:
-        return value
-    try:
-        return value.encode()
-    except UnicodeEncodeError:
-        return value
-
-
-def _plain(value: Any) -> Any:
-    """A Spark value as plain Python: Rows (structs) as dicts, inside lists and dicts too."""
-    as_dict = getattr(value, "asDict", None)
-    if as_dict is not None:  # a pyspark Row; its asDict(recursive=True) handles what is inside
-        return as_dict(recursive=True)
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {name: _plain(item) for name, item in value.items()}
-    return value

@@ -12,12 +12,20 @@ snappy     2          raw snappy (no xerial framing), as librdkafka writes it; n
 lz4        3          an LZ4 frame of independent 64 KiB blocks without checksums, as the
                       Java client and librdkafka write it; level 0 (fast, the default) or
                       1-12 (high compression)
-zstd       4          a zstd frame; level 1-22, default 3 (zstd's and librdkafka's)
+zstd       4          a zstd frame; level 1-22, default 3 (zstd's and librdkafka's),
+                      written by zstd's streaming compressor, as the Java client writes it
 =========  =========  =====================================================================
 
 The LZ4 frame is written here, block by block, because a frame of linked blocks (what cramjam's
 frame compressor writes) cannot be read by the Java LZ4 reader that brokers and Java consumers
 use.
+
+zstd goes through cramjam's streaming ``Compressor`` (no size given in advance, as the Java
+client's ``ZstdOutputStream``) rather than its one-shot ``compress``, which tells zstd the size
+and so makes it choose its parameters for that size: for a section of 128 to 256 KiB (a full
+batch at ``max_batch_size=256 KiB``) level 3 then ran at 60% of the streaming speed on hex text
+and wrote 10% more bytes; below 128 KiB the one-shot call was 10% faster. The frame has no
+content size field, like the Java client's; librdkafka and aiokafka read it back.
 """
 
 from __future__ import annotations
@@ -76,10 +84,16 @@ def compressor(codec: str, level: int | None) -> Callable[[Any], Any]:
     if codec == "snappy":
         return cramjam.snappy.compress_raw
     if codec == "zstd":
-        return lambda data: cramjam.zstd.compress(data, level=level)
+        return lambda data: _zstd_frame(cramjam.zstd.Compressor, data, level or 3)
     if codec == "lz4":
         return lambda data: _lz4_frame(cramjam.lz4.compress_block, data, level or 0)
     raise ConfigurationError(f"unknown compression_type {codec!r}")
+
+
+def _zstd_frame(compressor: Callable[..., Any], data: Any, level: int) -> Any:
+    stream = compressor(level=level)
+    stream.compress(data)
+    return stream.finish()
 
 
 def _lz4_frame(compress_block: Callable[..., Any], data: Any, level: int) -> bytes:

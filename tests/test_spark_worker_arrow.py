@@ -1,0 +1,143 @@
+"""The Spark sink's worker without Spark: Arrow chunks reach produce_batch as Arrow arrays (no
+Python object per row in the worker) and publish the same as the row path; a null value still
+fails its own row only; a reused Spark worker freezes what it holds once it has a producer."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+
+from producerkit.backends.memory import get_store  # noqa: E402
+from producerkit.spark import _worker  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_producers() -> Any:
+    yield
+    _worker.close_all()
+
+
+def _batch(values: list[Any], keys: list[Any] | None, text: bool) -> Any:
+    kind = pa.string() if text else pa.binary()
+    columns = {"value": pa.array(values, kind)}
+    if keys is not None:
+        columns["key"] = pa.array(keys, kind)
+    return pa.RecordBatch.from_pydict(columns)
+
+
+@pytest.mark.parametrize("text", [True, False])
+def test_arrow_value_and_key_columns_stay_arrow_arrays(text: bool) -> None:
+    config = _worker.SinkConfig(url="null://", topic="t")
+    values, keys = (["a", "b"], ["k", None]) if text else ([b"a", b"b"], [b"k", None])
+    batch = _batch(values, keys, text)
+    (chunk,) = _worker.chunks_from_arrow([batch], config.columns(), config.byte_roles())
+    for role in ("value", "key"):
+        assert isinstance(chunk[role], pa.Array) and pa.types.is_binary(chunk[role].type)
+    assert chunk["value"].to_pylist() == [b"a", b"b"]
+    assert chunk["key"].to_pylist() == [b"k", None]
+
+
+def test_a_serialized_column_is_still_plain_python() -> None:
+    config = _worker.SinkConfig(url="null://", topic="t", value_serializer="str")
+    (chunk,) = _worker.chunks_from_arrow(
+        [_batch(["a"], ["k"], text=True)], config.columns(), config.byte_roles()
+    )
+    assert chunk["value"] == ["a"]  # the serializer takes it row by row
+    assert isinstance(chunk["key"], pa.Array)
+
+
+def test_arrow_chunks_publish_what_lists_publish() -> None:
+    """The same rows through Arrow chunks and through lists: the same records, in order."""
+    values = [f"v{i}-" + "x" * (i % 50) for i in range(2500)]
+    keys = [None if i % 7 == 0 else f"user-{i % 13}" for i in range(2500)]
+    stored = []
+    for arrow in (True, False):
+        name = f"spark-arrow-{uuid.uuid4().hex}"
+        config = _worker.SinkConfig(url=f"memory://{name}?partitions=3", topic="t")
+        batches = [_batch(values[i : i + 1000], keys[i : i + 1000], True) for i in (0, 1000, 2000)]
+        if arrow:
+            chunks = list(_worker.chunks_from_arrow(batches, config.columns(), config.byte_roles()))
+        else:
+            chunks = [
+                {
+                    "value": [v.encode() for v in values[i : i + 1000]],
+                    "key": [k if k is None else k.encode() for k in keys[i : i + 1000]],
+                }
+                for i in (0, 1000, 2000)
+            ]
+        counts = _worker.publish_task(config, chunks)
+        assert (counts.rows, counts.delivered, counts.failed) == (2500, 2500, 0)
+        stored.append([(r.partition, r.key, r.value) for r in get_store(name).topic("t")])
+    assert stored[0] == stored[1]
+    assert sorted(value for _, _, value in stored[0]) == sorted(v.encode() for v in values)
+
+
+def test_a_null_in_an_arrow_value_column_fails_that_row_only() -> None:
+    name = f"spark-arrow-null-{uuid.uuid4().hex}"
+    config = _worker.SinkConfig(url=f"memory://{name}", topic="t", on_error="count")
+    batch = _batch(["a", None, "c"], ["k", "k", None], text=True)
+    chunks = _worker.chunks_from_arrow([batch], config.columns(), config.byte_roles())
+    counts = _worker.publish_task(config, chunks)
+    assert (counts.rows, counts.delivered, counts.failed) == (3, 2, 1)
+    assert counts.errors == {"MessageError": 1}
+    assert [(r.key, r.value) for r in get_store(name).topic("t")] == [(b"k", b"a"), (None, b"c")]
+
+
+def test_a_failure_still_stops_a_failing_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between chunks a task asks whether a message failed at most every interval; with the
+    interval at 0 it asks before every chunk, and stops at the chunk after the failure."""
+    monkeypatch.setattr(_worker, "_FAILURE_CHECK_INTERVAL", 0.0)
+    sent: list[int] = []
+    send_chunk = _worker._send_chunk
+
+    def counted(producer: Any, chunk: Any, tally: Any, fail_fast: bool) -> None:
+        sent.append(len(chunk["value"]))
+        send_chunk(producer, chunk, tally, fail_fast)
+        if len(sent) == 1:  # as if a message of the first chunk failed on the broker
+            failures.append(1)
+
+    failures: list[int] = []
+    monkeypatch.setattr(_worker, "_send_chunk", counted)
+
+    class Stats:
+        @property
+        def failed(self) -> int:
+            return len(failures)
+
+    config = _worker.SinkConfig(url=f"memory://{uuid.uuid4().hex}", topic="t")
+    entry = _worker._lease(config)
+    _worker._release(entry)
+    monkeypatch.setattr(type(entry.producer), "stats", property(lambda self: Stats()))
+    chunks = [{"value": [b"a"]}, {"value": [b"b"]}, {"value": [b"c"]}]
+    _worker.publish_task(config, chunks)
+    assert sent == [1]  # the second chunk saw the failure: nothing more was sent
+
+
+def test_a_reused_spark_worker_freezes_what_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PySpark's daemon collects garbage after every task of a reused worker: once the worker
+    has a producer, what it holds is frozen, and unfrozen again when the producer closes."""
+    gc.unfreeze()
+    config = _worker.SinkConfig(url="null://", topic="t")
+    _worker.publish_task(config, [{"value": [b"a"]}])
+    assert gc.get_freeze_count() == 0  # not in a Spark worker: nothing frozen
+    _worker.close_all()
+    gc.freeze()  # the process's own freeze is its own: closing a producer leaves it
+    _worker.publish_task(config, [{"value": [b"a"]}])
+    frozen = gc.get_freeze_count()
+    _worker.close_all()
+    assert gc.get_freeze_count() == frozen > 0
+    gc.unfreeze()
+
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    try:
+        _worker.publish_task(config, [{"value": [b"a"]}])
+        assert gc.get_freeze_count() > 0
+        _worker.close_all()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
