@@ -1018,7 +1018,7 @@ static double monotonic(void) {
  * window is full; NULL with an exception set. fields: a message's, in Message order; partition
  * replaces its partition. */
 static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *partition,
-                       Py_ssize_t connection, PyObject *slot, PyObject *context) {
+                       Py_ssize_t connection, PyObject *slot, PyObject *context, int untrack) {
     Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
     if (in_flight + self->handed - self->taken >= self->limit) return Py_NewRef(Py_None);
     PyObject *seq = PyIter_Next(self->seqs);
@@ -1047,7 +1047,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
     PyTuple_SET_ITEM(record, R_TIMESTAMP, Py_NewRef(fields[M_TIMESTAMP]));
     PyTuple_SET_ITEM(record, R_CONTEXT, Py_NewRef(context));
     PyObject_GC_Track(record);
-    if (self->untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
+    if (untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
 
     /* From here on the message is counted: it must end acked or failed. */
     if (PyDict_SetItem(self->pending, seq, record) < 0) {
@@ -1076,7 +1076,7 @@ static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ss
     Py_ssize_t connection = PyLong_AsSsize_t(args[2]);
     if (connection == -1 && PyErr_Occurred()) return NULL;
     return admit(self, &PyTuple_GET_ITEM(args[0], 0), args[1], connection, args[3],
-                 nargs == 5 ? args[4] : Py_None);
+                 nargs == 5 ? args[4] : Py_None, self->untrack);
 }
 
 static PyMethodDef WindowCore_methods[] = {
@@ -1274,7 +1274,7 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     Py_ssize_t connection;
     if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) goto error;
     PyObject *fields[M_FIELDS] = {value, key, topic, Py_None, headers, Py_None, stamp};
-    record = admit(window, fields, partition, connection, Py_None, context);
+    record = admit(window, fields, partition, connection, Py_None, context, window->untrack);
     Py_DECREF(partition);
     if (record == NULL) goto error;
     Py_CLEAR(outcome);
@@ -1368,7 +1368,9 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
             goto error;
         PyObject *fields[M_FIELDS] = {PyList_GET_ITEM(values, i), key,    topic,  Py_None,
                                       Py_None,                   Py_None, Py_None};
-        PyObject *record = admit(window, fields, partition, connection, Py_None, Py_None);
+        /* A chunk's records all live until the chunk is settled: untracked on every backend
+         * (a window of tracked tuples makes the collector's work grow with the window). */
+        PyObject *record = admit(window, fields, partition, connection, Py_None, Py_None, 1);
         Py_DECREF(partition);
         if (record == NULL) goto error;
         int appended = PyList_Append(PyList_GET_ITEM(by_connection, connection), record);
