@@ -42,6 +42,20 @@ def _positive_number(_: object, field: attrs.Attribute[Any], value: object) -> N
         )
 
 
+def _given_positive_int(instance: object, field: attrs.Attribute[Any], value: object) -> None:
+    """``_positive_int`` for a setting that has no None (``connections``)."""
+    if value is None:
+        raise ConfigurationError(f"{field.name} must be a positive int, got None")
+    _positive_int(instance, field, value)
+
+
+def _given_positive_number(instance: object, field: attrs.Attribute[Any], value: object) -> None:
+    """``_positive_number`` for a setting that has no None (``timeout``, ``stats_interval``)."""
+    if value is None:
+        raise ConfigurationError(f"{field.name} must be a positive number of seconds, got None")
+    _positive_number(instance, field, value)
+
+
 def _fraction(_: object, field: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ConfigurationError(f"{field.name} must be a number from 0 to 1, got {value!r}")
@@ -103,13 +117,13 @@ class ProducerOptions:
         30.0,
         "seconds a message may stay unacknowledged before it fails; also bounds connecting",
         text=float,
-        check=_positive_number,
+        check=_given_positive_number,
     )
     connections: int = _setting(
         1,
         "connections to the broker; a partition always uses the same one",
         text=int,
-        check=_positive_int,
+        check=_given_positive_int,
     )
     partitioner: str | partitioners.KeyPartitioner = _setting(
         "xxhash",
@@ -143,7 +157,7 @@ class ProducerOptions:
         check=_callback,
     )
     stats_interval: float = _setting(
-        5.0, "seconds between on_stats calls", text=float, check=_positive_number, cli=False
+        5.0, "seconds between on_stats calls", text=float, check=_given_positive_number, cli=False
     )
     value_serializer: str | Serializer | None = _setting(
         None, "turns each value into bytes: json, str, bytes or a function", text=str, cli=False

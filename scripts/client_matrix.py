@@ -76,6 +76,9 @@ CORE_MARK = "not brokers and not slow and not spark"
 SKIP_EXTRAS = frozenset({"spark", "all", "dev"})
 #: Entries of the ``dev`` extra that no test imports.
 DEV_SKIP = frozenset({"mypy", "ruff", "pyinstrument"})
+#: Test tools every venv gets besides the dev extra's: pytest-xdist, so that pytest arguments
+#: after ``--`` may run the tests in several workers (.ci/run passes ``-n 2 --dist loadfile``).
+TEST_TOOLS = ("pytest-xdist>=3.5",)
 #: What goes into the wheel (and into the source hash).
 SOURCE_ITEMS = ("producerkit", "pyspark_producerkit", "setup.py", "pyproject.toml", "README.md")
 PROBE_URLS = {
@@ -602,8 +605,8 @@ def prune(root: Path, keep: int) -> None:
 
 def requirements(source: Path, aiokafka: str, nats_py: str) -> list[str]:
     """pyproject's runtime deps, its extras but SKIP_EXTRAS, what the all extra adds of its own
-    (uvloop: the broker tests run on it too) and the dev extra's test tools (but DEV_SKIP), with
-    the two clients pinned
+    (uvloop: the broker tests run on it too), the dev extra's test tools (but DEV_SKIP) and
+    TEST_TOOLS, with the two clients pinned
     (every other requirement on them is dropped: a raised lower bound must not block a pin)."""
     project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
     optional: dict[str, list[str]] = project.get("optional-dependencies", {})
@@ -613,6 +616,7 @@ def requirements(source: Path, aiokafka: str, nats_py: str) -> list[str]:
             wanted += extra_requirements
     wanted += [r for r in optional.get("all", []) if _req_name(r) != "producerkit"]
     wanted += [r for r in optional.get("dev", []) if _req_name(r) not in DEV_SKIP]
+    wanted += TEST_TOOLS
     out: list[str] = ["pip"]  # uv's venvs have none; test_packaging builds a wheel with it
     for requirement in wanted:
         name = _req_name(requirement)

@@ -323,17 +323,21 @@ df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias
 """
 
 
-def run_local_cluster(body: str, workdir: Path) -> list[int]:
+def run_local_cluster(body: str, workdir: Path) -> dict[str, list[int]]:
     """Run ``body`` on a ``local-cluster[2,1,1024]`` session (two executor JVMs) in a subprocess
     (one Python process holds one SparkContext), with ``spark``, ``F``, ``pks`` and ``df`` (20,000
-    string ``value`` rows in 4 partitions) defined; ``body`` prints ``RESULT`` and integers,
-    which are returned."""
+    string ``value`` rows in 4 partitions) defined; ``body`` prints lines ``RESULT <name>`` and
+    integers, returned as name -> integers."""
     import subprocess
 
     script = _LOCAL_CLUSTER_START + body + "\nspark.stop()\n"
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=workdir
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=280, cwd=workdir
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, done.stderr[-3000:]
-    return list(map(int, lines[0].split()[1:]))
+    results = {
+        words[1]: list(map(int, words[2:]))
+        for words in (line.split() for line in done.stdout.splitlines())
+        if words[:1] == ["RESULT"]
+    }
+    assert results, done.stderr[-3000:]
+    return results

@@ -48,6 +48,9 @@ BAD_CONSTRUCTION: list[tuple[str, dict[str, Any], str]] = [
     ("null://", {"timeout": math.nan}, "timeout"),
     ("null://", {"timeout": math.inf}, "timeout"),
     ("null://", {"timeout": "30"}, "timeout"),
+    ("kafka://127.0.0.1", {"timeout": None}, "timeout"),  # found by the fuzzer: was a TypeError
+    ("kafka://127.0.0.1", {"connections": None}, "connections"),  # likewise
+    ("null://", {"stats_interval": None}, "stats_interval"),
     ("null://", {"connections": 0}, "connections"),
     ("null://", {"connections": -1}, "connections"),
     ("null://", {"bogus": 1}, "bogus"),

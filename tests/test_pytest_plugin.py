@@ -16,6 +16,15 @@ pytest_plugins = ["pytester"]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
 
 
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytest each test runs is a user's plain run, also when this suite runs in
+    pytest-xdist workers (CI's extra runs): without this it inherits PYTEST_XDIST_WORKER, and
+    pytest-benchmark then takes itself for an xdist worker and disables every benchmark."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def docs_example(section: str = "## A complete example") -> str:
     """The first python block of a section of docs/testing.md."""
     text = DOCS.read_text().split(f"\n{section}\n", 1)[1]

@@ -9,7 +9,7 @@ import anyio
 import pytest
 from conftest import BackendCase
 
-from producerkit import ConfigurationError, Producer, ProducerClosed
+from producerkit import ConfigurationError, Delivery, Producer, ProducerClosed
 from producerkit._rate import RateLimit
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +30,9 @@ async def test_max_rate_5000_over_10000_messages_takes_two_seconds(
         elapsed = time.monotonic() - started
         stats = producer.stats
     assert stats.acked == 10_001 and stats.failed == 0
-    assert 1.9 <= elapsed <= 2.2, elapsed  # 2.0 s, the burst (50 ms) early, the last acks late
+    # 2.0 s, the burst (50 ms) early, the last acks late; a busy machine adds (2.23 s was seen
+    # on memory:// with the load at 12 on two cores)
+    assert 1.9 <= elapsed <= 2.5, elapsed
     assert stats.rate_waits > 0
 
 
@@ -51,7 +53,7 @@ async def test_max_bytes_rate_limits_bytes(backend: BackendCase, topic: str) -> 
 async def test_concurrent_blocking_produces_share_the_limit_in_order(
     backend: BackendCase, topic: str
 ) -> None:
-    order: list[int] = []
+    acked: list[tuple[int, Delivery]] = []  # in the order the produce() calls returned
     async with Producer(
         backend.url, topic=topic, max_rate=1000, rate_burst=1, timeout=10, **backend.options
     ) as producer:
@@ -59,8 +61,9 @@ async def test_concurrent_blocking_produces_share_the_limit_in_order(
         await anyio.sleep(0.01)
 
         async def one(number: int) -> None:
-            await producer.produce(b"%d" % number)
-            order.append(number)
+            delivery = await producer.produce(b"%d" % number)
+            assert delivery is not None
+            acked.append((number, delivery))
 
         started = time.monotonic()
         async with anyio.create_task_group() as group:
@@ -69,7 +72,20 @@ async def test_concurrent_blocking_produces_share_the_limit_in_order(
                 await anyio.sleep(0)  # each one queued before the next (first come...)
         elapsed = time.monotonic() - started
     assert 0.18 <= elapsed <= 0.6, elapsed  # at least 199 intervals of 1 ms; a busy machine adds
-    assert order == sorted(order)  # ... first served
+    # ... first served: each partition's messages were sent, stored and acked in the order they
+    # were produced. Across partitions the acks may come in any order: Kafka's sticky keyless
+    # partitioning puts runs of these messages on different partitions, each batch acked alone
+    # (an ack order of [0, 1, 14, 2, ...] is no rate limiter out of turn).
+    assert sorted(number for number, _ in acked) == list(range(200))
+    by_partition: dict[int | None, list[tuple[int, Delivery]]] = {}
+    for number, delivery in acked:
+        by_partition.setdefault(delivery.partition, []).append((number, delivery))
+    for runs in by_partition.values():
+        numbers = [number for number, _ in runs]
+        assert numbers == sorted(numbers), numbers
+        offsets = [delivery.offset for _, delivery in runs]
+        if None not in offsets:  # stored in produce order too
+            assert offsets == sorted(offsets), (numbers, offsets)
 
 
 async def test_a_cancelled_waiter_takes_nothing_and_the_queue_goes_on(

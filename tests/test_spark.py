@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -34,7 +35,10 @@ from pyspark.sql import functions as F  # noqa: E402
 
 import producerkit.spark as pks  # noqa: E402
 
-N = 100_000
+#: Rows of the read-back tests: 12,000 per partition (4), so each task fills the 10,000-message
+#: window, and a publish() task gets two Arrow batches (Spark's default is 10,000 rows a batch).
+#: (100,000 before: the same paths, taken more times.)
+N = 48_000
 
 
 def _topic() -> str:
@@ -60,7 +64,7 @@ def _rows(spark: SparkSession, n: int, partitions: int = 4) -> Any:
     )
 
 
-def test_publish_kafka_100k_read_back(spark: SparkSession, kafka_broker: LocalBroker) -> None:
+def test_publish_kafka_read_back(spark: SparkSession, kafka_broker: LocalBroker) -> None:
     topic = _topic()
     report = pks.publish(_rows(spark, N), kafka_broker.url, topic=topic)
     records = anyio.run(read_kafka, kafka_broker.url, topic, N)
@@ -72,7 +76,7 @@ def test_publish_kafka_100k_read_back(spark: SparkSession, kafka_broker: LocalBr
     assert all(r["key"] == r["value"][2:] for r in records)
 
 
-def test_format_producerkit_100k_read_back(
+def test_format_producerkit_read_back(
     spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
 ) -> None:
     """No register() call: Spark 4 finds pyspark_producerkit.DefaultSource by itself."""
@@ -424,19 +428,58 @@ def test_bad_executor_python_is_explained(spark: SparkSession) -> None:
         os.environ["PYSPARK_PYTHON"] = old
 
 
-def test_local_cluster_separate_executor_jvms(kafka_broker: LocalBroker, tmp_path: Path) -> None:
+# ---------------------------------------------------------------------- local-cluster
+
+
+@pytest.fixture(scope="module")
+def local_cluster(kafka_broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One ``local-cluster[2,1,1024]`` run (two executor JVMs, each with its own Python workers)
+    for both tests below: starting such a cluster takes most of a minute on a busy two-core
+    machine, and what runs on it is independent. On the same 20,000 rows it runs ``publish`` to
+    ``publish_topic`` (RESULT ``publish``: delivered, failed, executor JVMs), then
+    ``df.foreachPartition(partition_writer(...))`` to ``foreach_topic`` with PartitionCounters
+    and a report file (RESULT ``foreach_partition``: the counters' delivered and failed, the
+    report's delivered and partitions)."""
+    workdir = tmp_path_factory.mktemp("local-cluster")
+    publish_topic, foreach_topic = _topic(), _topic()
+    report_path = str(workdir / "report.jsonl")
+    url = kafka_broker.url
+    body = f"""
+report = pks.publish(df, {url!r}, topic={publish_topic!r})
+jvms = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # executors + driver
+print("RESULT publish", report.delivered, report.failed, jvms - 1)
+counters = pks.PartitionCounters(spark)
+df.foreachPartition(pks.partition_writer({url!r}, topic={foreach_topic!r},
+                                         counters=counters, report_path={report_path!r}))
+report = pks.read_report({report_path!r})
+print("RESULT foreach_partition", counters.delivered, counters.failed, report.delivered,
+      len(report.partitions))
+"""
+    return SimpleNamespace(
+        results=run_local_cluster(body, workdir),
+        publish_topic=publish_topic,
+        foreach_topic=foreach_topic,
+    )
+
+
+def test_local_cluster_separate_executor_jvms(
+    kafka_broker: LocalBroker, local_cluster: Any
+) -> None:
     """local-cluster[2,1,1024]: two executor JVMs, each with its own Python workers. Runs in a
     subprocess, since one Python process holds one SparkContext."""
-    topic = _topic()
-    body = f"""
-report = pks.publish(df, {kafka_broker.url!r}, topic={topic!r})
-jvms = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # executors + driver
-print("RESULT", report.delivered, report.failed, jvms - 1)
-"""
-    delivered, failed, executors = run_local_cluster(body, tmp_path)
+    delivered, failed, executors = local_cluster.results["publish"]
     assert (delivered, failed, executors) == (20000, 0, 2)
-    records = anyio.run(read_kafka, kafka_broker.url, topic, 20000)
+    records = anyio.run(read_kafka, kafka_broker.url, local_cluster.publish_topic, 20000)
     assert len(records) == 20000
+
+
+def test_local_cluster_foreach_partition(kafka_broker: LocalBroker, local_cluster: Any) -> None:
+    """local-cluster[2,1,1024]: foreachPartition(partition_writer) on two executor JVMs; the
+    report file and the accumulators agree with what aiokafka reads back. (With the
+    partition_writer tests in test_spark_partition_writer.py before: here, it shares the
+    cluster above.)"""
+    assert local_cluster.results["foreach_partition"] == [20000, 0, 20000, 4]
+    assert len(anyio.run(read_kafka, kafka_broker.url, local_cluster.foreach_topic, 20000)) == 20000
 
 
 def test_streaming_rate_example() -> None:
@@ -537,7 +580,7 @@ def test_worker_ships_serializers_and_makes_structs_plain() -> None:
 
     from producerkit.backends.memory import get_store
     from producerkit.spark import _publish, _worker
-    from producerkit.spark._worker import _maps_as_dicts, _pylist
+    from producerkit.spark._chunks import _maps_as_dicts, _pylist
 
     name = f"spark-serializers-{uuid.uuid4().hex}"
     store = get_store(name)
