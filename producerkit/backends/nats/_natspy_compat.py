@@ -73,12 +73,14 @@ def _probe(client: Client) -> str | None:
 
 
 async def confirm_written(client: Client, timeout: float) -> None:
-    """The public path's proof that the server has read everything published so far: two
-    ``flush()`` calls, as nats-py writes a flush's PING ahead of publishes still in its buffer
-    (the first writes the buffer out, the second's PONG follows it)."""
+    """The public path's proof that the server has read everything published so far: ``flush()``
+    writes the buffer out (nats-py writes a flush's PING ahead of publishes still in its buffer),
+    then ``rtt()``'s PONG follows them. Not ``flush()`` twice: once nats-py's read loop has ended
+    (the server gone), ``flush()`` returns without any PONG, while ``rtt()`` always waits for one
+    and raises when none comes."""
     seconds = max(1, math.ceil(timeout))  # nats-py takes whole seconds
     await client.flush(seconds)
-    await client.flush(seconds)
+    await client.rtt(seconds)
 
 
 class DirectWriter:

@@ -23,8 +23,8 @@ class NatsConnection(NatsClientConnection):
     """Core NATS. On the fast path each burst writes nats-py's buffer out first, then its own
     PING with a future nats-py never cancels (nats-py's ``flush()`` can write its PING ahead of
     buffered publishes, and a timed-out flush leaves a cancelled future that breaks the next
-    PONG); on the public path a burst is confirmed by ``flush()`` twice. Bursts are pipelined;
-    a burst whose PONG never comes (connection lost) is failed by its deadline.
+    PONG); on the public path a burst is confirmed by ``flush()`` then ``rtt()``. Bursts are
+    pipelined; a burst whose PONG never comes (connection lost) is failed by its deadline.
     """
 
     def setup(self) -> None:
