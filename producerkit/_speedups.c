@@ -857,7 +857,8 @@ static PyTypeObject RouterType = {
 /* ------------------------------------------------------------------------------ admitting */
 
 /* Record: the C twin of producerkit._record.Record, a tuple subclass whose fields are also
- * read by name (a member per position), allocated from a free list of its own: a record is
+ * read by name (a member per position: T_OBJECT_EX, which CPython's specializing interpreter
+ * turns into a direct load, where T_OBJECT takes the generic attribute lookup), allocated from a free list of its own: a record is
  * built and dropped per message, and a named tuple class defined in Python costs every message
  * the generic allocation and deallocation of a heap type. */
 
@@ -868,18 +869,18 @@ static int record_free_count;
 #define ITEM_OFFSET(i) (offsetof(PyTupleObject, ob_item) + (i) * sizeof(PyObject *))
 
 static PyMemberDef Record_members[] = {
-    {"seq", T_OBJECT, ITEM_OFFSET(R_SEQ), READONLY, "its number: the n-th record admitted has n"},
-    {"value", T_OBJECT, ITEM_OFFSET(R_VALUE), READONLY, "bytes, or None for a tombstone"},
-    {"key", T_OBJECT, ITEM_OFFSET(R_KEY), READONLY, "bytes or None"},
-    {"topic", T_OBJECT, ITEM_OFFSET(R_TOPIC), READONLY, "str"},
-    {"partition", T_OBJECT, ITEM_OFFSET(R_PARTITION), READONLY, "where it was routed, or None"},
-    {"headers", T_OBJECT, ITEM_OFFSET(R_HEADERS), READONLY, "(name, value) pairs, or None"},
-    {"msg_id", T_OBJECT, ITEM_OFFSET(R_MSG_ID), READONLY, "str or None"},
-    {"deadline", T_OBJECT, ITEM_OFFSET(R_DEADLINE), READONLY, "time.monotonic() to be acked by"},
-    {"connection", T_OBJECT, ITEM_OFFSET(R_CONNECTION), READONLY, "the connection's index"},
-    {"slot", T_OBJECT, ITEM_OFFSET(R_FUTURE), READONLY, "what tells its outcome, or None"},
-    {"timestamp", T_OBJECT, ITEM_OFFSET(R_TIMESTAMP), READONLY, "CreateTime in ms, or None"},
-    {"context", T_OBJECT, ITEM_OFFSET(R_CONTEXT), READONLY, "what on_delivery is told with it"},
+    {"seq", T_OBJECT_EX, ITEM_OFFSET(R_SEQ), READONLY, "its number: the n-th record admitted has n"},
+    {"value", T_OBJECT_EX, ITEM_OFFSET(R_VALUE), READONLY, "bytes, or None for a tombstone"},
+    {"key", T_OBJECT_EX, ITEM_OFFSET(R_KEY), READONLY, "bytes or None"},
+    {"topic", T_OBJECT_EX, ITEM_OFFSET(R_TOPIC), READONLY, "str"},
+    {"partition", T_OBJECT_EX, ITEM_OFFSET(R_PARTITION), READONLY, "where it was routed, or None"},
+    {"headers", T_OBJECT_EX, ITEM_OFFSET(R_HEADERS), READONLY, "(name, value) pairs, or None"},
+    {"msg_id", T_OBJECT_EX, ITEM_OFFSET(R_MSG_ID), READONLY, "str or None"},
+    {"deadline", T_OBJECT_EX, ITEM_OFFSET(R_DEADLINE), READONLY, "time.monotonic() to be acked by"},
+    {"connection", T_OBJECT_EX, ITEM_OFFSET(R_CONNECTION), READONLY, "the connection's index"},
+    {"slot", T_OBJECT_EX, ITEM_OFFSET(R_FUTURE), READONLY, "what tells its outcome, or None"},
+    {"timestamp", T_OBJECT_EX, ITEM_OFFSET(R_TIMESTAMP), READONLY, "CreateTime in ms, or None"},
+    {"context", T_OBJECT_EX, ITEM_OFFSET(R_CONTEXT), READONLY, "what on_delivery is told with it"},
     {NULL},
 };
 
@@ -929,7 +930,7 @@ static PyObject *new_record(void) {
 PyDoc_STRVAR(WindowCore_doc,
 "WindowCore(limit, timeout, watch, untrack=False)\n\n"
 "The C twin of producerkit._window_core.PyWindowCore: the ledger every message reads (pending,\n"
-"limit, peak_in_flight, timeout, handed, taken) and admit().");
+"limit, peak_in_flight, timeout, handed, taken, watching) and admit().");
 
 typedef struct {
     PyObject_HEAD
@@ -939,6 +940,7 @@ typedef struct {
     Py_ssize_t limit, peak_in_flight, handed, taken;
     double timeout;
     int untrack;
+    char watching; /* the window's deadline timer is armed: no watch() until it is disarmed */
 } WindowCore;
 
 static int WindowCore_traverse(WindowCore *self, visitproc visit, void *arg) {
@@ -990,6 +992,7 @@ static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
     self->handed = self->taken = 0;
     self->timeout = timeout;
     self->untrack = untrack;
+    self->watching = 0;
     return 0;
 }
 
@@ -1055,7 +1058,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
         return NULL;
     }
     if (in_flight >= self->peak_in_flight) self->peak_in_flight = in_flight + 1;
-    if (in_flight == 0) {
+    if (in_flight == 0 && !self->watching) {
         PyObject *watched = PyObject_CallOneArg(self->watch, record);
         if (watched == NULL) {
             Py_DECREF(record);
@@ -1095,6 +1098,8 @@ static PyMemberDef WindowCore_members[] = {
      "messages handed over by other threads (counted in flight until taken)"},
     {"taken", T_PYSSIZET, offsetof(WindowCore, taken), 0, "handed-over messages admitted"},
     {"timeout", T_DOUBLE, offsetof(WindowCore, timeout), READONLY, "seconds to each deadline"},
+    {"watching", T_BOOL, offsetof(WindowCore, watching), 0,
+     "the window's deadline timer is armed (set by the window): admit calls watch only when not"},
     {NULL},
 };
 

@@ -1,8 +1,16 @@
 """Types of the optional C module built from _speedups.c (loaded by producerkit._fast)."""
 
+from collections.abc import Callable
 from typing import Any, Final
 
 CRC32C: Final[str]
+MESSAGE_VALUE: Final[int]
+MESSAGE_KEY: Final[int]
+MESSAGE_TOPIC: Final[int]
+MESSAGE_PARTITION: Final[int]
+MESSAGE_HEADERS: Final[int]
+MESSAGE_MSG_ID: Final[int]
+MESSAGE_TIMESTAMP: Final[int]
 RECORD_SEQ: Final[int]
 RECORD_VALUE: Final[int]
 RECORD_KEY: Final[int]
@@ -14,15 +22,35 @@ RECORD_DEADLINE: Final[int]
 RECORD_CONNECTION: Final[int]
 RECORD_FUTURE: Final[int]
 RECORD_TIMESTAMP: Final[int]
+RECORD_CONTEXT: Final[int]
+DECLINED: Final[object]
 
 def encode_batch(
     records: list[Any], start: int, max_bytes: int, time_shift: float
 ) -> tuple[bytes, int]: ...
+def encode_records(
+    records: list[Any], start: int, max_bytes: int, time_shift: float
+) -> tuple[bytes, int, int, int]: ...
+def frame_batch(section: bytes, codec: int, count: int, first_ts: int, max_ts: int) -> bytes: ...
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int: ...
 def untracked(record: tuple[Any, ...]) -> tuple[Any, ...]: ...
 def pop_run(pending: dict[int, Any], records: list[Any]) -> tuple[int, list[int] | None]: ...
+def tell_run(
+    pending: dict[int, Any],
+    records: list[Any],
+    first_offset: int | None,
+    stored_at: float | None,
+    make_delivery: Callable[..., Any],
+    on_delivery: Callable[[Any, Any], object],
+    report: Callable[[Exception], object],
+) -> int: ...
 
-DECLINED: Final[object]
+class Record(tuple[Any, ...]):
+    def __new__(cls, *fields: Any) -> Record: ...
+
+class SlotsMaker:
+    def __init__(self, cls: type, names: tuple[str, ...]) -> None: ...
+    def __call__(self, *values: Any) -> Any: ...
 
 class Router:
     def __init__(self, partitioner: Any, key_hash: Any, keyless: Any, connections: int) -> None: ...
@@ -32,23 +60,27 @@ class Router:
 
 class WindowCore:
     pending: dict[int, Any]
-    timer: Any
     limit: int
     peak_in_flight: int
+    handed: int
+    taken: int
     timeout: float
-    def __init__(self, limit: int, timeout: float, untrack: bool = False) -> None: ...
+    watching: bool
+    def __init__(
+        self,
+        limit: int,
+        timeout: float,
+        watch: Callable[[Any], object],
+        untrack: bool = False,
+    ) -> None: ...
     def admit(
         self,
-        value: bytes | None,
-        key: bytes | None,
-        topic: str,
+        message: tuple[Any, ...],
         partition: int | None,
-        headers: Any,
-        msg_id: str | None,
         connection: int,
-        future: Any,
-        timestamp: int | None = None,
-    ) -> tuple[Any, ...]: ...
+        slot: Any,
+        context: Any = None,
+    ) -> Any: ...
 
 class Admission:
     def __init__(
@@ -60,6 +92,11 @@ class Admission:
         topics: dict[str, int | None],
         default_topic: str | None,
         max_payload: int,
+        *,
+        takes_context: bool = False,
+        stamps: bool = False,
+        value_serializer: Any = None,
+        trace_headers: Any = None,
     ) -> None: ...
     def admit(
         self,
@@ -69,10 +106,15 @@ class Admission:
         partition: object,
         headers: object,
         msg_id: object,
+        context: object,
+        expect: object,
+        timestamp: object,
     ) -> Any: ...
-
-class Gather:
-    ship_due: bool
-    batch_records: int
-    def __init__(self, queues: dict[str, dict[int, Any]], send: Any) -> None: ...
-    def send(self, record: tuple[Any, ...]) -> Any: ...
+    def admit_chunk(
+        self,
+        values: list[Any],
+        keys: list[Any] | None,
+        topic: object,
+        start: int,
+        tombstones: bool,
+    ) -> Any: ...

@@ -495,9 +495,11 @@ class InFlightWindow:
             self._loop = asyncio.get_running_loop()
         delay = max(0.0, deadline - time.monotonic())
         self.timer = self._loop.call_later(delay, self._expire)
+        self.core.watching = True
 
     def _expire(self) -> None:
         self.timer = None
+        self.core.watching = False
         now = time.monotonic()
         expired: list[Record] = []
         for record in self.pending.values():
@@ -523,3 +525,4 @@ class InFlightWindow:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+            self.core.watching = False

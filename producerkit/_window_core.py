@@ -34,6 +34,7 @@ class PyWindowCore:
         "taken",
         "timeout",
         "untrack",
+        "watching",
     )
 
     def __init__(
@@ -51,7 +52,10 @@ class PyWindowCore:
         #: Messages handed over by other threads, and those of them admitted (see reserve()).
         self.handed = 0
         self.taken = 0
-        self._watch = watch  # called with the first record into an empty window
+        self._watch = watch  # called with the first record into an empty window unless watching
+        #: The window's deadline timer is armed (the window sets and clears it): while it is,
+        #: a record into an empty window needs no watch() call.
+        self.watching = False
         self._seqs = itertools.count(1)
 
     def admit(
@@ -77,7 +81,7 @@ class PyWindowCore:
         pending[seq] = record
         if in_flight >= self.peak_in_flight:
             self.peak_in_flight = in_flight + 1
-        if not in_flight:
+        if not in_flight and not self.watching:
             self._watch(record)
         return record
 
