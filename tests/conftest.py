@@ -51,6 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     on_asyncio_only: list[pytest.Item] = []
     kept: list[pytest.Item] = []
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
         fixtures = getattr(item, "fixturenames", ())
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
@@ -69,6 +70,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _UVLOOP = ("asyncio", {"use_uvloop": True})
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """Under pytest-xdist's ``--dist loadgroup``: a file's tests stay on one worker (its module
+    fixtures are set up once), except that every test on the session's SparkSession goes to one
+    worker (one JVM), and the two sharing a local-cluster run to one. Spark tests that start
+    their own JVM in a subprocess stay with their file, free to run beside the session's."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "spark" in fixtures:
+        return "spark-session"
+    if "local_cluster" in fixtures:
+        return "spark-local-cluster"
+    return item.nodeid.split("::", 1)[0]
 
 
 _UVLOOP_MISSING = importlib.util.find_spec("uvloop") is None
