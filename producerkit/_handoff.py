@@ -22,9 +22,9 @@ from producerkit._record import Message, Slot
 from producerkit._window import InFlightWindow
 from producerkit.errors import ProducerClosed, ProduceTimeout
 
-#: ``submit(message, slot, context, reserved=True)``: the producer's way in for a handed-over
-#: message.
-Submit = Callable[[Message, Slot, Any, bool], "Awaitable[None] | None"]
+#: ``submit(message, slot, context)``: the producer's way in for a handed-over message (its
+#: room reserved).
+Submit = Callable[[Message, Slot, Any], "Awaitable[None] | None"]
 
 
 class Handoff:
@@ -92,7 +92,7 @@ class Handoff:
             while taking:
                 message, slot, context = taking.popleft()
                 try:
-                    waiting = submit(message, slot, context, True)
+                    waiting = submit(message, slot, context)
                 except Exception as exc:  # not admitted: it fails in the room it held
                     fail_unadmitted(message, slot, context, exc)
                     continue

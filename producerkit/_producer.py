@@ -216,11 +216,11 @@ class Producer:
             self._submitter.connections = self._connections
             self._submitter.sends = [connection.send for connection in self._connections]
             self._submitter.open = True
-            self._handoff = Handoff(loop, self._window, self._submitter.submit)
             self._admission = self._submitter.fused_path(
                 self._rules,
                 takes_all=self._rate is None and self.settings.max_in_flight_bytes is None,
             )
+            self._handoff = Handoff(loop, self._window, self._submitter.submit_handed)
             self._state = _RUNNING
             self._running = True
             if self._stats_timer is not None:
