@@ -50,7 +50,7 @@ from typing import Any
 import psutil
 
 import producerkit as pk
-from producerkit.testing.brokers import start_kafka
+from producerkit.testing.brokers import create_kafka_topic, start_kafka
 
 _SPARK_RUN = """
 import json, os, sys, time
@@ -157,20 +157,6 @@ spark.stop()
 """
 
 
-async def _create_topics(url: str, partitions: int) -> None:
-    """Tansu's null storage does not auto-create topics: create them (aiokafka's admin client)."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(name, partitions, 1) for name in ("bench-single", "bench-spark")]
-        )
-    finally:
-        await admin.close()
-
-
 def _cpu_seconds() -> float:
     times = psutil.Process().cpu_times()
     return float(times.user + times.system)
@@ -275,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[str, dict[str, float]] = {}
     with start_kafka(storage="null://sink") as broker:
-        asyncio.run(_create_topics(broker.url, args.topic_partitions))
+        for name in ("bench-single", "bench-spark"):
+            asyncio.run(create_kafka_topic(broker.url, name, args.topic_partitions))
         singles, confluents = [], []
         for _ in range(args.repeat):  # interleaved, each kept at its best
             singles.append(

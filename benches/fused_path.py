@@ -22,26 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import producerkit as pk
-from producerkit.testing.brokers import start_kafka
+from producerkit.testing.brokers import create_kafka_topic, start_kafka
 
 VALUE = b"x" * 512
-
-
-async def _create_topic(url: str, topic: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 4, 1)])
-    finally:
-        await admin.close()
 
 
 async def run(url: str, keys: list[bytes], python_path: bool) -> float:
     topic = f"fused-{uuid.uuid4().hex[:8]}"
     if url.startswith("kafka://"):
-        await _create_topic(url, topic)
+        await create_kafka_topic(url, topic, 4)
     headers: Any = [] if python_path else None
     async with pk.Producer(url, topic=topic) as producer:
         await producer.produce(b"warm-up", key=b"warm-up")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import producerkit as pk
-from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import LocalBroker, create_kafka_topic, start_kafka, start_nats
 
 CONNECTIONS = (1, 2, 4)
 PARTITIONS = (1, 2, 4)
@@ -96,17 +96,6 @@ def cpu_seconds(pid: int) -> float:
         # Fields after the ")" closing the command name: utime and stime are the 12th and 13th.
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-async def create_kafka_topic(broker_url: str, topic: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker_url.removeprefix("kafka://"))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def delete_jetstream_stream(broker_url: str, topic: str) -> None:

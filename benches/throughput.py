@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import producerkit as pk
-from producerkit.testing.brokers import start_kafka, start_nats
+from producerkit.testing.brokers import create_kafka_topic, start_kafka, start_nats
 
 VALUE = b"x" * 512
 #: producerkit's settings on Kafka here, next to librdkafka's defaults that confluent-kafka runs
@@ -343,13 +343,6 @@ def best_of(runners: dict[str, Runner], repeat: int) -> dict[str, int]:
     return best
 
 
-async def create_topic(url: str, topic: str, partitions: int = 4) -> None:
-    """Tansu's null storage does not auto-create topics: create each one first (as memory does)."""
-    from aiokafka.admin import NewTopic
-
-    await _admin(url, "create_topics", [NewTopic(topic, partitions, 1)])
-
-
 async def delete_topic(url: str, topic: str) -> None:
     await _admin(url, "delete_topics", [topic])
 
@@ -402,7 +395,7 @@ def on_new_topic_of(url: str, tag: str, run: Callable[[str], Awaitable[int]]) ->
 
     async def runner() -> int:
         topic = f"{tag}-{time.monotonic_ns()}"
-        await create_topic(url, topic)
+        await create_kafka_topic(url, topic, 4)
         try:
             return await run(topic)
         finally:
@@ -506,7 +499,7 @@ async def in_flight_memory(url: str, count: int, window: int) -> dict[str, float
     from producerkit.testing.proxy import FaultProxy
 
     topic = f"memory-{time.monotonic_ns()}"
-    await create_topic(url, topic)
+    await create_kafka_topic(url, topic, 4)
     values = [os.urandom(len(VALUE)) for _ in range(count)]
     keys = [b"user-%d" % (i % 10_000) for i in range(count)]
     with FaultProxy.for_url(url, 0) as proxy:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import producerkit as pk
-from producerkit.testing.brokers import start_nats
+from producerkit.testing.brokers import create_kafka_topic, start_nats
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -158,24 +158,10 @@ async def partitioned(backend: BackendCase) -> BackendCase:
     """The backend with 3 partitions: ``partitions=3`` where it takes that option, a fresh
     3-partition topic on Kafka (none on JetStream: a plain subject has no partitions)."""
     if backend.spec.partitioned and backend.broker is not None:
-        await _create_kafka_topic(backend.url, "bad-input-3", 3)
+        await create_kafka_topic(backend.url, "bad-input-3", 3, exist_ok=True)
     if "partitions" in backend.spec.options:
         return backend.with_options(partitions=3)
     return backend
-
-
-async def _create_kafka_topic(url: str, topic: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        await admin.close()
 
 
 async def test_bad_messages_are_refused_at_the_call(partitioned: BackendCase) -> None:

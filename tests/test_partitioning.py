@@ -25,6 +25,7 @@ from conftest import read_jetstream, read_kafka
 
 import producerkit as pk
 from producerkit import partitioners
+from producerkit.testing.brokers import create_kafka_topic
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -111,17 +112,6 @@ def established_connections(port: int) -> int:
 
 def new_topic() -> str:
     return f"p-{uuid.uuid4().hex[:12]}"
-
-
-async def create_kafka_topic(url: str, topic: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 def check_per_key_order(sequences: dict[bytes, list[int]], per_key: int) -> None:

@@ -199,7 +199,9 @@ def _prepare_partitions(url: str, topic: str, partitions: int, options: dict[str
     if scheme in ("nats", "jetstream", "null", "memory"):
         options["partitions"] = partitions
     elif scheme == "kafka":
-        asyncio.run(_create_kafka_topic(url, topic, partitions))
+        from producerkit.testing.brokers import create_kafka_topic
+
+        asyncio.run(create_kafka_topic(url, topic, partitions, exist_ok=True))
 
 
 def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -455,20 +457,6 @@ def _resolve_url(url: str, stack: contextlib.ExitStack, options: dict[str, Any])
     if parse_url(url).scheme == "jetstream":
         options.setdefault("create_stream", True)
     return url
-
-
-async def _create_kafka_topic(url: str, topic: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=parse_url(url).server_strings())
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        await admin.close()
 
 
 def _config(args: argparse.Namespace, url: str, options: dict[str, Any]) -> dict[str, Any]:

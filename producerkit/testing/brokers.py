@@ -6,6 +6,8 @@ The demo, ``producerkit dev``, the benchmarks and the test suite all start broke
     with start_kafka() as kafka, start_nats(jetstream=True) as nats:
         print(kafka.url, nats.url)     # kafka://127.0.0.1:PORT  jetstream://127.0.0.1:PORT
 
+``create_kafka_topic(url, topic, partitions)`` makes a topic (Tansu's null storage creates none).
+
 ``BrokerFaults`` puts a fault proxy (``producerkit.testing.proxy.FaultProxy``) in front of one of
 them and adds the broker's own faults, ``kill()`` and ``restart()``::
 
@@ -287,3 +289,29 @@ def start_nats(
     command += extra_args or []
     url = f"{'jetstream' if jetstream else 'nats'}://127.0.0.1:{port}"
     return LocalBroker("nats", command, port, url, path, owned).start()
+
+
+async def create_kafka_topic(
+    url: str, topic: str, partitions: int = 1, *, exist_ok: bool = False
+) -> None:
+    """Create ``topic`` with ``partitions`` partitions (one replica) on the Kafka cluster at
+    ``url`` (``kafka://host:port[,host:port]``), through aiokafka's admin client: Tansu's null
+    storage creates no topic by itself. The broker's refusal raises aiokafka's error for its
+    code (``TopicAlreadyExistsError`` for a topic that exists, unless ``exist_ok``)."""
+    try:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.errors import TopicAlreadyExistsError, for_code
+    except ImportError as exc:
+        raise MissingDependencyError(
+            'creating a Kafka topic needs aiokafka: pip install "producerkit[kafka]"'
+        ) from exc
+    admin = AIOKafkaAdminClient(bootstrap_servers=parse_url(url).server_strings())
+    await admin.start()
+    try:
+        response = await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+    for _name, code, message, *_ in response.topic_errors:
+        error = for_code(code)
+        if code and not (exist_ok and error is TopicAlreadyExistsError):
+            raise error(f"creating topic {topic!r}: {message or error.__name__}")
