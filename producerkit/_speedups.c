@@ -858,11 +858,14 @@ static PyTypeObject RouterType = {
 
 /* Record: the C twin of producerkit._record.Record, a tuple subclass whose fields are also
  * read by name (a member per position: T_OBJECT_EX, which CPython's specializing interpreter
- * turns into a direct load, where T_OBJECT takes the generic attribute lookup), allocated from a free list of its own: a record is
- * built and dropped per message, and a named tuple class defined in Python costs every message
- * the generic allocation and deallocation of a heap type. */
+ * turns into a direct load, where T_OBJECT takes the generic attribute lookup), allocated
+ * from a free list of its own: a record is built and dropped per message, and a named tuple
+ * class defined in Python costs every message the generic allocation and deallocation of a
+ * heap type. The free list holds a produce_batch chunk's worth (at most ~2 MB kept after a
+ * burst): records allocated past it count toward the collector's young generation, and a
+ * chunk of them triggered collections in the middle of admitting it. */
 
-#define RECORD_FREE_LIST 4096
+#define RECORD_FREE_LIST 16384
 static PyObject *record_free_list[RECORD_FREE_LIST];
 static int record_free_count;
 
@@ -1020,12 +1023,17 @@ static double monotonic(void) {
 /* admit(): the record, built and in flight (new reference); Py_None (new reference) when the
  * window is full; NULL with an exception set. fields: a message's, in Message order; partition
  * replaces its partition. */
+/* The record of one message admitted into the window (see WindowCore_doc), or None if the window
+ * is full. ``deadline``: monotonic() + timeout as a float (a chunk's records share one, taken
+ * as the chunk is admitted), or NULL to take the clock here. */
 static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *partition,
-                       Py_ssize_t connection, PyObject *slot, PyObject *context, int untrack) {
+                       Py_ssize_t connection, PyObject *slot, PyObject *context, int untrack,
+                       PyObject *deadline) {
     Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
     if (in_flight + self->handed - self->taken >= self->limit) return Py_NewRef(Py_None);
     PyObject *seq = PyIter_Next(self->seqs);
-    PyObject *deadline = PyFloat_FromDouble(monotonic() + self->timeout);
+    deadline = deadline == NULL ? PyFloat_FromDouble(monotonic() + self->timeout)
+                                : Py_NewRef(deadline);
     PyObject *index = PyLong_FromSsize_t(connection);
     PyObject *record = new_record();
     if (seq == NULL || deadline == NULL || index == NULL || record == NULL) {
@@ -1049,8 +1057,11 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
     PyTuple_SET_ITEM(record, R_FUTURE, Py_NewRef(slot));
     PyTuple_SET_ITEM(record, R_TIMESTAMP, Py_NewRef(fields[M_TIMESTAMP]));
     PyTuple_SET_ITEM(record, R_CONTEXT, Py_NewRef(context));
-    PyObject_GC_Track(record);
-    if (untrack) Py_DECREF(untracked(NULL, record)); /* see untracked_doc */
+    /* Tracked unless untrack and no field can hold a reference, as untracked() decides: the
+     * other fields are bytes, str, int, float or None by construction. */
+    if (!untrack || PyObject_IS_GC(fields[M_HEADERS]) || PyObject_IS_GC(slot) ||
+        PyObject_IS_GC(context))
+        PyObject_GC_Track(record);
 
     /* From here on the message is counted: it must end acked or failed. */
     if (PyDict_SetItem(self->pending, seq, record) < 0) {
@@ -1079,7 +1090,7 @@ static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ss
     Py_ssize_t connection = PyLong_AsSsize_t(args[2]);
     if (connection == -1 && PyErr_Occurred()) return NULL;
     return admit(self, &PyTuple_GET_ITEM(args[0], 0), args[1], connection, args[3],
-                 nargs == 5 ? args[4] : Py_None, self->untrack);
+                 nargs == 5 ? args[4] : Py_None, self->untrack, NULL);
 }
 
 static PyMethodDef WindowCore_methods[] = {
@@ -1279,7 +1290,8 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     Py_ssize_t connection;
     if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) goto error;
     PyObject *fields[M_FIELDS] = {value, key, topic, Py_None, headers, Py_None, stamp};
-    record = admit(window, fields, partition, connection, Py_None, context, window->untrack);
+    record = admit(window, fields, partition, connection, Py_None, context, window->untrack,
+                   NULL);
     Py_DECREF(partition);
     if (record == NULL) goto error;
     Py_CLEAR(outcome);
@@ -1355,6 +1367,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
             return Py_NewRef(DECLINED);
     }
     Py_ssize_t connections = self->router->connections, i = start;
+    PyObject *deadline = NULL; /* one for the chunk: its records are admitted in one moment */
     PyObject *by_connection = PyList_New(connections);
     if (by_connection == NULL) return NULL;
     for (Py_ssize_t c = 0; c < connections; c++) {
@@ -1363,6 +1376,8 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         PyList_SET_ITEM(by_connection, c, records);
     }
     WindowCore *window = self->window;
+    deadline = PyFloat_FromDouble(monotonic() + window->timeout);
+    if (deadline == NULL) goto error;
     for (; i < count; i++) {
         PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
         if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
@@ -1375,16 +1390,19 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
                                       Py_None,                   Py_None, Py_None};
         /* A chunk's records all live until the chunk is settled: untracked on every backend
          * (a window of tracked tuples makes the collector's work grow with the window). */
-        PyObject *record = admit(window, fields, partition, connection, Py_None, Py_None, 1);
+        PyObject *record =
+            admit(window, fields, partition, connection, Py_None, Py_None, 1, deadline);
         Py_DECREF(partition);
         if (record == NULL) goto error;
         int appended = PyList_Append(PyList_GET_ITEM(by_connection, connection), record);
         Py_DECREF(record);
         if (appended < 0) goto error;
     }
+    Py_DECREF(deadline);
     PyObject *result = Py_BuildValue("(nN)", i, by_connection);
     return result;
 error:
+    Py_XDECREF(deadline);
     /* Records admitted before the error are in flight: hand them back with it, so that the
      * caller sends them and they are not lost from the ledger; the error is the i-th's. */
     if (i > start) return Py_BuildValue("(nNN)", i, by_connection, raised_exception());
