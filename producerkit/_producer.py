@@ -30,7 +30,7 @@ from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
 from producerkit._options import ProducerOptions, is_positive_seconds
 from producerkit._rate import RateLimit
 from producerkit._record import Message, Record
-from producerkit._routing import Router
+from producerkit._routing import new_router
 from producerkit._spool import FailureReports
 from producerkit._submit import DECLINED, Submitter
 from producerkit._topics import Topics
@@ -140,7 +140,7 @@ class Producer:
 
         key_partitioner = partitioners.resolve(partitioner)
         self._keyless = partitioners.resolve_keyless(keyless or spec.default_keyless)
-        self._router = Router(
+        self._router = new_router(
             key_partitioner, partitioners.modulo_hash(key_partitioner), self._keyless, connections
         )
         self._rate: RateLimit | None = None

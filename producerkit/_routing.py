@@ -7,6 +7,7 @@ this installation has; the differential tests compare the two.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,9 @@ class PyRouter:
         key_hash: Callable[[bytes], int] | None,
         keyless: KeylessPartitioner,
         connections: int,
+        native_hash: int = 0,
     ) -> None:
+        """``native_hash``: taken by the C twin (see :func:`native_hash`); unused here."""
         if connections < 1:
             raise ValueError("Router: connections must be at least 1")
         self._partitioner = partitioner
@@ -76,3 +79,38 @@ class PyRouter:
 
 #: The router this installation runs: the C twin where it was built.
 Router: Any = _fast.speedups.Router if _fast.speedups is not None else PyRouter
+
+
+def new_router(
+    partitioner: Callable[[bytes, int], int],
+    key_hash: Callable[[bytes], int] | None,
+    keyless: KeylessPartitioner,
+    connections: int,
+) -> Any:
+    """A :data:`Router`, given the C function that computes ``key_hash`` where there is one
+    (:func:`native_hash`)."""
+    address = native_hash(key_hash) if Router is not PyRouter else 0
+    return Router(partitioner, key_hash, keyless, connections, native_hash=address)
+
+
+def native_hash(key_hash: Callable[[bytes], int] | None) -> int:
+    """The address of the C function that computes ``key_hash``, or 0: for xxhash's
+    ``xxh3_64_intdigest`` (the default partitioner's hash), xxHash's ``XXH3_64bits_withSeed``
+    as the xxhash package's extension exports it, found with ctypes. The C router checks it
+    against ``key_hash`` before it uses it; where the symbol is not there, 0 (the router calls
+    ``key_hash`` itself)."""
+    try:
+        import xxhash
+
+        extension = importlib.import_module("xxhash._xxhash")
+    except ImportError:
+        return 0
+    if key_hash is not getattr(xxhash, "xxh3_64_intdigest", None):
+        return 0
+    import ctypes
+
+    try:
+        function = ctypes.CDLL(extension.__file__).XXH3_64bits_withSeed
+    except (AttributeError, OSError, TypeError):
+        return 0
+    return ctypes.cast(function, ctypes.c_void_p).value or 0

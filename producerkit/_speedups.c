@@ -681,13 +681,18 @@ error:
 /* ------------------------------------------------------------------------------ routing */
 
 PyDoc_STRVAR(Router_doc,
-"Router(partitioner, key_hash, keyless, connections)\n\n"
-"The C twin of producerkit._routing.PyRouter (same constructor, same route()).");
+"Router(partitioner, key_hash, keyless, connections, native_hash=0)\n\n"
+"The C twin of producerkit._routing.PyRouter (same constructor, same route()). native_hash:\n"
+"the address of a C function uint64 f(const void *data, size_t size, uint64 seed) that computes\n"
+"key_hash(key) for a bytes key with seed 0 (xxHash's XXH3_64bits_withSeed where key_hash is\n"
+"xxhash's xxh3_64_intdigest: see producerkit._routing.native_hash), called instead of key_hash;\n"
+"it is checked against key_hash on a few keys here, and a mismatch raises ValueError.");
 
 typedef struct {
     PyObject_HEAD
     PyObject *partitioner; /* partitioner(key, n) -> int */
     PyObject *key_hash;    /* h with partition h(key) % n, or None */
+    uint64_t (*native_hash)(const void *, size_t, uint64_t); /* key_hash in C, or NULL */
     PyObject *keyless;     /* KeylessPartitioner: keyless.partition(topic, n) */
     Py_ssize_t connections;
     Py_ssize_t round_robin;
@@ -715,13 +720,44 @@ static void Router_dealloc(Router *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* 0 if native_hash computes key_hash on keys of every length class XXH3 treats apart (0, 1-3,
+ * 4-8, 9-16, 17-128, 129-240, over 240 bytes), else -1 with ValueError. */
+static int check_native_hash(uint64_t (*native_hash)(const void *, size_t, uint64_t),
+                             PyObject *key_hash) {
+    static const Py_ssize_t sizes[] = {0, 1, 3, 5, 12, 40, 200, 1000};
+    char data[1000];
+    for (size_t i = 0; i < sizeof(data); i++) data[i] = (char)(i * 31 + 7);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        PyObject *key = PyBytes_FromStringAndSize(data, sizes[i]);
+        if (key == NULL) return -1;
+        PyObject *expected = PyObject_CallOneArg(key_hash, key);
+        Py_DECREF(key);
+        if (expected == NULL) return -1;
+        unsigned long long want = PyLong_AsUnsignedLongLongMask(expected);
+        Py_DECREF(expected);
+        if (want == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        if (native_hash(data, (size_t)sizes[i], 0) != want) {
+            PyErr_SetString(PyExc_ValueError, "Router: native_hash differs from key_hash");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int Router_init(Router *self, PyObject *args, PyObject *kwargs) {
     PyObject *partitioner, *key_hash, *keyless;
     Py_ssize_t connections;
-    static char *names[] = {"partitioner", "key_hash", "keyless", "connections", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOn:Router", names, &partitioner, &key_hash,
-                                     &keyless, &connections))
+    unsigned long long native_address = 0;
+    static char *names[] = {"partitioner", "key_hash", "keyless", "connections", "native_hash",
+                            NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOn|K:Router", names, &partitioner,
+                                     &key_hash, &keyless, &connections, &native_address))
         return -1;
+    uint64_t (*native_hash)(const void *, size_t, uint64_t) = NULL;
+    if (native_address != 0) {
+        native_hash = (uint64_t(*)(const void *, size_t, uint64_t))(uintptr_t)native_address;
+        if (check_native_hash(native_hash, key_hash) < 0) return -1;
+    }
     if (connections < 1) {
         PyErr_SetString(PyExc_ValueError, "Router: connections must be at least 1");
         return -1;
@@ -732,6 +768,7 @@ static int Router_init(Router *self, PyObject *args, PyObject *kwargs) {
     self->keyless = Py_NewRef(keyless);
     self->connections = connections;
     self->round_robin = 0;
+    self->native_hash = native_hash;
     return 0;
 }
 
@@ -745,6 +782,10 @@ static PyObject *key_partition(Router *self, PyObject *key, PyObject *n_obj) {
     if (n < 1) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no partitions");
         return NULL;
+    }
+    if (self->native_hash != NULL && PyBytes_CheckExact(key)) {
+        uint64_t h = self->native_hash(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), 0);
+        return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
     }
     /* key_hash is one of partitioners.modulo_hash's C hashes (xxh3_64, crc32): its value is an
      * int in [0, 2**64), which the mask reads exactly and faster than the checked conversion. */

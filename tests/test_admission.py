@@ -20,7 +20,7 @@ import producerkit as pk
 from producerkit import partitioners
 from producerkit._fast import SPEEDUPS, speedups
 from producerkit._record import Message, Record
-from producerkit._routing import PyRouter
+from producerkit._routing import PyRouter, native_hash
 from producerkit._window_core import PyWindowCore
 from producerkit.backends.memory import MemoryConnection
 
@@ -259,7 +259,8 @@ def _routers(partitioner: Any, keyless: str, connections: int) -> tuple[Any, Any
         keyless_partitioner = partitioners.resolve_keyless(keyless)
         if isinstance(keyless_partitioner, partitioners.StickyPartitioner):
             keyless_partitioner = partitioners.StickyPartitioner(random.Random(7))
-        made.append(kind(resolved, key_hash, keyless_partitioner, connections))
+        extra = {} if kind is PyRouter else {"native_hash": native_hash(key_hash)}
+        made.append(kind(resolved, key_hash, keyless_partitioner, connections, **extra))
     return made[0], made[1]
 
 
@@ -292,6 +293,33 @@ def test_the_c_router_routes_as_the_python_router(
             continue  # the producer refuses these before routing
         expected = python.route(topic, key, partition, num_partitions)
         assert c.route(topic, key, partition, num_partitions) == expected
+
+
+@needs_speedups
+def test_the_c_router_hashes_keys_of_every_length_in_c_as_xxhash_does() -> None:
+    """The default partitioner's hash in C (xxHash's XXH3_64bits_withSeed, found in the xxhash
+    package): every key length XXH3 treats apart lands where xxh3_64_intdigest puts it."""
+    import ctypes
+
+    import xxhash
+
+    address = native_hash(xxhash.xxh3_64_intdigest)
+    assert address, "the xxhash package's extension exports XXH3_64bits_withSeed"
+    python, c = _routers("xxhash", "round_robin", 3)
+    generator = random.Random(3)
+    for size in [*range(0, 260), 1000, 5000]:
+        key = generator.randbytes(size)
+        for count in (1, 7, 12):
+            assert c.route("t", key, None, count) == python.route("t", key, None, count)
+    # Another function with the same signature is refused at construction.
+    extension = xxhash._xxhash  # type: ignore[attr-defined]
+    wrong = ctypes.cast(ctypes.CDLL(extension.__file__).XXH64, ctypes.c_void_p).value
+    with pytest.raises(ValueError, match="native_hash differs"):
+        speedups.Router(  # type: ignore[union-attr]
+            partitioners.xxhash, xxhash.xxh3_64_intdigest,
+            partitioners.RoundRobinPartitioner(), 1, native_hash=wrong,
+        )  # fmt: skip
+    assert native_hash(partitioners.murmur2) == 0  # no C function for other hashes
 
 
 @needs_speedups
