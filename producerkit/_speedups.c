@@ -979,7 +979,7 @@ PyDoc_STRVAR(WindowCore_doc,
 typedef struct {
     PyObject_HEAD
     PyObject *pending; /* dict seq -> record: the ledger */
-    PyObject *seqs;    /* itertools.count(1): record[SEQ] */
+    long long last_seq; /* record[SEQ] of the last record admitted (the first has 1) */
     PyObject *watch;   /* watch(record): the first record into an empty window */
     Py_ssize_t limit, peak_in_flight, handed, taken;
     double timeout;
@@ -989,14 +989,12 @@ typedef struct {
 
 static int WindowCore_traverse(WindowCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pending);
-    Py_VISIT(self->seqs);
     Py_VISIT(self->watch);
     return 0;
 }
 
 static int WindowCore_clear(WindowCore *self) {
     Py_CLEAR(self->pending);
-    Py_CLEAR(self->seqs);
     Py_CLEAR(self->watch);
     return 0;
 }
@@ -1016,20 +1014,11 @@ static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ndO|p:WindowCore", names, &limit, &timeout,
                                      &watch, &untrack))
         return -1;
-    PyObject *itertools = PyImport_ImportModule("itertools");
-    PyObject *count = itertools == NULL ? NULL : PyObject_GetAttrString(itertools, "count");
-    Py_XDECREF(itertools);
-    PyObject *seqs = count == NULL ? NULL : PyObject_CallFunction(count, "i", 1);
-    Py_XDECREF(count);
     PyObject *pending = PyDict_New();
-    if (seqs == NULL || pending == NULL) {
-        Py_XDECREF(seqs);
-        Py_XDECREF(pending);
-        return -1;
-    }
+    if (pending == NULL) return -1;
     WindowCore_clear(self);
     self->pending = pending;
-    self->seqs = seqs;
+    self->last_seq = 0;
     self->watch = Py_NewRef(watch);
     self->limit = limit;
     self->peak_in_flight = 0;
@@ -1072,20 +1061,19 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
                        PyObject *deadline) {
     Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
     if (in_flight + self->handed - self->taken >= self->limit) return Py_NewRef(Py_None);
-    PyObject *seq = PyIter_Next(self->seqs);
+    PyObject *seq = PyLong_FromLongLong(self->last_seq + 1);
     deadline = deadline == NULL ? PyFloat_FromDouble(monotonic() + self->timeout)
                                 : Py_NewRef(deadline);
     PyObject *index = PyLong_FromSsize_t(connection);
     PyObject *record = new_record();
     if (seq == NULL || deadline == NULL || index == NULL || record == NULL) {
-        if (seq == NULL && !PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "WindowCore: seqs ran out");
         Py_XDECREF(seq);
         Py_XDECREF(deadline);
         Py_XDECREF(index);
         Py_XDECREF(record);
         return NULL;
     }
+    self->last_seq++;
     PyTuple_SET_ITEM(record, R_SEQ, seq); /* the tuple owns every new reference from here on */
     PyTuple_SET_ITEM(record, R_VALUE, Py_NewRef(fields[M_VALUE]));
     PyTuple_SET_ITEM(record, R_KEY, Py_NewRef(fields[M_KEY]));
