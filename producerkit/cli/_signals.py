@@ -23,3 +23,29 @@ def interruptible() -> Iterator[None]:
         for sig, handler in previous.items():
             if handler is not None:  # None: a handler not set from Python, nothing to restore
                 signal.signal(sig, handler)
+
+
+class StopRequest:
+    """Inside :meth:`installed`, SIGINT and SIGTERM set :attr:`requested` instead of raising
+    (also where SIGINT was inherited as ignored): for a loop that polls child processes, since
+    a KeyboardInterrupt raised inside ``Popen.poll()`` can leave its lock taken, and every later
+    ``wait()`` on that process then blocks for good."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers for the block; the ones before are restored after it."""
+        previous = {
+            sig: signal.signal(sig, self._request) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                if handler is not None:
+                    signal.signal(sig, handler)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from producerkit.cli._args import ArgumentParser
-from producerkit.cli._signals import interruptible
+from producerkit.cli._signals import StopRequest
 from producerkit.errors import ProducerError
 from producerkit.testing.brokers import LocalBroker, free_port, start_kafka, start_nats
 
@@ -260,17 +260,15 @@ def _run_until_interrupted(
     started with ``&`` from a script: ``kill -INT`` stops the brokers there too.
     """
 
-    code = 0
-    with interruptible():
+    stop = StopRequest()
+    with stop.installed():
         try:
             owns_workdir = temporary is not None
             described = [_describe(b) | {"owns_workdir": owns_workdir} for b in brokers]
             _print_brokers(described, as_json)
             if not as_json:
                 print("Ctrl-C stops them.", flush=True)
-            code = _watch(brokers)
-        except KeyboardInterrupt:
-            pass
+            code = _watch(brokers, stop)
         finally:
             for broker in brokers:
                 broker.stop()
@@ -280,9 +278,9 @@ def _run_until_interrupted(
     return code
 
 
-def _watch(brokers: list[LocalBroker]) -> int:
-    """Until Ctrl-C (KeyboardInterrupt) or a broker exits: then 1, with its log's tail."""
-    while True:
+def _watch(brokers: list[LocalBroker], stop: StopRequest) -> int:
+    """Until Ctrl-C or SIGTERM (then 0), or a broker exits: then 1, with its log's tail."""
+    while not stop.requested:
         for broker in brokers:
             if broker.process is None or broker.process.poll() is not None:
                 print(
@@ -290,4 +288,8 @@ def _watch(brokers: list[LocalBroker]) -> int:
                     file=sys.stderr,
                 )
                 return 1
-        time.sleep(0.5)
+        for _ in range(5):  # a signal ends the sleep's turn: seen within 0.1 s
+            if stop.requested:
+                break
+            time.sleep(0.1)
+    return 0
