@@ -35,6 +35,7 @@ from producerkit import settings
 from producerkit._options import configurable
 from producerkit.cli._args import ArgumentParser, cli_syntax
 from producerkit.cli._metrics_flags import add_metrics_arguments, linger, start_metrics
+from producerkit.cli._signals import StopRequest
 from producerkit.cli.formats import FORMATS, detect_format, input_format
 from producerkit.cli.run import produce_file
 from producerkit.cli.values import VALUE_FORMATS, value_format
@@ -185,6 +186,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     acked, 1 some failed, 2 a usage or configuration error, 130 interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # From here a SIGINT or SIGTERM only sets a flag until the run takes the signals over (and
+    # counts it): raised as KeyboardInterrupt at start-up, it could land anywhere, asyncio's own
+    # handler included, and leave the process hung or killed by the signal.
+    early = StopRequest()
+    with early.installed():
+        return _main(parser, args, early)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, early: StopRequest) -> int:
     try:
         args.format = args.format or detect_format(args.file)
         values = value_format(args.value_format, args.avro_schema, args.schema_id)
@@ -212,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             show_progress,
             pipelined,
             metrics,
+            early,
         )
     except ConfigurationError as exc:  # e.g. a backend option, checked when the Producer is built
         print(f"producerkit produce: error: {cli_syntax(str(exc))}", file=sys.stderr)

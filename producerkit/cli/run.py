@@ -20,6 +20,7 @@ import anyio
 
 import producerkit as pk
 from producerkit.cli._reader import InputReader
+from producerkit.cli._signals import StopRequest
 from producerkit.cli.failures import FailureSink, possibly_stored_path
 from producerkit.cli.formats import Format, InvalidRecord, Parsed
 from producerkit.cli.progress import ProgressLine
@@ -83,19 +84,28 @@ class ProduceRun:
         return self.reader.parsed if self.records_copied is None else self.records_copied
 
     async def watch_signals(
-        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self,
+        early: StopRequest | None = None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Until cancelled: a SIGINT or SIGTERM interrupts the run; another one while the
-        producer closes stops waiting for the messages in flight (they fail as Purged)."""
+        producer closes stops waiting for the messages in flight (they fail as Purged).
+        ``early``: where the signals went before this took them (one counts as the first)."""
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
+            if early is not None and early.requested:
+                self._on_signal()
             async for _ in signals:
-                if self._closing and self.interrupted:
-                    self.producer.purge()  # on_error writes each to the failures file
-                self.interrupted = True
-                self.reader.stop()
-                if self._scope is not None:
-                    self._scope.cancel()
+                self._on_signal()
+
+    def _on_signal(self) -> None:
+        if self._closing and self.interrupted:
+            self.producer.purge()  # on_error writes each to the failures file
+        self.interrupted = True
+        self.reader.stop()
+        if self._scope is not None:
+            self._scope.cancel()
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
@@ -204,10 +214,12 @@ async def produce_file(
     show_progress: bool,
     pipelined: bool,
     metrics: Metrics | None = None,
+    early: StopRequest | None = None,
 ) -> int:
     """Publish every record of ``file`` (``-``: stdin) in format ``fmt`` with a Producer of
     ``kwargs``, print the summary and return the exit code: 0 all acked, 1 some failed, 130
     interrupted. ``pipelined``: many messages in flight (else one by one, each acked first).
+    ``early``: the signals that came before the run took them over count as its own.
     Raises ConfigurationError if the Producer refuses its settings, and what stopped reading the
     input (ConfigurationError for a CSV header without a column a field flag names)."""
     failures = FailureSink(fmt, failed_out, metrics)
@@ -226,7 +238,7 @@ async def produce_file(
     started = time.perf_counter()
     try:
         async with anyio.create_task_group() as tasks:
-            await tasks.start(run.watch_signals)
+            await tasks.start(run.watch_signals, early)
             try:
                 await run.run(tasks)
             finally:
