@@ -23,7 +23,8 @@ created with aiokafka's admin client) or nats-server with JetStream on file stor
    starts unless it ends ``timeout + 3`` s before the load does. Windows come from the proxy's log.
 4. End: stop producing, clear the faults, close the producer (every message now has an outcome),
    stop the proxy, let the broker settle, and read everything back with another client straight
-   from the broker (aiokafka consumer / nats-py pull consumer).
+   from the broker (aiokafka consumers, a partition each, to the high watermark; their Fetch wait
+   made for Tansu's memory store, see READ_WAIT / nats-py pull consumer).
 
 Exit code 0 when every must-be-0 check holds (see ``CHECKS`` and docs/reliability.md, "Chaos
 runs"), 1 otherwise.
@@ -66,6 +67,16 @@ SETTLE = 2.0
 #: broker said it holds (else after GIVE_UP_POLLS: what is missing is then reported as such).
 QUIET_POLLS = 3
 GIVE_UP_POLLS = 30
+#: Tansu's memory store answers a Fetch with at most 5 MB, and for each partition it serves
+#: lists every batch stored in that partition (about 1 us each) before it reads any, again for
+#: each further piece of the 5 MB, until the Fetch's max wait is up: a listing still running then
+#: brings nothing. At aiokafka's 500 ms a partition of a million batches (a 30-minute run)
+#: is never served; at 20 s a Fetch lists it ten times. So: READ_WAIT s, doubled while a
+#: partition gets nothing (up to READ_WAIT_MAX), READ_PARALLEL partitions at a time.
+READ_WAIT = 5.0
+READ_WAIT_MAX = 80.0
+READ_PARALLEL = 2
+FETCH_BYTES = 5 * 1024 * 1024
 #: Messages shown per failed check.
 EXAMPLES = 20
 SAMPLE_EVERY = 0.5
@@ -158,7 +169,9 @@ class Stored:
         self.duplicates = 0
         self.unknown = 0
         self.order_violations = 0
-        self._last: dict[tuple[int, int], int] = {}
+        #: (id, stored offset, the id and stored offset of the later one it came after)
+        self.order_examples: list[tuple[int, int, int, int]] = []
+        self._last: dict[tuple[int, int], tuple[int, int, int]] = {}  # seq, id, offset
 
     def visit(self, partition: int, offset: int, value: bytes) -> None:
         if value == WARM_UP:
@@ -183,11 +196,13 @@ class Stored:
             self.copies[i] = min(copies + 1, 255)
             return  # order is judged on first copies: a retry's second copy is a duplicate
         self.copies[i] = 1
-        last = self._last.get((partition, key), -1)
-        if seq < last:
+        last = self._last.get((partition, key))
+        if last is not None and seq < last[0]:
             self.order_violations += 1
+            if len(self.order_examples) < EXAMPLES:
+                self.order_examples.append((i, offset, last[1], last[2]))
         else:
-            self._last[(partition, key)] = seq
+            self._last[(partition, key)] = (seq, i, offset)
 
 
 # --------------------------------------------------------------------------- faults
@@ -393,39 +408,101 @@ async def create_kafka_topic(url: str, topic: str, partitions: int) -> None:
 
 
 async def read_kafka(url: str, topic: str, visit: Callable[[int, int, bytes], None]) -> int:
-    """Every record of ``topic``, partition by partition in offset order, read until the
-    partitions are quiet (Tansu's ListOffsets can name an end short of records it serves, so the
-    end offsets do not bound the read); returns the sum of those end offsets."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    """Every record of ``topic``, each partition from offset 0 in offset order, until its
+    position reaches the high watermark its Fetch responses give (Tansu's ListOffsets can name
+    an end short of the records it serves; it deletes nothing, so its log starts at 0).
+    READ_PARALLEL partitions at a time, one consumer each; returns the sum of the high
+    watermarks (the offsets the broker assigned)."""
+    from aiokafka import TopicPartition
+
+    consumer = await _kafka_consumer(url, READ_WAIT)
+    try:
+        await consumer.topics()  # fetches the metadata partitions_for_topic reads
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+    finally:
+        await consumer.stop()
+    limit = asyncio.Semaphore(READ_PARALLEL)
+    reads = (read_kafka_partition(url, TopicPartition(topic, p), visit, limit) for p in partitions)
+    return sum(await asyncio.gather(*reads))
+
+
+async def _kafka_consumer(url: str, wait: float) -> Any:
+    from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=url.removeprefix("kafka://"),
         enable_auto_commit=False,
         group_id=None,
-        auto_offset_reset="earliest",
+        auto_offset_reset="none",  # a reset would read records twice: fail instead
+        fetch_max_wait_ms=int(wait * 1000),
+        request_timeout_ms=int(wait * 1000) + 30_000,
+        max_partition_fetch_bytes=FETCH_BYTES,
+        fetch_max_bytes=FETCH_BYTES,
     )
     await consumer.start()
+    return consumer
+
+
+async def read_kafka_partition(
+    url: str, tp: Any, visit: Callable[[int, int, bytes], None], limit: asyncio.Semaphore
+) -> int:
+    """One partition from offset 0 to its high watermark, with a consumer whose Fetch waits
+    READ_WAIT s, doubled (a new consumer, from where the last one got to) while the partition is
+    behind and a Fetch brings nothing for 3 waits; gives up past READ_WAIT_MAX, and what is
+    missing is then reported as such. Holds ``limit`` until it first reaches the high watermark
+    (the quiet polls after that cost the broker nothing). Returns the high watermark (or how far
+    it got)."""
+    position, wait, end = 0, READ_WAIT, None
+    await limit.acquire()
+    held = True
     try:
-        await consumer.topics()  # fetches the metadata partitions_for_topic reads
-        assigned = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
-        starts = await consumer.beginning_offsets(assigned)
-        ends = await consumer.end_offsets(assigned)
-        reached = {tp for tp in assigned if ends[tp] <= starts[tp]}  # empty ones
-        quiet = 0
-        while quiet < (QUIET_POLLS if len(reached) == len(assigned) else GIVE_UP_POLLS):
-            batches = await consumer.getmany(timeout_ms=1000, max_records=20_000)
-            quiet = 0 if batches else quiet + 1
-            for tp, records in batches.items():
-                for record in records:
-                    visit(tp.partition, record.offset, record.value or b"")
-            for tp in batches:
-                if await consumer.position(tp) >= ends[tp]:
-                    reached.add(tp)
-        return sum(ends[tp] - starts[tp] for tp in assigned)
+        while True:
+            consumer = await _kafka_consumer(url, wait)
+            try:
+                consumer.assign([tp])
+                consumer.seek(tp, position)
+                progress, quiet = time.monotonic(), 0
+                while time.monotonic() - progress < 3 * wait:
+                    try:
+                        batches = await consumer.getmany(tp, timeout_ms=1000, max_records=50_000)
+                    except Exception as exc:  # an error is a Fetch that brought nothing
+                        print(
+                            f"  read-back {tp.partition}: {type(exc).__name__}: {exc}", flush=True
+                        )
+                        await asyncio.sleep(1.0)
+                        batches = {}
+                    for record in batches.get(tp, ()):
+                        if record.offset >= position:  # never one twice, whatever the client does
+                            visit(tp.partition, record.offset, record.value or b"")
+                            position = record.offset + 1
+                            progress = time.monotonic()
+                    end = consumer.highwater(tp)
+                    if end is None or position < end:
+                        quiet = 0
+                        continue
+                    if held:
+                        limit.release()
+                        held = False
+                    quiet += 1
+                    if quiet >= QUIET_POLLS:
+                        return int(end)
+            finally:
+                await consumer.stop()
+            if wait * 2 > READ_WAIT_MAX:
+                print(
+                    f"  read-back {tp.partition}: gave up at offset {position:,} (high watermark"
+                    f" {end}) after Fetches of up to {wait:g} s brought nothing",
+                    flush=True,
+                )
+                return position if end is None else max(int(end), position)
+            wait *= 2
+            print(
+                f"  read-back {tp.partition}: stuck at {position:,}: Fetch wait {wait:g} s",
+                flush=True,
+            )
     finally:
-        await consumer.stop()
+        if held:
+            limit.release()
 
 
 async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, bytes], None]) -> int:
@@ -542,6 +619,16 @@ def analyze(
         for name, mask in masks.items()
         if mask.any()
     }
+    if stored.order_examples:  # each with the message of the same key stored before it
+        examples["order_violations"] = [
+            {
+                **ledger.describe(i),
+                "stored_offset": offset,
+                "copies": int(copies[i]),
+                "after": {**ledger.describe(j), "stored_offset": at, "copies": int(copies[j])},
+            }
+            for i, offset, j, at in stored.order_examples
+        ]
     enforced = {name for name in checks if name not in ("duplicates_stored", "order_violations")}
     if dedupes:
         enforced.add("duplicates_stored")
@@ -616,7 +703,10 @@ def print_summary(report: dict[str, Any]) -> None:
     )
     for name, by in sorted(result["failures_by_type"].items()):
         print(f"  {name}: {by}")
-    print(f"stored records {counts['stored_records']:,} (distinct {counts['stored_distinct']:,})")
+    print(
+        f"stored records {counts['stored_records']:,} (distinct {counts['stored_distinct']:,});"
+        f" the broker's count {counts['stored_records_broker_count']:,}"
+    )
     print("faults:")
     for w in report["faults"]:
         recovery = "-" if w["recovery_s"] is None else f"{w['recovery_s']:.2f}s"
