@@ -31,9 +31,10 @@ async def open_connections(
         for index in range(count)
     ]
     try:
-        await asyncio.wait_for(
-            asyncio.gather(*(connection.connect() for connection in connections)), timeout
-        )
+        # Awaited here, not through wait_for: a cancelled gather's CancelledError is then
+        # retrieved, not logged as "exception was never retrieved" when it is collected.
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*(connection.connect() for connection in connections))
     except BaseException as exc:
         await close_connections(connections)
         where = describe_servers(url)

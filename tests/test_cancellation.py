@@ -4,7 +4,9 @@ slot leaks and ``produced == acked + failed + in_flight`` holds throughout, on e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 
 import anyio
 import pytest
@@ -109,3 +111,38 @@ async def test_each_kind_of_wait_cut_short_leaks_nothing(backend: BackendCase, t
         await _settled_and_no_slot_leaked(producer)
         stats = producer.stats
     assert stats.failed == 0 and stats.acked == stats.produced
+
+
+@pytest.mark.parametrize("scheme", ["kafka", "jetstream", "nats"])
+async def test_start_cancelled_while_connecting_leaves_nothing_behind(
+    scheme: str, anyio_backend: object
+) -> None:
+    """A producer's start cancelled (asyncio's task.cancel(), as Ctrl-C does) while its
+    connections wait on a server that never answers leaves no future with an unretrieved
+    exception behind (asyncio would log it, with a traceback, when it is collected)."""
+    loop_errors: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for delay in (0.0, 0.01, 0.05):
+            producer = Producer(f"{scheme}://127.0.0.1:{port}", topic="t", connections=2, timeout=5)
+            starting = asyncio.ensure_future(producer.start())
+            await asyncio.sleep(delay)
+            starting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await starting
+            del starting
+            gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+        server.close()
+        for writer in held:
+            writer.close()
+    assert [context.get("message") for context in loop_errors] == []
