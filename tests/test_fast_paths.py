@@ -20,8 +20,9 @@ pytestmark = pytest.mark.anyio
 
 @pytest.mark.brokers  # starts a broker of its own
 async def test_a_failing_kafka_batch_fails_each_of_its_messages(topic: str) -> None:
-    """aiokafka fails the batch (request timeout) before the messages' own deadline: every
-    message of it is reported once, with its value, and the counts stay exact."""
+    """The batch's request is given up on (the request timeout, then the wait for a late
+    answer) before the messages' own deadline: every message of it is reported once, with its
+    value, and the counts stay exact."""
     with start_kafka() as broker:
         async with pk.Producer(
             broker.url, topic=topic, timeout=20, request_timeout_ms=800, retry_backoff_ms=50

@@ -134,3 +134,50 @@ async def test_purged_unsent_messages_are_not_stored(
         await anyio.sleep(2.5)
     stored = {record["value"] for record in await read_kafka(kafka_broker.url, topic, 2)}
     assert not (unsent & stored)
+
+
+async def test_kafka_request_past_its_timeout_holds_its_partition_until_answered(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    """A Produce request unanswered past the request timeout (here the message timeout) keeps
+    its connection, and its partition sends nothing more until it is answered: the messages
+    behind it fail as never sent and are not written, and nothing stored afterwards lands ahead
+    of the late request, so a key's stored messages keep the order they were produced in."""
+    async with pk.Producer(kafka_broker.faulty_url, topic=topic, timeout=1.0) as producer:
+        await producer.produce(b"warm-up", key=b"k")
+        connections = kafka_broker.faults.connections
+        kafka_broker.faults.stall(3.0)
+        await _one_written_then_held(producer, 300)
+        failures = await _failures(producer)
+        assert kafka_broker.faults.connections == connections  # none closed, none opened
+        never_written = {f.value for f in failures if not f.possibly_stored}
+        assert never_written == {b"m-%d" % number for number in range(300)}
+        assert [f.value for f in failures if f.possibly_stored] == [b"first"]
+        await anyio.sleep(2.5)  # the stall ends and the late request is answered
+        for number in range(100):
+            await producer.produce(b"after-%d" % number, key=b"k", nonblocking=True)
+        assert await _failures(producer) == []
+    stored = [record["value"] for record in await read_kafka(kafka_broker.url, topic, 102)]
+    assert stored == [b"warm-up", b"first", *(b"after-%d" % number for number in range(100))]
+
+
+async def test_kafka_batch_waiting_for_its_connection_is_not_written_once_failed(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    """A batch that waits for its connection to open (the old one was reset, the new one is
+    stalled) while its messages' deadlines pass: they fail as never sent, and when the
+    connection opens at last they are not written."""
+    async with pk.Producer(kafka_broker.faulty_url, topic=topic, timeout=1.0) as producer:
+        await producer.produce(b"warm-up", key=b"k")
+        kafka_broker.faults.stall(3.0)
+        kafka_broker.faults.reset()
+        await anyio.sleep(0.2)  # the client sees its connection end
+        for number in range(50):
+            await producer.produce(b"m-%d" % number, key=b"k", nonblocking=True)
+        failures = await _failures(producer)
+        assert len(failures) == 50
+        assert [f.value for f in failures if f.possibly_stored] == []
+        await anyio.sleep(2.5)  # the stall ends; the connection opens
+        await producer.produce(b"after", key=b"k")
+    stored = [record["value"] for record in await read_kafka(kafka_broker.url, topic, 2)]
+    assert stored == [b"warm-up", b"after"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import struct
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -33,6 +34,7 @@ from producerkit.backends import _clients
 try:  # aiokafka modules the fast path needs; a release may move them
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
+    from aiokafka.protocol.admin import ApiVersionRequest
     from aiokafka.protocol.produce import ProduceRequest
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -49,6 +51,12 @@ _REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _PARTITION_DATA = struct.Struct(">ii")  # partition, record batch size
 #: Shared by every record without headers: aiokafka's encoder only reads it (and wants a list).
 _NO_HEADERS: list[tuple[str, bytes | None]] = []
+
+#: A Produce request unanswered past its timeout is waited for this much longer at most (or
+#: for the request timeout once more, where that is longer).
+OVERDUE_LIMIT: Final = 10.0
+#: While a request is overdue, its connection is asked for an ApiVersions answer this often.
+OVERDUE_PROBE_INTERVAL: Final = 1.0
 
 
 async def choose_path(producer: AIOKafkaProducer, acks: int) -> tuple[str, str]:
@@ -117,6 +125,11 @@ async def _probe(client: Any, acks: int) -> str | None:
         )
     if not hasattr(request, "RESPONSE_TYPE"):
         return "a prepared ProduceRequest has no RESPONSE_TYPE"
+    question = ApiVersionRequest().prepare(versions)
+    if not callable(getattr(question, "build_request_header", None)) or not callable(
+        getattr(question, "encode", None)
+    ):
+        return "a prepared ApiVersionRequest cannot build its header or encode itself"
     return None
 
 
@@ -127,6 +140,16 @@ class ProduceWire:
     onto that: three copies of each batch per request. Here the small framing is written, then
     each batch buffer as it is. The request is queued on the connection like aiokafka's own, so
     aiokafka's reader matches the response to it by correlation id.
+
+    A request unanswered after the request timeout keeps its connection (unlike aiokafka, which
+    closes it): the broker may still store it, and a batch sent meanwhile on a new connection
+    could be stored before it, out of order. It is waited for until it is answered, the
+    connection closes, or :data:`OVERDUE_LIMIT` more seconds (the request timeout, if longer)
+    pass; then it fails with RequestTimedOutError and the connection is closed. Meanwhile an
+    ApiVersions request is written on the connection every :data:`OVERDUE_PROBE_INTERVAL`: a
+    broker answers a connection's requests in order, so when that answer comes first the Produce
+    request never reached the broker; aiokafka's reader finds the correlation ids out of order
+    and closes the connection, failing the request.
     """
 
     def __init__(
@@ -136,10 +159,14 @@ class ProduceWire:
         self._acks = acks
         self._request_timeout_ms = request_timeout_ms
         self._request_timeout = request_timeout_ms / 1000
+        self._overdue_limit = max(OVERDUE_LIMIT, self._request_timeout)
         self._request = ProduceRequest(None, acks, request_timeout_ms, [])
         client_id_bytes = client_id.encode()
         self._client_id_field = _INT16.pack(len(client_id_bytes)) + client_id_bytes
+        self._client_id = client_id
         self._loop = asyncio.get_running_loop()
+        #: When each connection with an overdue request was last asked for ApiVersions.
+        self._last_probe: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
     def ready_connection(self, node_id: int) -> Any | None:
         """aiokafka's open connection to ``node_id``, or None if it has none right now."""
@@ -154,8 +181,8 @@ class ProduceWire:
         self, conn: Any, batches: Sequence[tuple[str, int, bytes | bytearray]]
     ) -> asyncio.Future[Any] | None:
         """Write one Produce request carrying ``(topic, partition, batch)`` items (each partition
-        once). Returns the future of its response (failed with RequestTimedOutError after the
-        request timeout), or None with ``acks=0``, where no response comes.
+        once). Returns the future of its response (failed with RequestTimedOutError once it is
+        given up on, see the class), or None with ``acks=0``, where no response comes.
 
         Raises KafkaConnectionError (retriable) if the connection has closed, and whatever
         else goes wrong before anything was written.
@@ -199,9 +226,44 @@ class ProduceWire:
             return None
         response: asyncio.Future[Any] = self._loop.create_future()
         conn._requests.append((correlation_id, request, response))
-        timer = self._loop.call_later(self._request_timeout, _time_out_request, conn, response)
+        timer = self._loop.call_later(self._request_timeout, self._overdue, conn, response, None)
         response.add_done_callback(lambda _: timer.cancel())
         return response
+
+    def _overdue(self, conn: Any, response: asyncio.Future[Any], since: float | None) -> None:
+        """The request on ``conn`` is overdue (``since``: when it became so, None the first
+        time): probe the connection, or give up on it (see the class)."""
+        if response.done():
+            return
+        now = self._loop.time()
+        if since is None:
+            since = now
+        elif now - since >= self._overdue_limit:
+            response.set_exception(kafka_errors.RequestTimedOutError())
+            conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+            return
+        if now - self._last_probe.get(conn, -OVERDUE_PROBE_INTERVAL) >= OVERDUE_PROBE_INTERVAL:
+            self._last_probe[conn] = now
+            self._write_probe(conn)
+        timer = self._loop.call_later(OVERDUE_PROBE_INTERVAL, self._overdue, conn, response, since)
+        response.add_done_callback(lambda _: timer.cancel())
+
+    def _write_probe(self, conn: Any) -> None:
+        """An ApiVersions request on ``conn``, queued like aiokafka's own; its answer (or the
+        connection's end) is all it is for."""
+        writer = conn._writer
+        if writer is None:
+            return
+        request = ApiVersionRequest().prepare(conn._versions)
+        correlation_id = conn._next_correlation_id()
+        header = request.build_request_header(
+            correlation_id=correlation_id, client_id=self._client_id
+        )
+        message = header.encode() + request.encode()
+        writer.write(_INT32.pack(len(message)) + message)
+        answer: asyncio.Future[Any] = self._loop.create_future()
+        answer.add_done_callback(_ignore_outcome)
+        conn._requests.append((correlation_id, request, answer))
 
 
 def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, int]]:
@@ -214,12 +276,9 @@ def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, in
     }
 
 
-def _time_out_request(conn: Any, response: asyncio.Future[Any]) -> None:
-    """No response within the request timeout: fail it, and drop the connection as aiokafka does
-    (a late answer would arrive on a connection nobody trusts to be in sync)."""
-    if not response.done():
-        response.set_exception(kafka_errors.RequestTimedOutError())
-        conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+def _ignore_outcome(answer: asyncio.Future[Any]) -> None:
+    if not answer.cancelled():
+        answer.exception()  # retrieved: a probe's failure is its connection's, reported there
 
 
 # ---------------------------------------------------------------------- batches through aiokafka

@@ -194,10 +194,17 @@ class KafkaConnection(Connection):
         self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them
 
     def take_unsent(self) -> list[Record]:
-        return self._accumulator.take_unwritten()
+        # A batch waiting for its connection keeps its records; once they fail (the caller's
+        # doing) the sender drops them before it writes.
+        return self._accumulator.take_unwritten() + self._sender.unwritten_records()
 
     def unwritten(self, records: list[Record]) -> set[int]:
-        return self._accumulator.unwritten({record.seq for record in records})
+        seqs = {record.seq for record in records}
+        found = self._accumulator.unwritten(seqs)
+        found.update(
+            record.seq for record in self._sender.unwritten_records() if record.seq in seqs
+        )
+        return found
 
     async def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
@@ -205,9 +212,10 @@ class KafkaConnection(Connection):
             self._sender.ship_all()
 
     async def close(self) -> None:
+        unsent = self._sender.unwritten_records()
         self._sender.stop()
         error = BrokerUnavailable("the connection closed before this message was sent")
-        for record in self._accumulator.strand():
+        for record in self._accumulator.strand() + unsent:
             self.reports.failed(record, error, False)
         await self._producer.stop()
 

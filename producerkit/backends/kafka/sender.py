@@ -13,6 +13,11 @@ errors (connection lost, leader moved, request timed out) retry the batch after
 ``retry_backoff_ms`` until ``request_timeout_ms`` after it was sealed, as aiokafka does; then its
 records fail. Every batch ends acked, retried or failed: an exception anywhere in these
 callbacks fails the batches it concerns at once, with the exception as the cause.
+
+Order per key holds under faults too, for what is stored, failed messages included: a request
+unanswered past its timeout keeps its partition's turn until it is answered (or its connection
+ends; see ``_aiokafka_compat.ProduceWire``), and a batch written only once its connection opens
+drops the records that failed meanwhile, reported as never sent.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ class Sender:
         self._ship_soon = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        #: Batches taken for a request that waits for its connection to open.
+        self.connecting: set[Batch] = set()
         self._loop = asyncio.get_running_loop()
         self.closing = False
 
@@ -146,6 +153,7 @@ class Sender:
         if conn is not None:
             self._write_request(conn, batches)
         else:
+            self.connecting.update(batches)
             self._spawn(self._connect_then_write(leader, batches))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -154,17 +162,31 @@ class Sender:
         task.add_done_callback(self._tasks.discard)
 
     async def _connect_then_write(self, leader: int, batches: list[Batch]) -> None:
+        """Open the connection to ``leader``, then write what is still live of ``batches``:
+        records that failed while it opened (their deadline passed, say, reported as never
+        sent) are not written."""
         assert self.wire is not None
         try:
             conn = await self.wire.connect(leader)
         except Exception as exc:  # None if it cannot connect (aiokafka logs why); else this
+            self.connecting.difference_update(batches)
             self._retry_or_fail_all(batches, exc)
             return
+        self.connecting.difference_update(batches)
         if conn is None or self.closing:
             error = kafka_errors.NodeNotReadyError(f"cannot connect to broker node {leader}")
             self._retry_or_fail_all(batches, error)
             return
-        self._write_request(conn, batches)
+        live = []
+        for batch in batches:
+            if self._accumulator.still_live(batch):
+                live.append(batch)
+            else:  # every record of it failed meanwhile
+                batch.queue.in_flight -= 1
+        if live:
+            self._write_request(conn, live)
+        else:
+            self.schedule_ship()
 
     def _write_request(self, conn: Any, batches: list[Batch]) -> None:
         """One Produce request carrying ``batches``, written on ``conn`` by the fast path."""
@@ -292,6 +314,13 @@ class Sender:
         failed = self.reports.failed
         for record in records:
             failed(record, error, possibly_stored)
+
+    def unwritten_records(self) -> list[Record]:
+        """The records of batches waiting for their connection that no request carried
+        before (a retry's may be stored)."""
+        return [
+            record for batch in self.connecting if not batch.written for record in batch.records
+        ]
 
     def stop(self) -> None:
         """Stop shipping: cancel the linger timer and the tasks still sending."""
