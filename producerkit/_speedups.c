@@ -505,6 +505,121 @@ error:
     return NULL;
 }
 
+PyDoc_STRVAR(partition_runs_doc,
+"partition_runs(records) -> runs\n\n"
+"records grouped by (topic, partition): one list per pair, in the order each pair first\n"
+"appears, each in the records' order. KafkaConnection.send_many's grouping.");
+
+/* Runs searched one by one up to this many; past it, a dict by (topic, partition) finds them. */
+#define RUNS_SCANNED 32
+/* Partitions below this, of the first record's topic, find their run by index. */
+#define RUNS_INDEXED 1024
+
+/* 1 if record belongs to run (same topic and partition as its first record), 0 if not, -1 on
+ * an error. */
+static int same_partition(PyObject *run, PyObject *record) {
+    PyObject *first = PyList_GET_ITEM(run, 0);
+    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(first, R_PARTITION),
+                                        PyTuple_GET_ITEM(record, R_PARTITION), Py_EQ);
+    if (same <= 0) return same;
+    return PyObject_RichCompareBool(PyTuple_GET_ITEM(first, R_TOPIC),
+                                    PyTuple_GET_ITEM(record, R_TOPIC), Py_EQ);
+}
+
+static PyObject *partition_key(PyObject *record) {
+    return PyTuple_Pack(2, PyTuple_GET_ITEM(record, R_TOPIC), PyTuple_GET_ITEM(record, R_PARTITION));
+}
+
+/* The run of record among runs (borrowed), or NULL with no error if it has none yet: scanned,
+ * or looked up in by_key once there is one. */
+static PyObject *find_run(PyObject *runs, PyObject *by_key, PyObject *record) {
+    if (by_key != NULL) {
+        PyObject *key = partition_key(record);
+        if (key == NULL) return NULL;
+        PyObject *run = PyDict_GetItemWithError(by_key, key);
+        Py_DECREF(key);
+        return run;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(runs); j++) {
+        PyObject *run = PyList_GET_ITEM(runs, j);
+        int same = same_partition(run, record);
+        if (same < 0) return NULL;
+        if (same) return run;
+    }
+    return NULL;
+}
+
+/* A new run holding record, appended to runs (and to by_key, made once runs outgrow the scan).
+ * Borrowed, NULL on an error. */
+static PyObject *new_run(PyObject *runs, PyObject **by_key, PyObject *record) {
+    PyObject *run = PyList_New(1);
+    if (run == NULL) return NULL;
+    Py_INCREF(record);
+    PyList_SET_ITEM(run, 0, record);
+    int appended = PyList_Append(runs, run);
+    Py_DECREF(run); /* runs holds it */
+    if (appended < 0) return NULL;
+    Py_ssize_t from = PyList_GET_SIZE(runs) - 1;
+    if (*by_key == NULL) {
+        if (PyList_GET_SIZE(runs) <= RUNS_SCANNED) return run;
+        if ((*by_key = PyDict_New()) == NULL) return NULL;
+        from = 0;
+    }
+    for (Py_ssize_t j = from; j < PyList_GET_SIZE(runs); j++) {
+        PyObject *each = PyList_GET_ITEM(runs, j);
+        PyObject *key = partition_key(PyList_GET_ITEM(each, 0));
+        if (key == NULL) return NULL;
+        int stored = PyDict_SetItem(*by_key, key, each);
+        Py_DECREF(key);
+        if (stored < 0) return NULL;
+    }
+    return run;
+}
+
+static PyObject *partition_runs(PyObject *module, PyObject *records) {
+    if (!PyList_Check(records)) {
+        PyErr_SetString(PyExc_TypeError, "partition_runs(records: list)");
+        return NULL;
+    }
+    PyObject *runs = PyList_New(0), *by_key = NULL, *topic = NULL;
+    PyObject *indexed[RUNS_INDEXED] = {NULL}; /* borrowed from runs */
+    if (runs == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= R_PARTITION) {
+            PyErr_SetString(PyExc_TypeError, "partition_runs: a record is not a producerkit Record");
+            goto error;
+        }
+        if (topic == NULL) topic = PyTuple_GET_ITEM(record, R_TOPIC);
+        PyObject *partition = PyTuple_GET_ITEM(record, R_PARTITION);
+        long index = -1;
+        if (PyTuple_GET_ITEM(record, R_TOPIC) == topic && PyLong_CheckExact(partition)) {
+            index = PyLong_AsLong(partition);
+            if (index == -1 && PyErr_Occurred()) PyErr_Clear();
+            if (index >= RUNS_INDEXED) index = -1;
+        }
+        PyObject *run = index >= 0 ? indexed[index] : NULL;
+        if (run == NULL) {
+            run = find_run(runs, by_key, record);
+            if (run == NULL && PyErr_Occurred()) goto error;
+            if (run == NULL) {
+                if ((run = new_run(runs, &by_key, record)) == NULL) goto error;
+            } else if (PyList_Append(run, record) < 0) {
+                goto error;
+            }
+            if (index >= 0) indexed[index] = run;
+        } else if (PyList_Append(run, record) < 0) {
+            goto error;
+        }
+    }
+    Py_XDECREF(by_key);
+    return runs;
+error:
+    Py_XDECREF(by_key);
+    Py_DECREF(runs);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------ deliveries */
 
 PyDoc_STRVAR(SlotsMaker_doc,
@@ -1483,6 +1598,7 @@ static PyMethodDef methods[] = {
     {"untracked", untracked, METH_O, untracked_doc},
     {"pop_run", (PyCFunction)(void (*)(void))pop_run, METH_FASTCALL, pop_run_doc},
     {"tell_run", (PyCFunction)(void (*)(void))tell_run, METH_FASTCALL, tell_run_doc},
+    {"partition_runs", partition_runs, METH_O, partition_runs_doc},
     {NULL, NULL, 0, NULL},
 };
 

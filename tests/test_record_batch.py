@@ -211,3 +211,40 @@ def test_pop_run_settles_a_run_and_names_the_blocking_ones(twin: str) -> None:
                 pop_run({}, [(1, 2)])
     finally:
         loop.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    places=st.lists(
+        st.tuples(
+            st.sampled_from(["tt", "uu"]),
+            st.booleans(),
+            st.integers(min_value=0, max_value=40) | st.integers(min_value=1020, max_value=1030),
+        ),
+        max_size=300,
+    )
+)
+def test_partition_runs_groups_in_first_seen_order_on_both_twins(
+    places: list[tuple[str, bool, int]],
+) -> None:
+    """Records grouped by (topic, partition) in the order each pair first appears, each group
+    in the records' order: the C twin equals the Python one and the definition, with more
+    groups than the C twin scans one by one, partitions past those it indexes, and topics and
+    partitions that are equal but not the same object."""
+    from producerkit.backends.kafka.accumulator import py_partition_runs
+
+    records = [
+        record(seq, b"v")._replace(
+            topic=(topic + "!")[:-1] if copied else topic, partition=int(str(partition))
+        )
+        for seq, (topic, copied, partition) in enumerate(places)
+    ]
+    expected: dict[tuple[str, int], list[int]] = {}
+    for each in records:
+        expected.setdefault((each.topic, each.partition), []).append(each.seq)
+    python = py_partition_runs(records)
+    assert [[each.seq for each in run] for run in python] == list(expected.values())
+    if _speedups is not None:
+        assert _speedups.partition_runs(records) == python
+        with pytest.raises(TypeError, match="not a producerkit Record"):
+            _speedups.partition_runs([(1, 2)])

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
+from producerkit._fast import speedups
 from producerkit._record import Record
 from producerkit.backends.base import Reports
 from producerkit.backends.kafka import _aiokafka_compat
@@ -24,6 +25,26 @@ _monotonic = time.monotonic
 
 #: Records gathered before the first seal measures their size (then it adapts to fill a batch).
 INITIAL_BATCH_RECORDS: Final = 256
+
+
+def py_partition_runs(records: list[Record]) -> list[list[Record]]:
+    """``records`` grouped by (topic, partition): one list per pair, in the order each pair
+    first appears, each in the records' order. The Python twin of
+    ``_speedups.partition_runs``."""
+    runs: dict[tuple[str, int | None], list[Record]] = {}
+    for record in records:
+        run = runs.get((record.topic, record.partition))
+        if run is None:
+            runs[(record.topic, record.partition)] = [record]
+        else:
+            run.append(record)
+    return list(runs.values())
+
+
+#: ``partition_runs(records)``: C where it was built, see :func:`py_partition_runs`.
+partition_runs: Callable[[list[Record]], list[list[Record]]] = (
+    py_partition_runs if speedups is None else speedups.partition_runs
+)
 
 
 class Batch:

@@ -19,6 +19,7 @@ from producerkit.backends.kafka.accumulator import (
     Accumulator,
     Gathering,
     PartitionQueue,
+    partition_runs,
 )
 from producerkit.backends.kafka.errors import translate
 from producerkit.backends.kafka.sender import Sender
@@ -168,16 +169,9 @@ class KafkaConnection(Connection):
     ) -> list[tuple[Record, Awaitable[None]]]:
         """Append each record to its partition's open list (partition by partition) and
         arrange for them to ship, as :meth:`send` does for one."""
-        runs: dict[tuple[str, int], list[Record]] = {}
-        for record in records:
-            run = runs.get((record.topic, record.partition))  # type: ignore[arg-type]
-            if run is None:
-                runs[(record.topic, record.partition)] = [record]  # type: ignore[index]
-            else:
-                run.append(record)
         accumulator, sender, gathering = self._accumulator, self._sender, self._gathering
         sealed = False
-        for run in runs.values():
+        for run in partition_runs(records):
             queue = accumulator.queue_of(run[0])
             queue.records += run
             if len(queue.records) >= gathering.batch_records:
