@@ -141,6 +141,25 @@ async def test_a_renamed_batch_builder_internal_takes_the_public_path(
             _aiokafka_compat.fill_builder(builder, [record], 0, 0.0, fast=True)
 
 
+async def test_an_api_versions_request_that_cannot_frame_itself_takes_the_public_path(
+    kafka_broker: SessionBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path writes ApiVersions requests on a connection whose Produce request is late
+    (to learn whether it was lost): a client whose prepared request cannot build its header
+    takes the public path, and delivers."""
+
+    class Unframed:
+        def prepare(self, versions: Any) -> object:
+            return object()
+
+    monkeypatch.setattr(_aiokafka_compat, "ApiVersionRequest", Unframed)
+    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
+        assert producer.backend.client_path == "public"
+        assert "ApiVersionRequest" in producer.backend.client_path_reason
+        delivery = await producer.produce(b"v", key=b"k")
+        assert delivery is not None and delivery.offset is not None
+
+
 async def test_no_connection_to_probe_is_not_a_pass(
     kafka_broker: SessionBroker, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
