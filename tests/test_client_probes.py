@@ -121,6 +121,15 @@ def _renamed_create_batch(original: Any) -> Any:
     return create_batch
 
 
+async def _takes_the_public_path_and_delivers(url: str, topic: str, reason: str) -> None:
+    """A producer on ``url`` takes the public path, saying ``reason``, and delivers."""
+    async with pk.Producer(url, topic=topic) as producer:
+        assert producer.backend.client_path == "public"
+        assert reason in producer.backend.client_path_reason
+        delivery = await producer.produce(b"v", key=b"k")
+        assert delivery is not None and delivery.offset is not None
+
+
 async def test_a_renamed_batch_builder_internal_takes_the_public_path(
     kafka_broker: SessionBroker, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,16 +138,14 @@ async def test_a_renamed_batch_builder_internal_takes_the_public_path(
     (a typed failure) instead of sending an empty one acked as delivered."""
     original = AIOKafkaProducer.create_batch
     monkeypatch.setattr(AIOKafkaProducer, "create_batch", _renamed_create_batch(original))
-    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
-        assert producer.backend.client_path == "public"
-        assert "BatchBuilder._relative_offset" in producer.backend.client_path_reason
-        delivery = await producer.produce(b"v", key=b"k")
-        assert delivery is not None and delivery.offset is not None
-        kafka = AIOKafkaProducer(bootstrap_servers=kafka_broker.url.removeprefix("kafka://"))
-        builder = kafka.create_batch()
-        record = Record(1, b"v", None, topic, 0, None, None, 1e9, 0, None, None)
-        with pytest.raises(KafkaError, match="holds 0 records after 1"):
-            _aiokafka_compat.fill_builder(builder, [record], 0, 0.0, fast=True)
+    await _takes_the_public_path_and_delivers(
+        kafka_broker.url, topic, "BatchBuilder._relative_offset"
+    )
+    kafka = AIOKafkaProducer(bootstrap_servers=kafka_broker.url.removeprefix("kafka://"))
+    builder = kafka.create_batch()
+    record = Record(1, b"v", None, topic, 0, None, None, 1e9, 0, None, None)
+    with pytest.raises(KafkaError, match="holds 0 records after 1"):
+        _aiokafka_compat.fill_builder(builder, [record], 0, 0.0, fast=True)
 
 
 async def test_an_api_versions_request_that_cannot_frame_itself_takes_the_public_path(
@@ -153,11 +160,7 @@ async def test_an_api_versions_request_that_cannot_frame_itself_takes_the_public
             return object()
 
     monkeypatch.setattr(_aiokafka_compat, "ApiVersionRequest", Unframed)
-    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
-        assert producer.backend.client_path == "public"
-        assert "ApiVersionRequest" in producer.backend.client_path_reason
-        delivery = await producer.produce(b"v", key=b"k")
-        assert delivery is not None and delivery.offset is not None
+    await _takes_the_public_path_and_delivers(kafka_broker.url, topic, "ApiVersionRequest")
 
 
 async def test_no_connection_to_probe_is_not_a_pass(
@@ -174,11 +177,7 @@ async def test_no_connection_to_probe_is_not_a_pass(
         return await real_probe(probed, acks)
 
     monkeypatch.setattr(_aiokafka_compat, "_probe", probe_without_a_connection)
-    async with pk.Producer(kafka_broker.url, topic=topic) as producer:
-        assert producer.backend.client_path == "public"
-        assert "no connection" in producer.backend.client_path_reason
-        delivery = await producer.produce(b"v", key=b"k")
-        assert delivery is not None and delivery.offset is not None
+    await _takes_the_public_path_and_delivers(kafka_broker.url, topic, "no connection")
 
 
 async def test_a_nats_flush_that_is_no_coroutine_takes_the_public_path(
