@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,6 +25,7 @@ from producerkit._connections import (
     open_connections,
     unwritten,
 )
+from producerkit._fast import speedups
 from producerkit._handoff import Handoff
 from producerkit._lifecycle import LeftOpenGuard, StatsTimer, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
@@ -220,6 +222,13 @@ class Producer:
                 self._rules,
                 takes_all=self._rate is None and self.settings.max_in_flight_bytes is None,
             )
+            if (
+                speedups is not None
+                and self._admission is not None
+                and type(self).produce is Producer.produce
+            ):
+                # This producer's produce(): its plain nonblocking messages without a frame.
+                vars(self)["produce"] = speedups.ProduceDoor(Producer.produce, weakref.ref(self))
             self._handoff = Handoff(loop, self._window, self._submitter.submit_handed)
             self._state = _RUNNING
             self._running = True

@@ -1577,6 +1577,283 @@ static PyTypeObject AdmissionType = {
     .tp_methods = Admission_methods,
 };
 
+/* ------------------------------------------------------------------------- produce's door */
+
+PyDoc_STRVAR(Done_doc,
+"An awaitable that has already finished: awaiting it returns None, or raises the exception it\n"
+"holds (once). A coroutine to asyncio and anyio (send, throw, close, __await__), so a task can\n"
+"be made of it. What ProduceDoor returns for a message it took.");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *error; /* raised by the first send/next, then cleared; NULL: returns None */
+} Done;
+
+static PyObject *DONE; /* the shared one that returns None */
+
+static void Done_dealloc(Done *self) {
+    Py_CLEAR(self->error);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Done_next(Done *self) {
+    if (self->error != NULL) {
+        PyObject *error = self->error;
+        self->error = NULL;
+        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+        Py_DECREF(error);
+    }
+    return NULL; /* no exception set: StopIteration, with None */
+}
+
+static PyObject *Done_send(Done *self, PyObject *arg) {
+    PyObject *result = Done_next(self);
+    if (result == NULL && !PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
+    return result;
+}
+
+static PyObject *Done_throw(Done *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw(type[, value[, traceback]])");
+        return NULL;
+    }
+    Py_CLEAR(self->error);
+    PyObject *what = args[0];
+    if (PyExceptionInstance_Check(what))
+        PyErr_SetObject((PyObject *)Py_TYPE(what), what);
+    else if (PyExceptionClass_Check(what))
+        PyErr_SetObject(what, nargs > 1 ? args[1] : NULL);
+    else
+        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+    return NULL;
+}
+
+static PyObject *Done_close(Done *self, PyObject *unused) {
+    Py_CLEAR(self->error);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Done_self(PyObject *self) { return Py_NewRef(self); }
+
+static PyMethodDef Done_methods[] = {
+    {"send", (PyCFunction)Done_send, METH_O, "send(value): raises StopIteration (or the error)"},
+    {"throw", (PyCFunction)(void (*)(void))Done_throw, METH_FASTCALL, "throw(exc): raises exc"},
+    {"close", (PyCFunction)Done_close, METH_NOARGS, "close(): nothing left to run"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyAsyncMethods Done_async = {.am_await = (unaryfunc)Done_self};
+
+static PyTypeObject DoneType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Done",
+    .tp_basicsize = sizeof(Done),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = Done_doc,
+    .tp_dealloc = (destructor)Done_dealloc,
+    .tp_as_async = &Done_async,
+    .tp_iter = Done_self,
+    .tp_iternext = (iternextfunc)Done_next,
+    .tp_methods = Done_methods,
+};
+
+PyDoc_STRVAR(ProduceDoor_doc,
+"ProduceDoor(produce, producer_ref)\n\n"
+"Producer.produce for one producer (producer_ref: a weak reference to it), taking its plain\n"
+"nonblocking messages without a Python frame: a call with one positional value, the keywords\n"
+"of produce and nonblocking true goes to producer._admission.admit as Producer.produce would\n"
+"send it; a taken message returns a finished awaitable (Done), whose await raises what admit\n"
+"raised, if it raised. Every other call, and every message admit declines, is\n"
+"produce(producer, *args, **kwargs): the method itself, returning its coroutine. __wrapped__\n"
+"is the method bound to the producer (inspect.signature follows it).");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *function;     /* Producer.produce */
+    PyObject *producer_ref; /* weakref to the producer */
+    vectorcallfunc vectorcall;
+} ProduceDoor;
+
+static PyObject *str_admission, *str_submitter, *str_hand_off;
+/* produce's keywords, interned, in admit's order of arguments (1..8), then nonblocking. */
+static PyObject *door_keywords[9];
+static const char *door_keyword_names[9] = {"key",     "topic",   "partition", "headers",
+                                            "msg_id",  "context", "expect",    "timestamp",
+                                            "nonblocking"};
+
+static int ProduceDoor_traverse(ProduceDoor *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    Py_VISIT(self->producer_ref);
+    return 0;
+}
+
+static int ProduceDoor_clear(ProduceDoor *self) {
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->producer_ref);
+    return 0;
+}
+
+static void ProduceDoor_dealloc(ProduceDoor *self) {
+    PyObject_GC_UnTrack(self);
+    ProduceDoor_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The producer, or NULL with an exception set if it is gone. New reference. */
+static PyObject *door_producer(ProduceDoor *self) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *producer;
+    if (PyWeakref_GetRef(self->producer_ref, &producer) < 0) return NULL;
+#else
+    PyObject *producer = Py_XNewRef(PyWeakref_GetObject(self->producer_ref));
+    if (producer == NULL) return NULL;
+    if (producer == Py_None) Py_CLEAR(producer);
+#endif
+    if (producer == NULL)
+        PyErr_SetString(PyExc_ReferenceError, "produce() of a producer that no longer exists");
+    return producer;
+}
+
+static PyObject *door_fallback(ProduceDoor *self, PyObject *producer, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames) {
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject *small[16], **call = small;
+    if (total + 1 > 16) {
+        call = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+        if (call == NULL) return PyErr_NoMemory();
+    }
+    call[0] = producer;
+    for (Py_ssize_t i = 0; i < total; i++) call[i + 1] = args[i];
+    PyObject *result = PyObject_Vectorcall(self->function, call, (size_t)nargs + 1, kwnames);
+    if (call != small) PyMem_Free(call);
+    return result;
+}
+
+static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssize_t nargs);
+
+static PyObject *ProduceDoor_vectorcall(ProduceDoor *self, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *producer = door_producer(self);
+    if (producer == NULL) return NULL;
+    PyObject *result = NULL, *admission = NULL;
+    PyObject *fields[9] = {NULL, Py_None, Py_None, Py_None, Py_None,
+                           Py_None, Py_None, Py_None, Py_None};
+    int nonblocking = 0;
+    if (nargs != 1) goto fallback;
+    fields[0] = args[0];
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        int found = -1;
+        for (int k = 0; k < 9 && found < 0; k++)
+            if (name == door_keywords[k]) found = k;
+        for (int k = 0; k < 9 && found < 0; k++)
+            if (PyUnicode_Check(name) &&
+                PyUnicode_CompareWithASCIIString(name, door_keyword_names[k]) == 0)
+                found = k;
+        if (found < 0) goto fallback; /* the method says what is wrong with it */
+        if (found == 8) {
+            nonblocking = PyObject_IsTrue(args[nargs + i]);
+            if (nonblocking < 0) goto done;
+        } else {
+            fields[found + 1] = args[nargs + i];
+        }
+    }
+    if (!nonblocking) goto fallback;
+    admission = PyObject_GetAttr(producer, str_admission);
+    if (admission == NULL) goto done;
+    if (!Py_IS_TYPE(admission, &AdmissionType)) goto fallback; /* not running: None */
+    PyObject *outcome = Admission_admit((Admission *)admission, fields, 9);
+    if (outcome == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done; /* KeyboardInterrupt, ... */
+        PyObject *error = raised_exception();
+        Done *failed = PyObject_New(Done, &DoneType);
+        if (failed != NULL)
+            failed->error = error;
+        else
+            Py_DECREF(error);
+        result = (PyObject *)failed;
+        goto done;
+    }
+    if (outcome == Py_None) {
+        Py_DECREF(outcome);
+        result = Py_NewRef(DONE);
+        goto done;
+    }
+    if (outcome == DECLINED) {
+        Py_DECREF(outcome);
+        goto fallback;
+    }
+    /* (record, awaitable): the send has something to await, as produce() awaits it. */
+    PyObject *submitter = PyObject_GetAttr(producer, str_submitter);
+    if (submitter != NULL) {
+        PyObject *call[3] = {submitter, PyTuple_GET_ITEM(outcome, 0), PyTuple_GET_ITEM(outcome, 1)};
+        result = PyObject_VectorcallMethod(str_hand_off, call,
+                                           3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(submitter);
+    }
+    Py_DECREF(outcome);
+    goto done;
+fallback:
+    result = door_fallback(self, producer, args, nargs, kwnames);
+done:
+    Py_XDECREF(admission);
+    Py_DECREF(producer);
+    return result;
+}
+
+static PyObject *ProduceDoor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *function, *producer_ref;
+    if (!PyArg_ParseTuple(args, "OO!:ProduceDoor", &function, &_PyWeakref_RefType, &producer_ref))
+        return NULL;
+    ProduceDoor *self = (ProduceDoor *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->function = Py_NewRef(function);
+    self->producer_ref = Py_NewRef(producer_ref);
+    self->vectorcall = (vectorcallfunc)ProduceDoor_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *ProduceDoor_get(ProduceDoor *self, void *name) {
+    return PyObject_GetAttrString(self->function, (const char *)name);
+}
+
+static PyObject *ProduceDoor_wrapped(ProduceDoor *self, void *unused) {
+    PyObject *producer = door_producer(self);
+    if (producer == NULL) return NULL;
+    PyObject *method = PyMethod_New(self->function, producer);
+    Py_DECREF(producer);
+    return method;
+}
+
+static PyGetSetDef ProduceDoor_getset[] = {
+    {"__wrapped__", (getter)ProduceDoor_wrapped, NULL, NULL, "produce, bound to the producer"},
+    {"__name__", (getter)ProduceDoor_get, NULL, NULL, "__name__"},
+    {"__qualname__", (getter)ProduceDoor_get, NULL, NULL, "__qualname__"},
+    {"__doc__", (getter)ProduceDoor_get, NULL, NULL, "__doc__"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef ProduceDoor_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(ProduceDoor, vectorcall), READONLY},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ProduceDoorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.ProduceDoor",
+    .tp_basicsize = sizeof(ProduceDoor),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = ProduceDoor_doc,
+    .tp_new = ProduceDoor_new,
+    .tp_dealloc = (destructor)ProduceDoor_dealloc,
+    .tp_traverse = (traverseproc)ProduceDoor_traverse,
+    .tp_clear = (inquiry)ProduceDoor_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(ProduceDoor, vectorcall),
+    .tp_getset = ProduceDoor_getset,
+    .tp_members = ProduceDoor_members,
+};
+
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli), as Kafka uses it.");
 
@@ -1615,8 +1892,22 @@ PyMODINIT_FUNC PyInit__speedups(void) {
 #endif
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&RouterType) < 0 ||
         PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
-        PyType_Ready(&SlotsMakerType) < 0)
+        PyType_Ready(&SlotsMakerType) < 0 || PyType_Ready(&DoneType) < 0 ||
+        PyType_Ready(&ProduceDoorType) < 0)
         return NULL;
+    if (DONE == NULL) {
+        DONE = (PyObject *)PyObject_New(Done, &DoneType);
+        if (DONE == NULL) return NULL;
+        ((Done *)DONE)->error = NULL;
+        str_admission = PyUnicode_InternFromString("_admission");
+        str_submitter = PyUnicode_InternFromString("_submitter");
+        str_hand_off = PyUnicode_InternFromString("hand_off");
+        if (!str_admission || !str_submitter || !str_hand_off) return NULL;
+        for (int k = 0; k < 9; k++) {
+            door_keywords[k] = PyUnicode_InternFromString(door_keyword_names[k]);
+            if (door_keywords[k] == NULL) return NULL;
+        }
+    }
     if (DECLINED == NULL) {
         DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
         str_partition = PyUnicode_InternFromString("partition");
@@ -1650,7 +1941,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(module, "Router", (PyObject *)&RouterType) < 0 ||
         PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||
         PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
-        PyModule_AddObjectRef(module, "SlotsMaker", (PyObject *)&SlotsMakerType) < 0) {
+        PyModule_AddObjectRef(module, "SlotsMaker", (PyObject *)&SlotsMakerType) < 0 ||
+        PyModule_AddObjectRef(module, "Done", (PyObject *)&DoneType) < 0 ||
+        PyModule_AddObjectRef(module, "ProduceDoor", (PyObject *)&ProduceDoorType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

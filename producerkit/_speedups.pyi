@@ -1,6 +1,7 @@
 """Types of the optional C module built from _speedups.c (loaded by producerkit._fast)."""
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Generator
 from typing import Any, Final
 
 CRC32C: Final[str]
@@ -82,6 +83,20 @@ class WindowCore:
         slot: Any,
         context: Any = None,
     ) -> Any: ...
+
+class Done:
+    def __await__(self) -> Generator[Any]: ...
+    def send(self, value: object) -> Any: ...
+    def throw(self, *args: Any) -> Any: ...
+    def close(self) -> None: ...
+
+class ProduceDoor:
+    @property
+    def __wrapped__(self) -> Callable[..., Any]: ...
+    def __init__(
+        self, produce: Callable[..., Any], producer_ref: weakref.ReferenceType[Any]
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class Admission:
     def __init__(
