@@ -1788,8 +1788,7 @@ static PyObject *ProduceDoor_vectorcall(ProduceDoor *self, PyObject *const *args
     PyObject *submitter = PyObject_GetAttr(producer, str_submitter);
     if (submitter != NULL) {
         PyObject *call[3] = {submitter, PyTuple_GET_ITEM(outcome, 0), PyTuple_GET_ITEM(outcome, 1)};
-        result = PyObject_VectorcallMethod(str_hand_off, call,
-                                           3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        result = PyObject_VectorcallMethod(str_hand_off, call, 3, NULL);
         Py_DECREF(submitter);
     }
     Py_DECREF(outcome);
@@ -1804,8 +1803,11 @@ done:
 
 static PyObject *ProduceDoor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *function, *producer_ref;
-    if (!PyArg_ParseTuple(args, "OO!:ProduceDoor", &function, &_PyWeakref_RefType, &producer_ref))
+    if (!PyArg_ParseTuple(args, "OO:ProduceDoor", &function, &producer_ref)) return NULL;
+    if (!PyWeakref_CheckRef(producer_ref)) {
+        PyErr_SetString(PyExc_TypeError, "ProduceDoor: producer_ref must be a weak reference");
         return NULL;
+    }
     ProduceDoor *self = (ProduceDoor *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->function = Py_NewRef(function);
@@ -1834,11 +1836,6 @@ static PyGetSetDef ProduceDoor_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyMemberDef ProduceDoor_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(ProduceDoor, vectorcall), READONLY},
-    {NULL, 0, 0, 0, NULL},
-};
-
 static PyTypeObject ProduceDoorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.ProduceDoor",
     .tp_basicsize = sizeof(ProduceDoor),
@@ -1851,7 +1848,6 @@ static PyTypeObject ProduceDoorType = {
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(ProduceDoor, vectorcall),
     .tp_getset = ProduceDoor_getset,
-    .tp_members = ProduceDoor_members,
 };
 
 

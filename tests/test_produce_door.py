@@ -87,8 +87,8 @@ async def test_an_error_inside_the_door_is_raised_at_the_await() -> None:
         assert producer.stats.acked == 2
 
 
-def test_the_door_has_the_methods_signature_and_keeps_no_producer_alive() -> None:
-    async def main() -> weakref.ref[pk.Producer]:
+async def test_the_door_has_the_methods_signature_and_keeps_no_producer_alive() -> None:
+    async def used_and_closed() -> weakref.ref[pk.Producer]:
         producer = pk.Producer("null://", topic="t")
         async with producer:
             await producer.produce(b"x")
@@ -99,7 +99,7 @@ def test_the_door_has_the_methods_signature_and_keeps_no_producer_alive() -> Non
             assert producer.produce.__doc__ == pk.Producer.produce.__doc__
         return weakref.ref(producer)
 
-    gone = asyncio.run(main())
+    gone = await used_and_closed()
     gc.collect()
     assert gone() is None
 
