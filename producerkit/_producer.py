@@ -282,7 +282,10 @@ class Producer:
         """Publish one message.
 
         Waits for the broker's ack and returns its Delivery, or with ``nonblocking=True`` returns
-        None once the message is handed off. Raises MessageError (nothing sent) for a bad
+        None once the message is handed off. (On a running producer with the C speedups, a
+        nonblocking call that the fused path takes returns an awaitable that has already
+        finished rather than a coroutine: awaiting it is the same, and a task can be made of
+        it.) Raises MessageError (nothing sent) for a bad
         message, ProducerClosed after close(); a blocking produce raises the message's own error
         (ProduceTimeout, DeliveryError, ...) if it fails. ``context`` is handed to the
         producer's ``on_delivery`` callback with this message's outcome. ``expect``
