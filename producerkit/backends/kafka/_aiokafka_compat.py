@@ -163,7 +163,6 @@ class ProduceWire:
         self._request = ProduceRequest(None, acks, request_timeout_ms, [])
         client_id_bytes = client_id.encode()
         self._client_id_field = _INT16.pack(len(client_id_bytes)) + client_id_bytes
-        self._client_id = client_id
         self._loop = asyncio.get_running_loop()
         #: When each connection with an overdue request was last asked for ApiVersions.
         self._last_probe: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -249,21 +248,13 @@ class ProduceWire:
         response.add_done_callback(lambda _: timer.cancel())
 
     def _write_probe(self, conn: Any) -> None:
-        """An ApiVersions request on ``conn``, queued like aiokafka's own; its answer (or the
-        connection's end) is all it is for."""
-        writer = conn._writer
-        if writer is None:
-            return
-        request = ApiVersionRequest().prepare(conn._versions)
-        correlation_id = conn._next_correlation_id()
-        header = request.build_request_header(
-            correlation_id=correlation_id, client_id=self._client_id
-        )
-        message = header.encode() + request.encode()
-        writer.write(_INT32.pack(len(message)) + message)
-        answer: asyncio.Future[Any] = self._loop.create_future()
-        answer.add_done_callback(_ignore_outcome)
-        conn._requests.append((correlation_id, request, answer))
+        """An ApiVersions request on ``conn``, through aiokafka's own ``send``; its answer (or
+        the connection's end) is all it is for."""
+        try:
+            answer = conn.send(ApiVersionRequest())
+        except kafka_errors.KafkaConnectionError:
+            return  # closed: the overdue request fails with the connection
+        asyncio.ensure_future(answer).add_done_callback(_ignore_outcome)
 
 
 def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, int]]:
@@ -278,7 +269,7 @@ def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, in
 
 def _ignore_outcome(answer: asyncio.Future[Any]) -> None:
     if not answer.cancelled():
-        answer.exception()  # retrieved: a probe's failure is its connection's, reported there
+        answer.exception()  # retrieved: a probe's failure (or timeout) is its connection's
 
 
 # ---------------------------------------------------------------------- batches through aiokafka
