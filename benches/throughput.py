@@ -848,16 +848,14 @@ def compression_main(args: argparse.Namespace) -> int:
         mine, theirs = f"producerkit {codec}", f"confluent-kafka {codec}"
         big = f"producerkit {codec}, librdkafka's batch size"
         best_theirs = max(r[theirs] for r in rounds)
-        cells = []
-        for name in (mine, big):
+
+        def cells(name: str, theirs: str = theirs, best_theirs: int = best_theirs) -> list[str]:
             best = max(r[name] for r in rounds)
-            cells.append(
-                f"{best:,} | {best / best_theirs:.2f}x | {median_ratio(rounds, name, theirs):.2f}x"
-            )
-        print(
-            f"| {codec} | {cells[0].split(' | ', 1)[0]} | {best_theirs:,} | "
-            f"{cells[0].split(' | ', 1)[1]} | {cells[1]} |"
-        )
+            median = median_ratio(rounds, name, theirs)
+            return [f"{best:,}", f"{best / best_theirs:.2f}x", f"{median:.2f}x"]
+
+        (best, *ratios), at_1mb = cells(mine), cells(big)
+        print("| " + " | ".join([codec, best, f"{best_theirs:,}", *ratios, *at_1mb]) + " |")
     save_report(args.json, report)
     return 0
 
