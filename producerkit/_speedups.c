@@ -1203,8 +1203,9 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
     PyTuple_SET_ITEM(record, R_CONTEXT, Py_NewRef(context));
     /* Tracked unless untrack and no field can hold a reference, as untracked() decides: the
      * other fields are bytes, str, int, float or None by construction. */
-    if (!untrack || PyObject_IS_GC(fields[M_HEADERS]) || PyObject_IS_GC(slot) ||
-        PyObject_IS_GC(context))
+    if (!untrack || (fields[M_HEADERS] != Py_None && PyObject_IS_GC(fields[M_HEADERS])) ||
+        (slot != Py_None && PyObject_IS_GC(slot)) ||
+        (context != Py_None && PyObject_IS_GC(context)))
         PyObject_GC_Track(record);
 
     /* From here on the message is counted: it must end acked or failed. */
@@ -1510,14 +1511,29 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         if (!plain_item(self, PyList_GET_ITEM(values, i), key, tombstones))
             return Py_NewRef(DECLINED);
     }
-    Py_ssize_t connections = self->router->connections, i = start;
+    Router *router = self->router;
+    Py_ssize_t connections = router->connections, i = start;
     PyObject *deadline = NULL; /* one for the chunk: its records are admitted in one moment */
+    PyObject *only_records = NULL; /* the one connection's list, if only one */
+    Py_ssize_t admitted = 0;       /* records in it */
     PyObject *by_connection = PyList_New(connections);
     if (by_connection == NULL) return NULL;
+    /* One connection: its list made as long as the rest of the chunk, cut to what is admitted. */
     for (Py_ssize_t c = 0; c < connections; c++) {
-        PyObject *records = PyList_New(0);
+        PyObject *records = PyList_New(connections == 1 ? count - start : 0);
         if (records == NULL) goto error;
         PyList_SET_ITEM(by_connection, c, records);
+    }
+    if (connections == 1) only_records = PyList_GET_ITEM(by_connection, 0);
+    /* Bytes keys hashed by the native hash onto one connection: route()'s result, computed
+     * here without its per-message dispatch and conversions. */
+    Py_ssize_t partitions = 0;
+    if (router->native_hash != NULL && connections == 1 && PyLong_CheckExact(n_obj)) {
+        partitions = PyLong_AsSsize_t(n_obj);
+        if (partitions < 1) {
+            PyErr_Clear();
+            partitions = 0; /* route() raises what it raises for such a count */
+        }
     }
     WindowCore *window = self->window;
     deadline = PyFloat_FromDouble(monotonic() + window->timeout);
@@ -1527,9 +1543,15 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
             break; /* full: the caller waits for room and goes on from here */
         PyObject *partition;
-        Py_ssize_t connection;
-        if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0)
+        Py_ssize_t connection = 0;
+        if (partitions > 0 && key != Py_None) {
+            uint64_t h =
+                router->native_hash(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), 0);
+            partition = PyLong_FromSsize_t((Py_ssize_t)(h % (uint64_t)partitions));
+            if (partition == NULL) goto error;
+        } else if (route(router, topic, key, Py_None, n_obj, &partition, &connection) < 0) {
             goto error;
+        }
         PyObject *fields[M_FIELDS] = {PyList_GET_ITEM(values, i), key,    topic,  Py_None,
                                       Py_None,                   Py_None, Py_None};
         /* A chunk's records all live until the chunk is settled: untracked on every backend
@@ -1538,15 +1560,21 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
             admit(window, fields, partition, connection, Py_None, Py_None, 1, deadline);
         Py_DECREF(partition);
         if (record == NULL) goto error;
-        int appended = PyList_Append(PyList_GET_ITEM(by_connection, connection), record);
-        Py_DECREF(record);
-        if (appended < 0) goto error;
+        if (only_records != NULL) {
+            PyList_SET_ITEM(only_records, admitted++, record);
+        } else {
+            int appended = PyList_Append(PyList_GET_ITEM(by_connection, connection), record);
+            Py_DECREF(record);
+            if (appended < 0) goto error;
+        }
     }
+    if (only_records != NULL) Py_SET_SIZE(only_records, admitted);
     Py_DECREF(deadline);
     PyObject *result = Py_BuildValue("(nN)", i, by_connection);
     return result;
 error:
     Py_XDECREF(deadline);
+    if (only_records != NULL) Py_SET_SIZE(only_records, admitted);
     /* Records admitted before the error are in flight: hand them back with it, so that the
      * caller sends them and they are not lost from the ledger; the error is the i-th's. */
     if (i > start) return Py_BuildValue("(nNN)", i, by_connection, raised_exception());

@@ -153,6 +153,33 @@ async def test_a_bad_message_raises_naming_its_index_before_any_is_admitted(
         assert producer.stats.acked == 1
 
 
+@pytest.mark.parametrize("connections", [1, 2])
+async def test_a_partitioner_raising_mid_batch_keeps_the_messages_before_it(
+    connections: int,
+) -> None:
+    """The partitioner raises at message 5 of a plain chunk: the five before it are admitted
+    and acked, the call raises what the partitioner raised, and the producer goes on."""
+
+    def partitioner(key: bytes, partitions: int) -> int:
+        if key == b"bad":
+            raise ValueError("no partition for this key")
+        return len(key) % partitions
+
+    keys = [b"k%d" % i for i in range(5)] + [b"bad"] + [b"k" for _ in range(4)]
+    async with pk.Producer(
+        "memory://?partitions=3", topic="t", partitioner=partitioner, connections=connections
+    ) as producer:
+        await producer.produce(b"first", key=b"k")
+        with pytest.raises(Exception, match="no partition for this key"):
+            await producer.produce_batch([b"v%d" % i for i in range(10)], keys=keys)
+        await producer.produce_batch([b"after"], keys=[b"k"])
+        await producer.flush()
+        stats = producer.stats
+        assert (stats.produced, stats.acked, stats.failed) == (7, 7, 0)
+        values = [r.value for r in producer.backend.records]
+        assert sorted(values) == sorted([b"first", b"after"] + [b"v%d" % i for i in range(5)])
+
+
 async def test_a_tombstone_in_a_batch(topic: str) -> None:
     async with pk.Producer("memory://", topic="t") as producer:
         await producer.produce_batch([b"v", None], keys=[b"k", b"k"])
