@@ -1486,31 +1486,37 @@ static int plain_item(Admission *self, PyObject *value, PyObject *key, int tombs
 }
 
 static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyList_CheckExact(args[0]) ||
+    if (nargs != 6 || !PyList_CheckExact(args[0]) ||
         (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "admit_chunk(values: list, keys: list | None, topic, start, tombstones)");
+        PyErr_SetString(PyExc_TypeError, "admit_chunk(values: list, keys: list | None, topic, "
+                                         "start, stop, tombstones)");
         return NULL;
     }
     PyObject *values = args[0], *keys = args[1], *topic = args[2];
-    Py_ssize_t count = PyList_GET_SIZE(values);
+    Py_ssize_t size = PyList_GET_SIZE(values);
     Py_ssize_t start = PyLong_AsSsize_t(args[3]);
-    int tombstones = PyObject_IsTrue(args[4]);
-    if ((start == -1 || tombstones < 0) && PyErr_Occurred()) return NULL;
-    if (keys != Py_None && PyList_GET_SIZE(keys) != count) return Py_NewRef(DECLINED);
+    Py_ssize_t count = PyLong_AsSsize_t(args[4]); /* stop: admit up to this index */
+    int tombstones = PyObject_IsTrue(args[5]);
+    if ((start == -1 || count == -1 || tombstones < 0) && PyErr_Occurred()) return NULL;
+    if (keys != Py_None && PyList_GET_SIZE(keys) != size) return Py_NewRef(DECLINED);
     if (topic == Py_None) topic = self->default_topic;
-    if (!PyUnicode_CheckExact(topic) || start < 0 || start > count) return Py_NewRef(DECLINED);
+    if (!PyUnicode_CheckExact(topic) || start < 0 || start > count || count > size)
+        return Py_NewRef(DECLINED);
     PyObject *n_obj = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
     if (n_obj == NULL) {
         if (PyErr_Occurred()) return NULL;
         return Py_NewRef(DECLINED);
     }
-    /* The whole rest of the chunk is plain, or none of it is taken. */
-    for (Py_ssize_t i = start; i < count; i++) {
+    /* The whole chunk is plain, or none of it is taken: checked by its first call (start 0).
+     * A later call checks each message again as it takes it (the lists may have changed
+     * meanwhile), and stops at one that is not plain (see the end). */
+    int checked = start == 0;
+    for (Py_ssize_t i = 0; checked && i < size; i++) {
         PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
         if (!plain_item(self, PyList_GET_ITEM(values, i), key, tombstones))
             return Py_NewRef(DECLINED);
     }
+    int declined = 0;
     Router *router = self->router;
     Py_ssize_t connections = router->connections, i = start;
     PyObject *deadline = NULL; /* one for the chunk: its records are admitted in one moment */
@@ -1542,6 +1548,10 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
         if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
             break; /* full: the caller waits for room and goes on from here */
+        if (!checked && !plain_item(self, PyList_GET_ITEM(values, i), key, tombstones)) {
+            declined = 1;
+            break;
+        }
         PyObject *partition;
         Py_ssize_t connection = 0;
         if (partitions > 0 && key != Py_None) {
@@ -1570,8 +1580,13 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
     }
     if (only_records != NULL) Py_SET_SIZE(only_records, admitted);
     Py_DECREF(deadline);
-    PyObject *result = Py_BuildValue("(nN)", i, by_connection);
-    return result;
+    if (declined && i == start) {
+        Py_DECREF(by_connection);
+        return Py_NewRef(DECLINED);
+    }
+    /* Stopped at a message that is not plain: what was admitted, then DECLINED for the rest. */
+    if (declined) return Py_BuildValue("(nNO)", i, by_connection, DECLINED);
+    return Py_BuildValue("(nN)", i, by_connection);
 error:
     Py_XDECREF(deadline);
     if (only_records != NULL) Py_SET_SIZE(only_records, admitted);
@@ -1584,8 +1599,8 @@ error:
 
 static PyMethodDef Admission_methods[] = {
     {"admit_chunk", (PyCFunction)(void (*)(void))Admission_admit_chunk, METH_FASTCALL,
-     "admit_chunk(values, keys, topic, start, tombstones) -> (end, records by connection) | "
-     "(end, records by connection, error) | DECLINED"},
+     "admit_chunk(values, keys, topic, start, stop, tombstones) -> (end, records by "
+     "connection) | (end, records by connection, error or DECLINED) | DECLINED"},
     {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
      "admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) -> None | "
      "(record, awaitable) | DECLINED"},

@@ -132,5 +132,6 @@ class Admission:
         keys: list[Any] | None,
         topic: object,
         start: int,
+        stop: int,
         tombstones: bool,
     ) -> Any: ...
