@@ -1545,6 +1545,11 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
     deadline = PyFloat_FromDouble(monotonic() + window->timeout);
     if (deadline == NULL) goto error;
     for (; i < count; i++) {
+        /* A partitioner in Python runs in this loop: the lists may have shrunk since. */
+        if (i >= PyList_GET_SIZE(values) || (keys != Py_None && i >= PyList_GET_SIZE(keys))) {
+            declined = 1;
+            break;
+        }
         PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
         if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
             break; /* full: the caller waits for room and goes on from here */
