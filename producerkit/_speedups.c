@@ -887,6 +887,12 @@ static int Router_init(Router *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+/* A bytes key's partition among n > 0 by the native hash. New reference. */
+static inline PyObject *native_partition(Router *self, PyObject *key, Py_ssize_t n) {
+    uint64_t h = self->native_hash(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), 0);
+    return PyLong_FromSsize_t((Py_ssize_t)(h % (uint64_t)n));
+}
+
 /* The key's partition among n (n_obj), as PyRouter computes it. New reference. */
 static PyObject *key_partition(Router *self, PyObject *key, PyObject *n_obj) {
     if (self->key_hash == Py_None) {
@@ -898,10 +904,7 @@ static PyObject *key_partition(Router *self, PyObject *key, PyObject *n_obj) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no partitions");
         return NULL;
     }
-    if (self->native_hash != NULL && PyBytes_CheckExact(key)) {
-        uint64_t h = self->native_hash(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), 0);
-        return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
-    }
+    if (self->native_hash != NULL && PyBytes_CheckExact(key)) return native_partition(self, key, n);
     /* key_hash is one of partitioners.modulo_hash's C hashes (xxh3_64, crc32): its value is an
      * int in [0, 2**64), which the mask reads exactly and faster than the checked conversion. */
     PyObject *hash = PyObject_Vectorcall(self->key_hash, &key, 1, NULL);
@@ -1511,10 +1514,12 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
      * A later call checks each message again as it takes it (the lists may have changed
      * meanwhile), and stops at one that is not plain (see the end). */
     int checked = start == 0;
-    for (Py_ssize_t i = 0; checked && i < size; i++) {
-        PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
-        if (!plain_item(self, PyList_GET_ITEM(values, i), key, tombstones))
-            return Py_NewRef(DECLINED);
+    if (checked) {
+        for (Py_ssize_t i = 0; i < size; i++) {
+            PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
+            if (!plain_item(self, PyList_GET_ITEM(values, i), key, tombstones))
+                return Py_NewRef(DECLINED);
+        }
     }
     int declined = 0;
     Router *router = self->router;
@@ -1560,9 +1565,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         PyObject *partition;
         Py_ssize_t connection = 0;
         if (partitions > 0 && key != Py_None) {
-            uint64_t h =
-                router->native_hash(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), 0);
-            partition = PyLong_FromSsize_t((Py_ssize_t)(h % (uint64_t)partitions));
+            partition = native_partition(router, key, partitions);
             if (partition == NULL) goto error;
         } else if (route(router, topic, key, Py_None, n_obj, &partition, &connection) < 0) {
             goto error;
