@@ -1003,7 +1003,9 @@ async def producerkit_values_run(
     return _rate(len(messages), elapsed)
 
 
-#: ``--only production``'s runner of the json runner's values serialized before the run.
+#: ``--only production``'s runner with a JSON value serializer, and the one sending its values
+#: serialized before the run.
+JSON_RUNNER = "dicts, value_serializer=json"
 JSON_MADE_BEFORE = "bytes, the same dicts' JSON made before the run"
 
 
@@ -1028,7 +1030,7 @@ def production_runners(url: str, count: int, kafka: bool) -> dict[str, Runner]:
     variants: dict[str, tuple[list[Any], dict[str, Any]]] = {
         "bytes (baseline)": (as_bytes, {}),
         "bytes (baseline, again)": (as_bytes, {}),
-        "dicts, value_serializer=json": (as_dicts, {"value_serializer": "json"}),
+        JSON_RUNNER: (as_dicts, {"value_serializer": "json"}),
         JSON_MADE_BEFORE: (as_json, {}),
         "bytes, ProducerMetrics (defaults)": (as_bytes, {"metrics": None}),
         "bytes, on_delivery + context": (as_bytes, {"on_delivery": done}),
@@ -1083,8 +1085,7 @@ def production_main(args: argparse.Namespace) -> int:
                 median = median_ratio(rounds, name, "bytes (baseline)")
                 best = max(one[name] for one in rounds)
                 print(f"| {broker} | {name} | {best:,} | {median:.2f}x |", flush=True)
-            json_name = "dicts, value_serializer=json"
-            against_own = median_ratio(rounds, json_name, JSON_MADE_BEFORE)
+            against_own = median_ratio(rounds, JSON_RUNNER, JSON_MADE_BEFORE)
             report[f"{broker}: json / its JSON made before"] = against_own
             print(f"| {broker} | json / {JSON_MADE_BEFORE} | | {against_own:.2f}x |", flush=True)
     save_report(args.json, report)
