@@ -220,35 +220,45 @@ class Submitter:
         the rest, every message checked before any is admitted, through :meth:`submit`."""
         start = 0
         if fused is not None and columns.plain and columns.size:
-            name = rules.default_topic if topic is None else topic
-            if type(name) is str:
-                await self._topics.learn(name)
-            while start < columns.size:
-                stop = min(start + ADMITTED_AT_ONCE, columns.size)
-                outcome = fused.admit_chunk(
-                    columns.values, columns.keys, name, start, stop, rules.takes_tombstones
-                )
-                if outcome is DECLINED:
-                    break
-                end, by_connection, *stopped = outcome
-                for index, records in enumerate(by_connection):
-                    if records:
-                        for handed_off in self.send_many(index, records):
-                            await handed_off
-                start = end
-                if stopped:
-                    if stopped[0] is DECLINED:  # the lists changed: the rest as below
-                        break
-                    raise stopped[0]
-                if end < stop:  # the window is full: wait for it to drain
-                    await self._window.wait_for_room()
-                    self._check_open(False)
+            start = await self._submit_plain(columns, topic, rules, fused)
         messages = [message_at(rules, columns, topic, i) for i in range(start, columns.size)]
         for index, message in enumerate(messages, start):
             context = None if columns.contexts is None else columns.contexts[index]
             waiting = self.submit(message, None, context)
             if waiting is not None:
                 await waiting
+
+    async def _submit_plain(
+        self, columns: Columns, topic: str | None, rules: MessageRules, fused: Any
+    ) -> int:
+        """:meth:`submit_batch`'s fused C path for a plain chunk: where it stopped (the size,
+        or the first message it leaves to the checked path). Raises what admitting raised,
+        once the records admitted before it are handed over."""
+        name = rules.default_topic if topic is None else topic
+        if type(name) is str:
+            await self._topics.learn(name)
+        start = 0
+        while start < columns.size:
+            stop = min(start + ADMITTED_AT_ONCE, columns.size)
+            outcome = fused.admit_chunk(
+                columns.values, columns.keys, name, start, stop, rules.takes_tombstones
+            )
+            if outcome is DECLINED:
+                break
+            end, by_connection, *stopped = outcome
+            for index, records in enumerate(by_connection):
+                if records:
+                    for handed_off in self.send_many(index, records):
+                        await handed_off
+            start = end
+            if stopped:
+                if stopped[0] is DECLINED:  # the lists changed: the rest on the checked path
+                    break
+                raise stopped[0]
+            if end < stop:  # the window is full: wait for it to drain
+                await self._window.wait_for_room()
+                self._check_open(False)
+        return start
 
     def send_many(self, index: int, records: list[Record]) -> list[Awaitable[None]]:
         """Hand admitted records to connection ``index`` at once (see Connection.send_many);
