@@ -29,7 +29,7 @@ def test_a_compressed_batch_reads_back_whole(codec: str, level: int | None) -> N
     if codec == "snappy" and level is not None:
         pytest.skip("snappy has no levels")
     checked = codecs.check_level(codec, level)
-    data, end = record_batch.compressed_encoder(codec, checked)(RECORDS, 0, 1 << 20, 0.0)
+    data, end = record_batch.CompressedEncoder(codec, checked)(RECORDS, 0, 1 << 20, 0.0)
     assert end == len(RECORDS)
     batch = DefaultRecordBatch(bytes(data))
     assert batch.validate_crc() and batch.compression_type == codecs.CODECS[codec]
@@ -76,15 +76,22 @@ def test_lz4_frames_read_back_whatever_the_blocks(level: int) -> None:
             assert frame[7 + 3] & 0x80  # the first block's size: stored uncompressed
 
 
-def test_zstd_sections_of_every_size_read_back() -> None:
-    """zstd through the streaming compressor (no content size in the frame) at the batch sizes
-    where zstd's parameters change (16, 128 and 256 KiB)."""
+@pytest.mark.parametrize("library", ["zstandard", "cramjam"])
+def test_zstd_sections_of_every_size_read_back(library: str) -> None:
+    """zstd with the streaming compressor's parameters (no content size in the frame) at the
+    batch sizes where zstd's parameters change (16, 128 and 256 KiB), through either library;
+    both write the same compressed blocks (cramjam ends with an empty one)."""
     import cramjam
 
+    if library == "zstandard":
+        pytest.importorskip("zstandard")
     data = bytes(range(256)) * 4096 + b"records " * 100_000
     for size in (0, 1, 16 * 1024, 128 * 1024, 200 * 1024, 256 * 1024, 300 * 1024):
-        frame = codecs.compressor("zstd", 3)(data[:size])
+        frame = bytes(codecs.zstd_compressor(3, library=library)(data[:size]))
         assert bytes(cramjam.zstd.decompress(frame)) == data[:size]
+        assert frame[4] & 0xC0 == 0  # the frame header names no content size
+        streamed = bytes(codecs.zstd_compressor(3, library="cramjam")(data[:size]))
+        assert abs(len(frame) - len(streamed)) <= 8  # the frame's bookkeeping, no more
 
 
 def test_the_default_levels_are_librdkafkas() -> None:
@@ -103,3 +110,20 @@ def test_the_default_levels_are_librdkafkas() -> None:
 def test_a_bad_level_is_a_configuration_error(options: dict[str, object], match: str) -> None:
     with pytest.raises(pk.ConfigurationError, match=match):
         pk.Producer("kafka://127.0.0.1:1", topic="t", **options)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_large_section_is_compressed_on_the_thread_into_the_same_batch(codec: str) -> None:
+    from concurrent.futures import Future
+
+    encoder = record_batch.CompressedEncoder(codec, None)
+    try:
+        data, end, size = encoder.encode_later(RECORDS, 0, 1 << 20, 0.0)
+        assert end == len(RECORDS) and size >= encoder.OFF_LOOP_FROM
+        assert isinstance(data, Future) is codecs.compresses_off_the_loop(codec)
+        framed = data.result(timeout=30) if isinstance(data, Future) else data
+        assert bytes(framed) == bytes(encoder(RECORDS, 0, 1 << 20, 0.0)[0])
+        small, end, _ = encoder.encode_later(RECORDS, 0, 1000, 0.0)
+        assert not isinstance(small, Future) and end < len(RECORDS)
+    finally:
+        encoder.close()

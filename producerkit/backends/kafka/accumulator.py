@@ -8,9 +8,13 @@ filled into aiokafka's own ``BatchBuilder``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Final
 
 from aiokafka import TopicPartition
@@ -19,7 +23,7 @@ from producerkit._fast import speedups
 from producerkit._record import Record
 from producerkit.backends.base import Reports
 from producerkit.backends.kafka import _aiokafka_compat
-from producerkit.backends.kafka.record_batch import Encoder
+from producerkit.backends.kafka.record_batch import CompressedEncoder, Encoder
 
 _monotonic = time.monotonic
 
@@ -55,10 +59,13 @@ class Batch:
     ``written``: a request carrying it was written to a connection; ``unanswered``: one such
     request ended without the broker's answer for it (its records may be stored).
     ``failed_seen``: the window's failure count when it was encoded (see
-    :meth:`Accumulator.still_live`).
+    :meth:`Accumulator.still_live`). ``compressing``: its records section is being compressed
+    on the encoder's thread; it keeps its place in the queue, and its partition sends nothing
+    until it is done (``data`` is None until then).
     """
 
     __slots__ = (
+        "compressing",
         "data",
         "expires",
         "failed_seen",
@@ -82,6 +89,7 @@ class Batch:
         self.queue = queue
         self.number = number  # order within the partition: a retry goes back in its place
         self.data = data  # the encoded batch, or an aiokafka BatchBuilder (sent through aiokafka)
+        self.compressing = False
         self.records = records
         self.expires = expires
         self.failed_seen = failed_seen
@@ -144,7 +152,12 @@ class Gathering:
 
 
 class Accumulator:
-    """Every partition's queue, and the sealing of open records into batches."""
+    """Every partition's queue, and the sealing of open records into batches.
+
+    With a :class:`CompressedEncoder`, a large batch is compressed on the encoder's thread:
+    when that ends, ``batch_ready()`` is called on the loop (the sender ships it); if it raised,
+    the batch's records fail with the error as their cause, as never sent.
+    """
 
     def __init__(
         self,
@@ -170,6 +183,8 @@ class Accumulator:
         #: BatchBuilders from ``new_builder``, filled directly when ``fast_fill``.
         self.new_builder: Callable[[], Any] | None = None
         self.fast_fill = False
+        self._compressed_encoder = encode if isinstance(encode, CompressedEncoder) else None
+        self.batch_ready: Callable[[], object] = lambda: None
 
     def queue_of(self, record: Record) -> PartitionQueue:
         partitions = self.queues.get(record.topic)
@@ -204,13 +219,18 @@ class Accumulator:
         start = 0
         try:
             while start < len(records):
-                data, end, size = self._encode_from(records, start, time_shift)
+                data, end, size = self._encode_from(records, start, time_shift, later=True)
                 queue.sealed += 1
                 whole = start == 0 and end == len(records)
                 batch_records = records if whole else records[start:end]
-                queue.full.append(
-                    Batch(queue, queue.sealed, data, batch_records, expires, failed_seen)
-                )
+                batch = Batch(queue, queue.sealed, data, batch_records, expires, failed_seen)
+                if isinstance(data, Future):
+                    batch.data, batch.compressing = None, True
+                    loop = asyncio.get_running_loop()
+                    data.add_done_callback(
+                        functools.partial(self._compressed_on_thread, loop, batch)
+                    )
+                queue.full.append(batch)
                 # Gather as many records as fill a batch at the sizes seen last.
                 self.gathering.batch_records = max(
                     1, (end - start) * self._max_batch_size // max(size, 1)
@@ -244,11 +264,35 @@ class Accumulator:
         batch.data, batch.records = data, live
         return True
 
+    def _compressed_on_thread(
+        self, loop: asyncio.AbstractEventLoop, batch: Batch, future: Future[bytes]
+    ) -> None:
+        # On the encoder's thread (or this one, if it is done already): back to the loop.
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the batch was stranded
+            loop.call_soon_threadsafe(self._compressed, batch, future)
+
+    def _compressed(self, batch: Batch, future: Future[bytes]) -> None:
+        batch.compressing = False
+        if future.cancelled():  # the encoder was closed, with the connection
+            return
+        error = future.exception()
+        if error is None:
+            batch.data = future.result()
+        elif batch in batch.queue.full:  # not taken meanwhile (purged, stranded)
+            batch.queue.full.remove(batch)
+            self._fail(batch.records, error)
+        self.batch_ready()
+
     def _encode_from(
-        self, records: list[Record], start: int, time_shift: float
+        self, records: list[Record], start: int, time_shift: float, *, later: bool = False
     ) -> tuple[Any, int, int]:
-        """One batch from ``records[start:]``: (data, where it stopped, its size in bytes)."""
+        """One batch from ``records[start:]``: (data, where it stopped, its size in bytes).
+        ``later``: a large compressed batch's data may be a future (see the class)."""
         if self.new_builder is None:
+            if later and self._compressed_encoder is not None:
+                return self._compressed_encoder.encode_later(
+                    records, start, self._max_batch_size, time_shift
+                )
             data, end = self._encode(records, start, self._max_batch_size, time_shift)
             return data, end, len(data)
         builder = self.new_builder()

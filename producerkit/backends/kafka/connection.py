@@ -44,11 +44,12 @@ class KafkaConnection(Connection):
         self._idempotent = bool(settings["enable_idempotence"])
         self._partition_counts: dict[str, int] = {}
         codec = settings.get("compression_type")
-        encode: record_batch.Encoder = (
-            record_batch.compressed_encoder(codec, self.options.get("compression_level"))
+        self._compressed_encoder = (
+            record_batch.CompressedEncoder(codec, self.options.get("compression_level"))
             if codec
-            else record_batch.encode_batch
+            else None
         )
+        encode: record_batch.Encoder = self._compressed_encoder or record_batch.encode_batch
         self._queues: dict[str, dict[int, PartitionQueue]] = {}
         self._gathering = gathering = Gathering()
         self._accumulator = Accumulator(
@@ -70,6 +71,7 @@ class KafkaConnection(Connection):
             max_batches_in_flight=options.batches_in_flight(self.options, self._idempotent),
             retry_backoff=settings.get("retry_backoff_ms", 100) / 1000,
         )
+        self._accumulator.batch_ready = self._sender.schedule_ship
 
     async def connect(self) -> None:
         settings = self._settings
@@ -211,6 +213,8 @@ class KafkaConnection(Connection):
         error = BrokerUnavailable("the connection closed before this message was sent")
         for record in self._accumulator.strand() + unsent:
             self.reports.failed(record, error, False)
+        if self._compressed_encoder is not None:
+            self._compressed_encoder.close()
         await self._producer.stop()
 
 

@@ -119,6 +119,8 @@ class Sender:
                 accumulator.seal(queue)
                 if not queue.full:
                     return  # nothing live to send (or the encoder failed these records)
+            if queue.full[0].compressing:
+                return  # its turn comes when it is compressed (the accumulator's batch_ready)
             batch = queue.full.popleft()
             if accumulator.still_live(batch):  # its records that failed meanwhile are dropped
                 break
