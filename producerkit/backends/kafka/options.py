@@ -44,6 +44,12 @@ THROUGHPUT_WINDOW: Final = 10_000
 #: Batches here grow only while the partition's previous batch is still with the broker, so a
 #: large ceiling costs no latency and saves a request per 16 KiB (aiokafka's default) under load.
 DEFAULT_MAX_BATCH_SIZE: Final = 512 * 1024
+#: The ceiling with ``compression_type="zstd"``: librdkafka's ``batch.size``. zstd's window at
+#: its default level (2 MiB) spans the whole section, so a larger one compresses smaller and
+#: faster; gzip's window (32 KiB) and lz4's and snappy's blocks (64 KiB) do not, and they keep
+#: the default. Counted before compression, a batch of it stays within the broker's default
+#: ``message.max.bytes`` (1,048,588) even when the values do not compress.
+ZSTD_MAX_BATCH_SIZE: Final = 1_000_000
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -111,6 +117,8 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
     given.pop("preset", None)  # read by batches_in_flight
     given.pop("max_batches_in_flight", None)  # producerkit's own sender setting, not aiokafka's
     given.pop("compression_level", None)  # producerkit's own codecs take it
+    if given.get("compression_type") == "zstd":
+        settings["max_batch_size"] = ZSTD_MAX_BATCH_SIZE
     settings.update(given)
     if settings["enable_idempotence"] and "acks" not in given:
         settings["acks"] = "all"  # idempotence requires it; the Java client defaults the same
