@@ -113,9 +113,12 @@ def test_a_bad_level_is_a_configuration_error(options: dict[str, object], match:
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_a_large_section_is_compressed_on_the_thread_into_the_same_batch(codec: str) -> None:
+def test_a_large_section_is_compressed_on_the_thread_into_the_same_batch(
+    codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from concurrent.futures import Future
 
+    monkeypatch.setattr(record_batch.CompressedEncoder, "OFF_LOOP_FROM", 32 * 1024)
     encoder = record_batch.CompressedEncoder(codec, None)
     try:
         data, end, size = encoder.encode_later(RECORDS, 0, 1 << 20, 0.0)

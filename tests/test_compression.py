@@ -65,9 +65,9 @@ def _compresses_on_a_thread(producer: pk.Producer, codec: str) -> bool:
 async def test_full_batches_read_back_whole_and_in_order_per_key(
     codec: str, kafka_broker: SessionBroker, topic: str
 ) -> None:
-    """Batches of 64 KiB and more, compressed on the connection's thread for gzip and zstd (on
+    """Batches of 256 KiB and more, compressed on the connection's thread for gzip and zstd (on
     the loop for snappy and lz4): every message read back, each key's in the order produced."""
-    count, keys = 6000, 13
+    count, keys = 20_000, 13
     earlier = set(_compress_threads())  # another test's, still ending
     async with pk.Producer(
         kafka_broker.url, topic=topic, compression_type=codec, preset="throughput"
@@ -112,7 +112,7 @@ async def test_a_compressor_failing_on_its_thread_fails_its_batch_only(
 
     monkeypatch.setattr(codecs, "compressor", compressor)
     failures: list[pk.Failure] = []
-    count = 3000
+    count = 6000
     async with pk.Producer(
         kafka_broker.url,
         topic=topic,

@@ -105,7 +105,10 @@ class CompressedEncoder:
     :meth:`close` stops the thread; batches not yet compressed are cancelled.
     """
 
-    OFF_LOOP_FROM: Final = 32 * 1024
+    #: A section this large forms only when messages come faster than the broker takes them,
+    #: where the thread raises the rate. Below it the hand-over costs latency: the thread waits
+    #: for the GIL while the loop runs, then stops the loop to take it (docs/tuning.md).
+    OFF_LOOP_FROM: Final = 256 * 1024
 
     def __init__(self, codec: str, level: int | None) -> None:
         self._codec = codec
