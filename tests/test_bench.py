@@ -176,3 +176,29 @@ async def test_run_peer_nats(nats_broker: LocalBroker, topic: str) -> None:
     )
     assert timings.sent == 500
     assert sorted(acks) == list(range(500))
+
+
+def test_kafka_peers_compress_with_producerkit_codec(
+    kafka_broker: LocalBroker, topic: str, tmp_path: Path
+) -> None:
+    """``-o compression_type=zstd`` with ``--compare peers``: aiokafka and confluent-kafka are
+    given the same codec (a comparison of producerkit compressing with peers that do not would
+    say nothing), and every message of each is acked."""
+    pytest.importorskip("confluent_kafka")
+    from producerkit.bench.peers import make_peer
+
+    assert make_peer("aiokafka", kafka_broker.url, topic, 10, "zstd").compression == "zstd"
+    confluent = make_peer("confluent-kafka", kafka_broker.url, topic, 10, "zstd")
+    assert confluent.codec == {"compression.type": "zstd"}
+    assert make_peer("confluent-kafka", kafka_broker.url, topic).codec == {}
+    result = _bench(
+        tmp_path,
+        *("--url", kafka_broker.url, "--topic", topic, "--rate", "2000"),
+        *("--num-records", "600", "-o", "compression_type=zstd", "--compare", "peers"),
+        *("--peers", "aiokafka,confluent-kafka"),
+    )
+    assert result["summary"]["acked"] == 600
+    assert {name: peer["summary"]["acked"] for name, peer in result["peers"].items()} == {
+        "aiokafka": 600,
+        "confluent-kafka": 600,
+    }

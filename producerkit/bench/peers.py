@@ -9,6 +9,9 @@
   broker, time in its queues, messages per request) in ``diagnostics``;
 - ``nats-py``: JetStream ``publish_async`` (a future per message, at most ``limit`` pending).
 
+``compression`` (``make_peer``, ``run_peer``) gives the Kafka peers a codec, as
+``compression_type`` / ``compression.type``, so that they compress as producerkit does.
+
 Other suites reuse them (``benches/throughput.py``)::
 
     timings = await run_peer("aiokafka", "kafka://127.0.0.1:9092", "t", messages, rate=0,
@@ -49,16 +52,23 @@ def _ignore(index: int, ok: bool) -> None:
 class AiokafkaPeer:
     name = "aiokafka"
 
-    def __init__(self, url: str, topic: str, limit: int = 1000) -> None:
+    def __init__(
+        self, url: str, topic: str, limit: int = 1000, compression: str | None = None
+    ) -> None:
         self.bootstrap = parse_url(url).server_strings()
         self.topic = topic
+        self.compression = compression
         self.on_ack: AckCallback = _ignore
 
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, linger_ms=0, acks=1, enable_idempotence=False
+            bootstrap_servers=self.bootstrap,
+            linger_ms=0,
+            acks=1,
+            enable_idempotence=False,
+            compression_type=self.compression,
         )
         await self.producer.start()
 
@@ -92,9 +102,12 @@ class ConfluentPeer:
     name = "confluent-kafka"
     settings: dict[str, Any] = {}
 
-    def __init__(self, url: str, topic: str, limit: int = 1000) -> None:
+    def __init__(
+        self, url: str, topic: str, limit: int = 1000, compression: str | None = None
+    ) -> None:
         self.bootstrap = ",".join(parse_url(url).server_strings())
         self.topic = topic
+        self.codec = {"compression.type": compression} if compression else {}
         self.on_ack: AckCallback = _ignore
         self._stop = threading.Event()
         #: librdkafka's statistics, one entry a second: see :func:`librdkafka_interval`.
@@ -109,6 +122,7 @@ class ConfluentPeer:
                 "statistics.interval.ms": 1000,
                 "stats_cb": self._statistics,
                 **self.settings,
+                **self.codec,
             }
         )
         self._poller = threading.Thread(target=self._poll, name="confluent-poll", daemon=True)
@@ -201,7 +215,9 @@ def _set_once(future: asyncio.Future[bool], ok: bool) -> None:
 class NatsPeer:
     name = "nats-py"
 
-    def __init__(self, url: str, topic: str, limit: int = 1000) -> None:
+    def __init__(
+        self, url: str, topic: str, limit: int = 1000, compression: str | None = None
+    ) -> None:  # compression: a Kafka codec, not NATS's
         parsed = parse_url(url)
         self.servers = [f"nats://{server}" for server in parsed.server_strings()]
         self.topic = topic
@@ -245,7 +261,7 @@ class NatsPeer:
         await self.nc.close()
 
 
-PEERS: dict[str, Callable[[str, str, int], Target]] = {
+PEERS: dict[str, Callable[[str, str, int, str | None], Target]] = {
     "aiokafka": AiokafkaPeer,
     "confluent-kafka": ConfluentPeer,
     "confluent-kafka-linger0": ConfluentLingerZeroPeer,
@@ -263,11 +279,13 @@ def peers_for(url: str) -> tuple[str, ...]:
     return _BY_SCHEME.get(parse_url(url).scheme, ())
 
 
-def make_peer(name: str, url: str, topic: str, limit: int = 1000) -> Target:
+def make_peer(
+    name: str, url: str, topic: str, limit: int = 1000, compression: str | None = None
+) -> Target:
     factory = PEERS.get(name)
     if factory is None:
         raise ConfigurationError(f"unknown peer {name!r}: use one of {', '.join(PEERS)}")
-    return factory(url, topic, limit)
+    return factory(url, topic, limit, compression)
 
 
 async def run_peer(
@@ -283,9 +301,10 @@ async def run_peer(
     mode: str = "nonblocking",
     limit: int = 1000,
     warmup: int = 100,
+    compression: str | None = None,
 ) -> RunTimings:
     """Run one peer on the open-loop schedule (``rate`` 0: as fast as it goes) and time it."""
-    peer = make_peer(name, url, topic, limit)
+    peer = make_peer(name, url, topic, limit, compression)
     await peer.start()
     try:
         if on_ack is None:

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare",
         choices=("peers",),
         help="also run the raw clients (aiokafka, confluent-kafka, nats-py) "
-        "on the same schedule and broker",
+        "on the same schedule and broker (the Kafka ones with -o compression_type's codec)",
     )
     parser.add_argument("--peers", help="comma-separated subset of peers for --compare peers")
     parser.add_argument(
@@ -237,7 +237,9 @@ async def _run_all(
     if args.repeat <= 1:
         result = await _run_producerkit(args, url, options, config)
         if args.compare == "peers":
-            result["peers"] = {name: await _run_peer(args, url, config, name) for name in names}
+            result["peers"] = {
+                name: await _run_peer(args, url, options, config, name) for name in names
+            }
         return result
     from producerkit.bench.peers import median_ratios, round_ratios
 
@@ -250,7 +252,7 @@ async def _run_all(
             if name == "producerkit":
                 results[name] = await _run_producerkit(args, url, options, config)
             else:
-                results[name] = await _run_peer(args, url, config, name)
+                results[name] = await _run_peer(args, url, options, config, name)
         ratios = round_ratios(results["producerkit"], {n: results[n] for n in names})
         rounds.append({"round": number + 1, "results": results, "ratios": ratios})
         if not args.quiet:
@@ -302,14 +304,16 @@ async def _run_producerkit(
 
 
 async def _run_peer(
-    args: argparse.Namespace, url: str, config: dict[str, Any], name: str
+    args: argparse.Namespace, url: str, options: dict[str, Any], config: dict[str, Any], name: str
 ) -> dict[str, Any]:
+    """One peer's run; a Kafka peer gets producerkit's ``compression_type``, if one is given."""
     from producerkit.bench.openloop import warm_up
     from producerkit.bench.peers import make_peer
     from producerkit.bench.report import analyze
 
     messages = make_messages(args.record_size, args.keys)
-    peer = make_peer(name, url, args.topic, args.max_in_flight_messages)
+    compression = options.get("compression_type")
+    peer = make_peer(name, url, args.topic, args.max_in_flight_messages, compression)
     await peer.start()
     try:
         await warm_up(peer, messages, args.warmup_records)
