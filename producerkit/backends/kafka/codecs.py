@@ -133,9 +133,8 @@ def compresses_off_the_loop(codec: str) -> bool:
     """Whether a large section of ``codec`` is compressed on a thread rather than on the event
     loop: for the codecs whose compressor is one call that releases the GIL and costs a few
     microseconds a message (gzip; zstd through zstandard). snappy and lz4 cost less than the
-    hand-over to a thread and back (on two cores with the broker beside: 1.66x against 1.39x
-    and 1.12x against 0.94x of confluent-kafka, at 1,000,000-byte batches); lz4's frame is
-    also written block by block in Python, which would take the GIL back four times a batch."""
+    hand-over to a thread and back (measured in docs/performance.md); lz4's frame is also
+    written block by block in Python, which would take the GIL back four times a batch."""
     if codec == "gzip":
         return True
     if codec == "zstd":
