@@ -188,9 +188,8 @@ def test_kafka_peers_compress_with_producerkit_codec(
     from producerkit.bench.peers import make_peer
 
     assert make_peer("aiokafka", kafka_broker.url, topic, 10, "zstd").compression == "zstd"
-    confluent = make_peer("confluent-kafka", kafka_broker.url, topic, 10, "zstd")
-    assert confluent.codec == {"compression.type": "zstd"}
-    assert make_peer("confluent-kafka", kafka_broker.url, topic).codec == {}
+    assert make_peer("confluent-kafka", kafka_broker.url, topic, 10, "zstd").compression == "zstd"
+    assert make_peer("confluent-kafka", kafka_broker.url, topic).compression is None
     result = _bench(
         tmp_path,
         *("--url", kafka_broker.url, "--topic", topic, "--rate", "2000"),

@@ -107,7 +107,7 @@ class ConfluentPeer:
     ) -> None:
         self.bootstrap = ",".join(parse_url(url).server_strings())
         self.topic = topic
-        self.codec = {"compression.type": compression} if compression else {}
+        self.compression = compression
         self.on_ack: AckCallback = _ignore
         self._stop = threading.Event()
         #: librdkafka's statistics, one entry a second: see :func:`librdkafka_interval`.
@@ -122,7 +122,7 @@ class ConfluentPeer:
                 "statistics.interval.ms": 1000,
                 "stats_cb": self._statistics,
                 **self.settings,
-                **self.codec,
+                **({"compression.type": self.compression} if self.compression else {}),
             }
         )
         self._poller = threading.Thread(target=self._poll, name="confluent-poll", daemon=True)
