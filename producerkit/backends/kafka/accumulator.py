@@ -59,13 +59,12 @@ class Batch:
     ``written``: a request carrying it was written to a connection; ``unanswered``: one such
     request ended without the broker's answer for it (its records may be stored).
     ``failed_seen``: the window's failure count when it was encoded (see
-    :meth:`Accumulator.still_live`). ``compressing``: its records section is being compressed
-    on the encoder's thread; it keeps its place in the queue, and its partition sends nothing
-    until it is done (``data`` is None until then).
+    :meth:`Accumulator.still_live`). ``data`` is None while its records section is being
+    compressed on the encoder's thread (:attr:`compressing`): it keeps its place in the queue,
+    and its partition sends nothing until it is done.
     """
 
     __slots__ = (
-        "compressing",
         "data",
         "expires",
         "failed_seen",
@@ -89,13 +88,16 @@ class Batch:
         self.queue = queue
         self.number = number  # order within the partition: a retry goes back in its place
         self.data = data  # the encoded batch, or an aiokafka BatchBuilder (sent through aiokafka)
-        self.compressing = False
         self.records = records
         self.expires = expires
         self.failed_seen = failed_seen
         self.sent = False  # batch_sent was reported for it
         self.written = False
         self.unanswered = False
+
+    @property
+    def compressing(self) -> bool:
+        return self.data is None
 
 
 class PartitionQueue:
@@ -225,7 +227,7 @@ class Accumulator:
                 batch_records = records if whole else records[start:end]
                 batch = Batch(queue, queue.sealed, data, batch_records, expires, failed_seen)
                 if isinstance(data, Future):
-                    batch.data, batch.compressing = None, True
+                    batch.data = None
                     loop = asyncio.get_running_loop()
                     data.add_done_callback(
                         functools.partial(self._compressed_on_thread, loop, batch)
@@ -272,7 +274,6 @@ class Accumulator:
             loop.call_soon_threadsafe(self._compressed, batch, future)
 
     def _compressed(self, batch: Batch, future: Future[bytes]) -> None:
-        batch.compressing = False
         if future.cancelled():  # the encoder was closed, with the connection
             return
         error = future.exception()
