@@ -16,7 +16,7 @@ from producerkit._message import MessageRules
 from producerkit._record import Message
 from producerkit.errors import MessageError
 
-__all__ = ["Columns", "columns_of", "message_at"]
+__all__ = ["Columns", "columns_of", "message_at", "transformed"]
 
 
 class Columns(NamedTuple):
@@ -30,6 +30,9 @@ class Columns(NamedTuple):
     msg_ids: list[Any] | None
     timestamps: list[Any] | None
     contexts: list[Any] | None
+    #: The values, keys and headers are the producer's transforms of the ones given
+    #: (:func:`transformed`).
+    transformed: bool = False
 
     @property
     def plain(self) -> bool:
@@ -73,6 +76,17 @@ def columns_of(
                 "message, or None)"
             )
     return Columns(count, value_list, **named)
+
+
+def transformed(rules: MessageRules, columns: Columns, topic: str | None) -> Columns:
+    """``columns`` with the producer's serializers and trace context applied, a column at a
+    time (see ``MessageRules.transformed_columns``); the same where it has none."""
+    if not rules.transforms or columns.transformed:
+        return columns
+    values, keys, headers = rules.transformed_columns(
+        columns.values, columns.keys, columns.headers, topic
+    )
+    return columns._replace(values=values, keys=keys, headers=headers, transformed=True)
 
 
 def _column(
@@ -129,6 +143,7 @@ def message_at(rules: MessageRules, columns: Columns, topic: str | None, index: 
             item(columns.msg_ids),
             context=item(columns.contexts),
             timestamp=item(columns.timestamps),
+            transformed=columns.transformed,
         )
     except MessageError as exc:
         raise type(exc)(f"produce_batch: message {index}: {exc}") from exc

@@ -108,10 +108,12 @@ class MessageRules:
         expect: object = None,
         timestamp: object = None,
         reported: bool = False,
+        transformed: bool = False,
     ) -> Message:
         """The Message to send for these arguments of ``produce()``. ``reported``: the
-        message's Delivery is awaited (a blocking produce), so its CreateTime is fixed here."""
-        if self.transforms:
+        message's Delivery is awaited (a blocking produce), so its CreateTime is fixed here.
+        ``transformed``: the value, key and headers come from :meth:`transformed_columns`."""
+        if self.transforms and not transformed:
             value, key, headers = self._transformed(value, key, headers, topic)
         if expect is not None:
             headers = self._with_expectation(headers, expect)
@@ -235,25 +237,71 @@ class MessageRules:
     ) -> tuple[Any, Any, Any]:
         """The value and key serialized, the trace context added to the headers;
         SerializationError naming the message if a serializer raises."""
-        for what, serializer in (("value", self.value_serializer), ("key", self.key_serializer)):
-            original = value if what == "value" else key
-            if serializer is None or original is None:
-                continue
+        original_value = value
+        if self.value_serializer is not None and value is not None:
             try:
-                serialized = serializer(original)
+                value = self.value_serializer(value)
             except Exception as exc:
-                raise SerializationError(
-                    f"{what}_serializer failed on the message with key {_short(key)} to topic "
-                    f"{topic or self.default_topic!r} (value {_short(value)}): "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            if what == "value":
-                value = serialized
-            else:
-                key = serialized
+                raise self._serialization_error("value", exc, value, key, topic) from exc
+        if self.key_serializer is not None and key is not None:
+            try:
+                key = self.key_serializer(key)
+            except Exception as exc:
+                raise self._serialization_error("key", exc, original_value, key, topic) from exc
         if self._inject_trace is not None:
             headers = self._inject_trace(headers)
         return value, key, headers
+
+    def transformed_columns(
+        self, values: list[Any], keys: list[Any] | None, headers: list[Any] | None, topic: object
+    ) -> tuple[list[Any], list[Any] | None, list[Any] | None]:
+        """``produce_batch``'s transforms a column at a time: every value and key serialized,
+        and the trace context added to every message's headers, as :meth:`message` transforms
+        one message's (the trace context taken once, for the whole batch). SerializationError
+        naming the index of the first message a serializer raised on."""
+        originals = values, keys
+        if self.value_serializer is not None:
+            values = self._serialized_column("value", self.value_serializer, originals, topic)
+        if self.key_serializer is not None and keys is not None:
+            keys = self._serialized_column("key", self.key_serializer, originals, topic)
+        if self._inject_trace is not None and self.trace_headers is not None:
+            if headers is None:
+                trace = self.trace_headers()
+                headers = None if trace is None else [trace] * len(values)
+            else:
+                headers = [self._inject_trace(given) for given in headers]
+        return values, keys, headers
+
+    def _serialized_column(
+        self,
+        what: str,
+        serializer: Serializer,
+        originals: tuple[list[Any], list[Any] | None],
+        topic: object,
+    ) -> list[Any]:
+        values, keys = originals
+        column = values if what == "value" else keys
+        assert column is not None
+        serialized = list(column)
+        for index, original in enumerate(column):
+            if original is None:
+                continue
+            try:
+                serialized[index] = serializer(original)
+            except Exception as exc:
+                key = None if keys is None else keys[index]
+                error = self._serialization_error(what, exc, values[index], key, topic)
+                raise SerializationError(f"produce_batch: message {index}: {error}") from exc
+        return serialized
+
+    def _serialization_error(
+        self, what: str, exc: Exception, value: object, key: object, topic: object
+    ) -> SerializationError:
+        return SerializationError(
+            f"{what}_serializer failed on the message with key {_short(key)} to topic "
+            f"{topic or self.default_topic!r} (value {_short(value)}): "
+            f"{type(exc).__name__}: {exc}"
+        )
 
 
 def _check_ids(partition: object, msg_id: object) -> None:

@@ -1525,6 +1525,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
     Router *router = self->router;
     Py_ssize_t connections = router->connections, i = start;
     PyObject *deadline = NULL; /* one for the chunk: its records are admitted in one moment */
+    PyObject *stamp = NULL; /* likewise their CreateTime, where it is fixed (else None) */
     PyObject *only_records = NULL; /* the one connection's list, if only one */
     Py_ssize_t admitted = 0;       /* records in it */
     PyObject *by_connection = PyList_New(connections);
@@ -1549,6 +1550,12 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
     WindowCore *window = self->window;
     deadline = PyFloat_FromDouble(monotonic() + window->timeout);
     if (deadline == NULL) goto error;
+    if (self->stamps) { /* admit's CreateTime, for on_delivery: one for the chunk too */
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        stamp = PyLong_FromLongLong((long long)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+        if (stamp == NULL) goto error;
+    }
     for (; i < count; i++) {
         /* A partitioner in Python runs in this loop: the lists may have shrunk since. */
         if (i >= PyList_GET_SIZE(values) || (keys != Py_None && i >= PyList_GET_SIZE(keys))) {
@@ -1570,8 +1577,9 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         } else if (route(router, topic, key, Py_None, n_obj, &partition, &connection) < 0) {
             goto error;
         }
-        PyObject *fields[M_FIELDS] = {PyList_GET_ITEM(values, i), key,    topic,  Py_None,
-                                      Py_None,                   Py_None, Py_None};
+        PyObject *fields[M_FIELDS] = {PyList_GET_ITEM(values, i), key,    topic, Py_None,
+                                      Py_None,                   Py_None,
+                                      stamp == NULL ? Py_None : stamp};
         /* A chunk's records all live until the chunk is settled: untracked on every backend
          * (a window of tracked tuples makes the collector's work grow with the window). */
         PyObject *record =
@@ -1588,6 +1596,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
     }
     if (only_records != NULL) Py_SET_SIZE(only_records, admitted);
     Py_DECREF(deadline);
+    Py_XDECREF(stamp);
     if (declined && i == start) {
         Py_DECREF(by_connection);
         return Py_NewRef(DECLINED);
@@ -1597,6 +1606,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
     return Py_BuildValue("(nN)", i, by_connection);
 error:
     Py_XDECREF(deadline);
+    Py_XDECREF(stamp);
     if (only_records != NULL) Py_SET_SIZE(only_records, admitted);
     /* Records admitted before the error are in flight: hand them back with it, so that the
      * caller sends them and they are not lost from the ledger; the error is the i-th's. */

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-from producerkit._batch import Columns, message_at
+from producerkit._batch import Columns, message_at, transformed
 from producerkit._fast import speedups
 from producerkit._message import MessageRules, check_partition
 from producerkit._rate import RateLimit
@@ -217,7 +217,9 @@ class Submitter:
         """Every message of ``columns``, in order, as :meth:`submit` would each. A plain chunk
         (values and keys only) goes through the fused C path ``ADMITTED_AT_ONCE`` messages (or
         the window's room) at a time, each part's records handed to their connections at once;
-        the rest, every message checked before any is admitted, through :meth:`submit`."""
+        the rest, every message checked before any is admitted, through :meth:`submit`.
+        Serializers and the trace context are applied to whole columns first."""
+        columns = transformed(rules, columns, topic)
         start = 0
         if fused is not None and columns.plain and columns.size:
             start = await self._submit_plain(columns, topic, rules, fused)
