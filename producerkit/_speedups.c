@@ -701,6 +701,86 @@ static PyTypeObject SlotsMakerType = {
     .tp_call = PyVectorcall_Call,
 };
 
+PyDoc_STRVAR(ExactBytes_doc,
+"ExactBytes(function)\n\n"
+"A callable: ExactBytes(function)(obj) returns function(obj), except that a bytes result is\n"
+"returned as a new bytes object of exactly its length, the function's own released at once.\n"
+"For a function that builds its bytes in an oversized buffer and shrinks it in place\n"
+"(orjson.dumps): many such results kept alive together (until their acks) leave the heap\n"
+"fragmented, which costs more than the copy. Anything else function returns or raises\n"
+"passes through unchanged.");
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *function;
+} ExactBytes;
+
+static PyObject *ExactBytes_vectorcall(ExactBytes *self, PyObject *const *args, size_t nargsf,
+                                       PyObject *kwnames) {
+    PyObject *result = PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    if (result == NULL || !PyBytes_CheckExact(result)) return result;
+    Py_SETREF(result, PyBytes_FromStringAndSize(PyBytes_AS_STRING(result),
+                                                PyBytes_GET_SIZE(result)));
+    return result;
+}
+
+static int ExactBytes_init(ExactBytes *self, PyObject *args, PyObject *kwargs) {
+    PyObject *function;
+    static char *keywords[] = {"function", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:ExactBytes", keywords, &function))
+        return -1;
+    if (!PyCallable_Check(function)) {
+        PyErr_Format(PyExc_TypeError, "ExactBytes: %R is not callable", function);
+        return -1;
+    }
+    Py_XSETREF(self->function, Py_NewRef(function));
+    self->vectorcall = (vectorcallfunc)ExactBytes_vectorcall;
+    return 0;
+}
+
+static int ExactBytes_traverse(ExactBytes *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    return 0;
+}
+
+static int ExactBytes_clear(ExactBytes *self) {
+    Py_CLEAR(self->function);
+    return 0;
+}
+
+static void ExactBytes_dealloc(ExactBytes *self) {
+    PyObject_GC_UnTrack(self);
+    ExactBytes_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *ExactBytes_repr(ExactBytes *self) {
+    return PyUnicode_FromFormat("ExactBytes(%R)", self->function);
+}
+
+static PyMemberDef ExactBytes_members[] = {
+    {"function", T_OBJECT_EX, offsetof(ExactBytes, function), READONLY,
+     "the function whose bytes are copied"},
+    {NULL},
+};
+
+static PyTypeObject ExactBytesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.ExactBytes",
+    .tp_basicsize = sizeof(ExactBytes),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = ExactBytes_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ExactBytes_init,
+    .tp_dealloc = (destructor)ExactBytes_dealloc,
+    .tp_traverse = (traverseproc)ExactBytes_traverse,
+    .tp_clear = (inquiry)ExactBytes_clear,
+    .tp_repr = (reprfunc)ExactBytes_repr,
+    .tp_members = ExactBytes_members,
+    .tp_vectorcall_offset = offsetof(ExactBytes, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
 PyDoc_STRVAR(tell_run_doc,
 "tell_run(pending, records, first_offset, stored_at, make_delivery, on_delivery, report)\n"
 "    -> count\n\n"
@@ -1950,6 +2030,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&RouterType) < 0 ||
         PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
         PyType_Ready(&SlotsMakerType) < 0 || PyType_Ready(&DoneType) < 0 ||
+        PyType_Ready(&ExactBytesType) < 0 ||
         PyType_Ready(&ProduceDoorType) < 0)
         return NULL;
     if (DONE == NULL) {
@@ -1999,6 +2080,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||
         PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
         PyModule_AddObjectRef(module, "SlotsMaker", (PyObject *)&SlotsMakerType) < 0 ||
+        PyModule_AddObjectRef(module, "ExactBytes", (PyObject *)&ExactBytesType) < 0 ||
         PyModule_AddObjectRef(module, "Done", (PyObject *)&DoneType) < 0 ||
         PyModule_AddObjectRef(module, "ProduceDoor", (PyObject *)&ProduceDoorType) < 0) {
         Py_DECREF(module);

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from io import BytesIO
 from typing import Any
 
+from producerkit._fast import speedups
 from producerkit.errors import ConfigurationError, MissingDependencyError
 
 __all__ = ["Serializer", "avro", "resolve"]
@@ -61,6 +62,11 @@ def _json() -> Serializer:
     except ImportError:
         return _json_stdlib
     dumps: Serializer = orjson.dumps
+    if speedups is not None:
+        # orjson builds each result in a 1 KiB buffer and shrinks it in place: the values kept
+        # until their acks then fragment the heap. An exact-size copy made at once costs less.
+        copied: Serializer = speedups.ExactBytes(dumps)
+        return copied
     return dumps
 
 

@@ -131,3 +131,29 @@ async def test_avro_in_the_confluent_frame_read_back_by_fastavro(
         assert (magic, schema_id) == (0, 42)
         decoded.append(fastavro.schemaless_reader(io.BytesIO(record["value"][5:]), parsed))
     assert sorted(decoded, key=lambda o: o["id"]) == orders
+
+
+def test_json_gives_each_value_in_bytes_of_its_own_size() -> None:
+    """The built-in json serializer's bytes equal orjson's, each a new object no larger than
+    its content needs (orjson's own are cut from a larger buffer), and what orjson raises
+    passes through."""
+    orjson = pytest.importorskip("orjson")
+    import sys
+
+    dumps = serializers.resolve("json", "value_serializer")
+    assert dumps is not None
+    value = {"id": 7, "note": "x" * 440, "tags": ["a", "b"]}
+    made = dumps(value)
+    assert made == orjson.dumps(value) and type(made) is bytes
+    assert sys.getsizeof(made) == sys.getsizeof(b"") + len(made)
+    with pytest.raises(TypeError):
+        dumps({"not json": object()})
+    from producerkit._fast import speedups
+
+    if speedups is not None:
+        copying = speedups.ExactBytes(lambda obj: obj)
+        assert copying(5) == 5  # not bytes: as it is
+        held = b"held"
+        assert copying(held) == held and copying(held) is not held
+        with pytest.raises(TypeError, match="not callable"):
+            speedups.ExactBytes(3)
