@@ -20,7 +20,8 @@ rotated, median ratios: a JSON value serializer (dicts in), ProducerMetrics at i
 ``on_delivery`` with a context per message, ``propagate_trace`` inside a span; and the plain run
 twice, so the noise between two identical runners shows. The plain run sends one shared 512-byte
 value, so the JSON one is also set beside its own values serialized before the run (a distinct
-object per message, as a serializer makes them): what the serializer itself costs.
+object per message, as a serializer makes them): what the serializer itself costs. Bytes and
+JSON dicts also go through ``produce_batch`` (chunks of ``BATCH_CHUNK``), set beside each other.
 ``--only compression``: each codec (gzip, snappy, lz4, zstd) on Tansu null storage, producerkit
 (the throughput settings at its own batch size for the codec: 512 KiB, and for zstd
 librdkafka's 1,000,000 bytes; and again at the 256 KiB of the uncompressed runs) beside
@@ -982,11 +983,18 @@ def batch_main(args: argparse.Namespace) -> int:
 
 
 async def producerkit_values_run(
-    url: str, topic: str, messages: Messages, values: list[Any], **options: Any
+    url: str,
+    topic: str,
+    messages: Messages,
+    values: list[Any],
+    *,
+    batches: bool = False,
+    **options: Any,
 ) -> int:
     """:func:`producerkit_run` with ``values`` (not bytes) for a value_serializer, a context
     per message when ``on_delivery`` is set, and an OpenTelemetry span around the run when
-    ``propagate_trace`` is."""
+    ``propagate_trace`` is; ``batches``: through ``produce_batch``, ``BATCH_CHUNK`` messages
+    a call."""
     context_manager: Any = contextlib.nullcontext()
     if options.get("propagate_trace"):
         from opentelemetry.sdk.trace import TracerProvider
@@ -1000,14 +1008,23 @@ async def producerkit_values_run(
             if metrics is not None:
                 metrics.watch(producer)
             await producer.produce(values[0], key=b"warm-up")
+            keys = [key for key, _ in messages]
+            chunks = [
+                (values[start : start + BATCH_CHUNK], keys[start : start + BATCH_CHUNK])
+                for start in range(0, len(messages), BATCH_CHUNK)
+            ]
             started = time.perf_counter()
             produce = producer.produce
             with_context = "on_delivery" in options
-            for (key, _), value in zip(messages, values, strict=True):
-                if with_context:
-                    await produce(value, key=key, nonblocking=True, context=key)
-                else:
-                    await produce(value, key=key, nonblocking=True)
+            if batches:
+                for chunk_values, chunk_keys in chunks:
+                    await producer.produce_batch(chunk_values, keys=chunk_keys)
+            else:
+                for key, value in zip(keys, values, strict=True):
+                    if with_context:
+                        await produce(value, key=key, nonblocking=True, context=key)
+                    else:
+                        await produce(value, key=key, nonblocking=True)
             await producer.flush()
             elapsed = time.perf_counter() - started
             assert producer.stats.acked == len(messages) + 1, producer.stats
@@ -1018,6 +1035,10 @@ async def producerkit_values_run(
 #: serialized before the run.
 JSON_RUNNER = "dicts, value_serializer=json"
 JSON_MADE_BEFORE = "bytes, the same dicts' JSON made before the run"
+#: ``--only production``'s runners through produce_batch: bytes, and dicts with the JSON
+#: serializer (their ratio is printed too).
+BATCH_RUNNER = "bytes, produce_batch"
+JSON_BATCH_RUNNER = "dicts, value_serializer=json, produce_batch"
 
 
 def production_runners(url: str, count: int, kafka: bool) -> dict[str, Runner]:
@@ -1043,6 +1064,8 @@ def production_runners(url: str, count: int, kafka: bool) -> dict[str, Runner]:
         "bytes (baseline, again)": (as_bytes, {}),
         JSON_RUNNER: (as_dicts, {"value_serializer": "json"}),
         JSON_MADE_BEFORE: (as_json, {}),
+        BATCH_RUNNER: (as_bytes, {"batches": True}),
+        JSON_BATCH_RUNNER: (as_dicts, {"value_serializer": "json", "batches": True}),
         "bytes, ProducerMetrics (defaults)": (as_bytes, {"metrics": None}),
         "bytes, on_delivery + context": (as_bytes, {"on_delivery": done}),
         "bytes, propagate_trace in a span": (as_bytes, {"propagate_trace": True}),
@@ -1099,6 +1122,9 @@ def production_main(args: argparse.Namespace) -> int:
             against_own = median_ratio(rounds, JSON_RUNNER, JSON_MADE_BEFORE)
             report[f"{broker}: json / its JSON made before"] = against_own
             print(f"| {broker} | json / {JSON_MADE_BEFORE} | | {against_own:.2f}x |", flush=True)
+            in_batches = median_ratio(rounds, JSON_BATCH_RUNNER, BATCH_RUNNER)
+            report[f"{broker}: json / bytes, both through produce_batch"] = in_batches
+            print(f"| {broker} | {JSON_BATCH_RUNNER} / {BATCH_RUNNER} | | {in_batches:.2f}x |")
     save_report(args.json, report)
     return 0
 
