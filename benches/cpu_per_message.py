@@ -1,0 +1,110 @@
+"""Where the CPU of a Kafka run goes: the client's and the broker's, per message.
+
+    python benches/cpu_per_message.py [--messages 600000] [--repeat 3]
+
+On Tansu with null storage, the same 512-byte keyed messages as ``benches/throughput.py``:
+producerkit's ``produce()`` and ``produce_batch`` (chunks of 10,000) with the bench's
+throughput settings, and confluent-kafka at librdkafka's defaults, rounds interleaved. For each
+run: the rate, the CPU this process used (confluent-kafka's librdkafka threads included) and
+the CPU the broker process used, per message and in cores (CPU seconds per second of the run),
+and the rate the two would reach if they had the machine's cores to themselves
+(``os.cpu_count() / (client + broker CPU per message)``): the ceiling any client reaches
+on this machine with the broker on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from throughput import (
+    KAFKA_SETTINGS,
+    Messages,
+    batch_chunks,
+    confluent_kafka,
+    make_messages,
+    producerkit_run,
+)
+
+import producerkit as pk
+from producerkit.testing.brokers import create_kafka_topic, start_kafka
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def batch_run(url: str, topic: str, messages: Messages) -> int:
+    chunks = batch_chunks(messages)
+    async with pk.Producer(url, topic=topic, **KAFKA_SETTINGS) as producer:
+        await producer.produce(b"warm-up", key=b"warm-up")
+        started = time.perf_counter()
+        for values, keys in chunks:
+            await producer.produce_batch(values, keys=keys)
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+    return int(len(messages) / elapsed)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=600_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    messages = make_messages(args.messages, True)
+    cores = os.cpu_count() or 1
+    with start_kafka(storage="null://sink") as kafka:
+        url = kafka.url
+        runs: dict[str, Callable[[str], Any]] = {
+            'producerkit produce(), preset="throughput"': lambda topic: asyncio.run(
+                producerkit_run(url, topic, messages, **KAFKA_SETTINGS)
+            ),
+            "producerkit produce_batch": lambda topic: asyncio.run(batch_run(url, topic, messages)),
+            "confluent-kafka (librdkafka defaults)": lambda topic: asyncio.run(
+                confluent_kafka(url, topic, messages)
+            ),
+        }
+        print(
+            "| round | runner | msg/s | client µs/msg (cores) | broker µs/msg (cores) "
+            "| ceiling msg/s |\n|---|---|---:|---:|---:|---:|"
+        )
+        for round_number in range(1, args.repeat + 1):
+            for name, run in runs.items():
+                topic = f"cpu-{time.monotonic_ns()}"
+                asyncio.run(create_kafka_topic(url, topic, 4))
+                broker_before, client_before = process_cpu(kafka.process.pid), own_cpu()
+                started = time.perf_counter()
+                rate = run(topic)
+                wall = time.perf_counter() - started
+                broker = process_cpu(kafka.process.pid) - broker_before
+                client = own_cpu() - client_before
+                count = len(messages)
+                print(
+                    f"| {round_number} | {name} | {rate:,} | {client / count * 1e6:.2f} "
+                    f"({client / wall:.2f}) | {broker / count * 1e6:.2f} ({broker / wall:.2f}) "
+                    f"| {cores / ((client + broker) / count):,.0f} |",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
