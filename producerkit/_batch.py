@@ -75,7 +75,16 @@ def columns_of(
                 f"produce_batch: {name} has {len(column)} items for {count} values (one per "
                 "message, or None)"
             )
-    return Columns(count, value_list, **named)
+    return Columns(
+        count,
+        value_list,
+        keys=named["keys"],
+        headers=named["headers"],
+        partitions=named["partitions"],
+        msg_ids=named["msg_ids"],
+        timestamps=named["timestamps"],
+        contexts=named["contexts"],
+    )
 
 
 def transformed(rules: MessageRules, columns: Columns, topic: str | None) -> Columns:
