@@ -76,3 +76,19 @@ async def test_headers_the_caller_gives_win_and_it_is_off_by_default(tracer: Any
     assert dict(traced[0].headers)["traceparent"] == b"mine"
     assert {name for name, _ in traced[1].headers} >= {"x", "traceparent"}
     assert plain[0].headers is None
+
+
+def test_a_batch_carries_the_callers_traceparent_from_a_sync_producer(tracer: Any) -> None:
+    """SyncProducer.produce_batch runs on the producer's loop thread, yet its messages carry the
+    span current in the calling thread, once per batch as for an async produce_batch."""
+    with pk.SyncProducer("memory://", topic="t", propagate_trace=True) as sync:
+        with tracer.start_as_current_span("s") as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            sync.produce_batch([b"a", b"b"], keys=[b"k", b"k"])
+        sync.produce_batch([b"untraced"])
+        sync.flush()
+        records = sync.producer.backend.records
+    for record in records[:2]:
+        match = TRACEPARENT.match(dict(record.headers)["traceparent"].decode())
+        assert match is not None and match[1] == trace_id
+    assert records[2].headers is None
