@@ -248,3 +248,34 @@ def test_partition_runs_groups_in_first_seen_order_on_both_twins(
         assert _speedups.partition_runs(records) == python
         with pytest.raises(TypeError, match="not a producerkit Record"):
             _speedups.partition_runs([(1, 2)])
+
+
+def test_sealing_a_count_of_open_records_leaves_the_rest_open() -> None:
+    """Accumulator.seal(queue, count) encodes the first ``count`` open records into batches
+    and leaves the rest open for the next records (what a handed-over chunk does: only whole
+    batches are sealed, as one record at a time would seal them)."""
+    from types import SimpleNamespace
+
+    from producerkit.backends.kafka.accumulator import Accumulator, Gathering
+
+    records = [record(seq, b"v%d" % seq, b"k") for seq in range(10)]
+    reports = SimpleNamespace(failed_count=0, pending={r.seq: r for r in records})
+    accumulator = Accumulator(
+        queues={},
+        encode=_record_batch.encode_batch_with_aiokafka,
+        max_batch_size=1 << 20,
+        request_timeout=TIMEOUT,
+        timeout=TIMEOUT,
+        gathering=Gathering(),
+        fail=lambda records, exc: pytest.fail(f"{len(records)} records failed: {exc}"),
+        reports=reports,  # type: ignore[arg-type]
+    )
+    queue = accumulator.queue_of(records[0])
+    queue.records += records
+    accumulator.seal(queue, 8)
+    assert [[r.seq for r in batch.records] for batch in queue.full] == [list(range(8))]
+    assert [r.seq for r in queue.records] == [8, 9]
+    accumulator.seal(queue)
+    assert [[r.seq for r in batch.records] for batch in queue.full] == [list(range(8)), [8, 9]]
+    assert queue.records == []
+    assert [value for *_, value, _ in read_back(queue.full[1].data)] == [b"v8", b"v9"]

@@ -203,11 +203,15 @@ class Accumulator:
     def all_queues(self) -> list[PartitionQueue]:
         return [queue for partitions in self.queues.values() for queue in partitions.values()]
 
-    def seal(self, queue: PartitionQueue) -> None:
-        """Encode the partition's open records as batches of at most ``max_batch_size`` (those
-        no longer in flight are dropped: they failed, and are never written). If the encoder
-        raises, the records it could not seal fail with that error as their cause."""
-        records, queue.records = queue.records, []
+    def seal(self, queue: PartitionQueue, count: int | None = None) -> None:
+        """Encode the partition's open records (the first ``count`` of them where given; the
+        rest stay open) as batches of at most ``max_batch_size`` (those no longer in flight
+        are dropped: they failed, and are never written). If the encoder raises, the records
+        it could not seal fail with that error as their cause."""
+        if count is None or count >= len(queue.records):
+            records, queue.records = queue.records, []
+        else:
+            records, queue.records = queue.records[:count], queue.records[count:]
         failed_seen = self._reports.failed_count
         if failed_seen != queue.failed_seen:  # some record failed since the last seal
             pending = self._reports.pending

@@ -170,14 +170,17 @@ class KafkaConnection(Connection):
         self, records: list[Record], failed: Callable[[Record, Exception], object]
     ) -> list[tuple[Record, Awaitable[None]]]:
         """Append each record to its partition's open list (partition by partition) and
-        arrange for them to ship, as :meth:`send` does for one."""
+        arrange for them to ship, as :meth:`send` does for one: as many records as fill whole
+        batches are sealed, the rest stay open for the next records (as one at a time, they
+        would be sealed when they fill a batch)."""
         accumulator, sender, gathering = self._accumulator, self._sender, self._gathering
         sealed = False
         for run in partition_runs(records):
             queue = accumulator.queue_of(run[0])
             queue.records += run
-            if len(queue.records) >= gathering.batch_records:
-                accumulator.seal(queue)
+            batch_records = gathering.batch_records
+            if len(queue.records) >= batch_records:
+                accumulator.seal(queue, len(queue.records) // batch_records * batch_records)
                 sealed = True
             elif not gathering.ship_due and queue.in_flight < sender.max_batches_in_flight:
                 sender.schedule_ship(sender.linger)
