@@ -15,6 +15,7 @@ from nats.aio.client import Client
 
 from producerkit import _security
 from producerkit._record import Record
+from producerkit._types import HeaderPairs
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection
 from producerkit.backends.nats import _natspy_compat
@@ -44,6 +45,10 @@ class NatsClientConnection(Connection):
         self._refused = asyncio.Event()
         self._servers_require_tls = False  # what their INFO said, where TLS is asked for
         self._nc = Client()
+        # The last headers' NATS/1.0 block (see header_block): the trace context's pairs are one
+        # tuple per span, so a traced run makes its block once.
+        self._block_headers: HeaderPairs | None = None
+        self._block_lines = header_lines(None)
         self._direct_writer: _natspy_compat.DirectWriter | None = None
         self._settings: dict[str, Any] = {
             "servers": [f"nats://{host}:{port}" for host, port in self.url.servers],
@@ -122,7 +127,10 @@ class NatsClientConnection(Connection):
         if record.headers is None and record.msg_id is None:
             command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:
-            block = header_block(record)
+            headers = record.headers
+            if headers is not self._block_headers:
+                self._block_headers, self._block_lines = headers, header_lines(headers)
+            block = self._block_lines + msg_id_line(record.msg_id)
             command = (
                 f"HPUB {self.subject(record)} {reply} {len(block)} "
                 f"{len(block) + len(value)}\r\n".encode()
@@ -238,15 +246,20 @@ async def _servers_require_tls(servers: Sequence[tuple[str, int]], timeout: floa
     return bool(said) and all(said)
 
 
-def header_block(record: Record) -> bytes:
-    """The NATS/1.0 header block of a record (names and values checked by check_headers)."""
+def header_lines(headers: HeaderPairs | None) -> bytes:
+    """The start of a NATS/1.0 header block with these header pairs (names and values checked
+    by check_headers): the status line and one line per pair."""
     lines = [b"NATS/1.0\r\n"]
-    for name, data in record.headers or ():
+    for name, data in headers or ():
         lines.append(b"%s: %s\r\n" % (name.encode(), data))
-    if record.msg_id is not None:
-        lines.append(b"Nats-Msg-Id: %s\r\n" % record.msg_id.encode())
-    lines.append(b"\r\n")
     return b"".join(lines)
+
+
+def msg_id_line(msg_id: str | None) -> bytes:
+    """The end of a NATS/1.0 header block: the message id's line, if any, and the blank line."""
+    if msg_id is None:
+        return b"\r\n"
+    return b"Nats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
 
 
 async def close_client(client: Client) -> None:
