@@ -90,7 +90,7 @@ def columns_of(
 def transformed(rules: MessageRules, columns: Columns, topic: str | None) -> Columns:
     """``columns`` with the producer's serializers and trace context applied, a column at a
     time (see ``MessageRules.transformed_columns``); the same where it has none."""
-    if not rules.transforms or columns.transformed:
+    if not rules.transforms:
         return columns
     values, keys, headers = rules.transformed_columns(
         columns.values, columns.keys, columns.headers, topic

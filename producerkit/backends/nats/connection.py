@@ -45,8 +45,8 @@ class NatsClientConnection(Connection):
         self._refused = asyncio.Event()
         self._servers_require_tls = False  # what their INFO said, where TLS is asked for
         self._nc = Client()
-        # The last headers' NATS/1.0 block (see header_block): the trace context's pairs are one
-        # tuple per span, so a traced run makes its block once.
+        # The last headers object and its header_lines: the trace context's pairs are one tuple
+        # per span, so a traced run makes its lines once.
         self._block_headers: HeaderPairs | None = None
         self._block_lines = header_lines(None)
         self._direct_writer: _natspy_compat.DirectWriter | None = None
