@@ -191,3 +191,44 @@ async def test_kafka_batch_waiting_for_its_connection_is_not_written_once_failed
         await producer.produce(b"after", key=b"k")
     stored = [record["value"] for record in await read_kafka(kafka_broker.url, topic, 2)]
     assert stored == [b"warm-up", b"after"]
+
+
+@pytest.mark.parametrize("fault", ["stall", "reset", "blackhole"])
+async def test_batches_through_a_fault_are_stored_as_reported(
+    kafka_broker: SessionBroker, topic: str, fault: str
+) -> None:
+    """produce_batch in chunks while the link stalls or drops everything for longer than the
+    messages' timeout, or resets: every message is acked or failed (some of each, but for the
+    reset, which is retried), every acked one is stored, none that failed as never sent is,
+    and each key's first stored copies keep produce order (one batch per partition in
+    flight)."""
+    count, chunk = 4_000, 250
+    values = [b"v%05d" % number for number in range(count)]
+    keys = [b"k%d" % (number % 20) for number in range(count)]
+    faults = kafka_broker.faults
+    async with pk.Producer(kafka_broker.faulty_url, topic=topic, timeout=1.5) as producer:
+        await producer.produce(b"warm-up", key=b"k")
+        for start in range(0, count, chunk):
+            if start == count // 4:
+                if fault == "reset":
+                    faults.reset()
+                else:
+                    getattr(faults, fault)(3.0)
+            await producer.produce_batch(
+                values[start : start + chunk], keys=keys[start : start + chunk]
+            )
+        failures = await _failures(producer)
+        stats = producer.stats
+        assert stats.acked + stats.failed == stats.produced == count + 1
+        assert len(failures) == stats.failed
+        assert (stats.failed > 0) == (fault != "reset")
+        await anyio.sleep(2.0)  # the fault ends; what a stall held is delivered
+    failed = {failure.value for failure in failures}
+    never_sent = {failure.value for failure in failures if not failure.possibly_stored}
+    records = await read_kafka(kafka_broker.url, topic, stats.acked)  # the warm-up's too
+    stored = {record["value"] for record in records}
+    assert set(values) - failed <= stored
+    assert not (never_sent & stored)
+    for key in set(keys):
+        firsts = list(dict.fromkeys(r["value"] for r in records if r["key"] == key))
+        assert firsts == sorted(firsts)
