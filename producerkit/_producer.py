@@ -338,13 +338,12 @@ class Producer:
         timestamps: Any = None,
         contexts: Any = None,
     ) -> None:
-        """Publish many messages: as many ``produce(..., nonblocking=True)`` calls, in order
-        (the same serializers, trace context, routing, window, rate limit and outcomes), at a
-        fraction of their cost. Each argument but ``topic`` is a column, one item per message:
-        a list, a tuple, or an Arrow array (binary or string for values, keys and msg_ids).
-        Returns once every message is handed off; a bad message raises its MessageError (a
-        serializer's, SerializationError), naming its index, before any is admitted. Messages
-        other threads handed over before go first."""
+        """As many ``produce(..., nonblocking=True)`` calls, in order (the same serializers,
+        trace context, routing, window, rate limit and outcomes), at a fraction of their cost,
+        after what other threads handed over before. Each argument but ``topic`` is a column,
+        one item per message: a list, a tuple, or an Arrow array (binary or string for values,
+        keys and msg_ids). Returns once all are handed off; a bad message's MessageError (a
+        serializer's: SerializationError) names its index, before any is admitted."""
         if not self._running:
             await self._ensure_running()
         if self._handoff is not None:
