@@ -38,7 +38,6 @@ call it.
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -109,16 +108,15 @@ def compressor(codec: str, level: int | None) -> Callable[[Any], Any]:
 def zstd_compressor(level: int, *, library: str = "zstandard") -> Callable[[Any], Any]:
     """zstd at ``level`` with the parameters for a source of unknown size, through
     ``library`` ("zstandard", or "cramjam", which is also used when zstandard is missing)."""
-    if library == "zstandard":
-        try:
-            import zstandard
-        except ImportError:
-            pass
-        else:
-            parameters = zstandard.ZstdCompressionParameters.from_level(
-                level, source_size=0, write_content_size=False
-            )
-            return zstandard.ZstdCompressor(compression_params=parameters).compress
+    zstandard = _zstandard() if library == "zstandard" else None
+    if zstandard is not None:
+        parameters = zstandard.ZstdCompressionParameters.from_level(
+            level, source_size=0, write_content_size=False
+        )
+        made: Callable[[Any], Any] = zstandard.ZstdCompressor(
+            compression_params=parameters
+        ).compress
+        return made
     import cramjam
 
     def compress(data: Any) -> Any:
@@ -138,8 +136,18 @@ def compresses_off_the_loop(codec: str) -> bool:
     if codec == "gzip":
         return True
     if codec == "zstd":
-        return importlib.util.find_spec("zstandard") is not None
+        return _zstandard() is not None
     return False
+
+
+def _zstandard() -> Any:
+    """The zstandard module, or None where it cannot be imported: the one answer both
+    :func:`zstd_compressor` and :func:`compresses_off_the_loop` go by."""
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    return zstandard
 
 
 def _lz4_frame(compress_block: Callable[..., Any], data: Any, level: int) -> bytes:
