@@ -31,7 +31,7 @@ import anyio
 from producerkit._message import MessageRules
 from producerkit._record import Message, Record
 from producerkit._submit import Submitter
-from producerkit.errors import AtomicBatchError, MessageError, ProducerError
+from producerkit.errors import AtomicBatchError, MessageError, ProducerkitError
 from producerkit.jetstream import Expect
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class AtomicBatch:
                 await connection.send_batch_message(record, reply=False, timeout=self._timeout)
                 return None
             return await self._request(connection, record, commit)
-        except (ProducerError, TimeoutError) as exc:
+        except (ProducerkitError, TimeoutError) as exc:
             if commit or isinstance(exc, AtomicBatchError):
                 raise
             self._failed = AtomicBatchError(
@@ -228,7 +228,7 @@ class AtomicBatch:
         except AtomicBatchError as refused:
             self._fail(refused, possibly_stored=False)
             raise
-        except (ProducerError, TimeoutError) as exc:
+        except (ProducerkitError, TimeoutError) as exc:
             error = AtomicBatchError(
                 f"atomic batch {self.id}: the commit's answer was lost ({type(exc).__name__}: "
                 f"{exc}); it may have been stored",

@@ -10,7 +10,7 @@ from typing import Any
 from producerkit._record import Record
 from producerkit._urls import ParsedURL
 from producerkit.backends.base import BackendSpec, Connection, Reports
-from producerkit.errors import BrokerUnavailable, ProducerError
+from producerkit.errors import BrokerUnavailable, ProducerkitError
 
 logger = logging.getLogger("producerkit.producer")
 
@@ -25,7 +25,7 @@ async def open_connections(
     count: int,
 ) -> list[Connection]:
     """``count`` connections, each connected within ``timeout``; BrokerUnavailable (or the
-    backend's own ProducerError) if any cannot be, with every one closed again."""
+    backend's own ProducerkitError) if any cannot be, with every one closed again."""
     connections = [
         spec.connection(url, options, reports, timeout=timeout, index=index)
         for index in range(count)
@@ -40,7 +40,7 @@ async def open_connections(
         where = describe_servers(url)
         if isinstance(exc, TimeoutError):
             raise BrokerUnavailable(f"could not connect to {where} within {timeout}s") from exc
-        if isinstance(exc, ProducerError) or not isinstance(exc, Exception):
+        if isinstance(exc, ProducerkitError) or not isinstance(exc, Exception):
             raise
         raise BrokerUnavailable(f"could not connect to {where}: {exc}") from exc
     return connections

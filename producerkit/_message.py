@@ -23,7 +23,7 @@ from producerkit.errors import (
     MessageError,
     MessageTooLarge,
     MissingDependencyError,
-    ProducerError,
+    ProducerkitError,
     SerializationError,
 )
 from producerkit.jetstream import Expect
@@ -326,7 +326,7 @@ def check_partition(partition: int, num_partitions: int | None, topic: str) -> N
         )
 
 
-def check_topic_type(topic: object, error: type[ProducerError]) -> None:
+def check_topic_type(topic: object, error: type[ProducerkitError]) -> None:
     if not isinstance(topic, str) or not topic:
         raise error(f"topic must be a non-empty str, got {topic!r}")
     if not topic.isascii():  # rare: only then pay for the UTF-8 check

@@ -23,7 +23,7 @@ from producerkit._routing import Router
 from producerkit._topics import UNKNOWN, Topics
 from producerkit._window import InFlightWindow
 from producerkit.backends.base import Connection
-from producerkit.errors import ProducerClosed, ProducerError
+from producerkit.errors import ProducerClosed, ProducerkitError
 
 #: A connection's ``send(record)``.
 Send = Callable[[Record], "Awaitable[None] | None"]
@@ -62,7 +62,7 @@ class Submitter:
         router: Router,
         topics: Topics,
         rate: RateLimit | None,
-        translate_error: Callable[[BaseException], ProducerError],
+        translate_error: Callable[[BaseException], ProducerkitError],
     ) -> None:
         self._window = window
         self._router = router

@@ -40,7 +40,7 @@ from producerkit.errors import (
     ConfigurationError,
     LoopThreadError,
     ProducerClosed,
-    ProducerError,
+    ProducerkitError,
     ProduceTimeout,
 )
 
@@ -412,7 +412,7 @@ class _LoopThread:
             return
         try:
             self.close(min(self.producer.timeout, _ABANDONED_FLUSH))
-        except ProducerError as exc:
+        except ProducerkitError as exc:
             logger.warning("closing the unclosed SyncProducer: %s", exc)
 
 

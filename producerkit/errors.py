@@ -2,7 +2,7 @@
 
 ::
 
-    ProducerError                      base of everything below
+    ProducerkitError                   base of everything below
     ├── ConfigurationError (ValueError)    bad URL, option or producer setting, at construction
     │   └── MissingDependencyError (ImportError)  a backend's extra is not installed
     │       └── IncompatibleClientError           its client library is a version not supported
@@ -57,19 +57,19 @@ __all__ = [
     "ProduceError",
     "ProduceTimeout",
     "ProducerClosed",
-    "ProducerError",
     "ProducerForked",
+    "ProducerkitError",
     "Purged",
     "SerializationError",
     "TLSError",
 ]
 
 
-class ProducerError(Exception):
+class ProducerkitError(Exception):
     """Base class of every producerkit error."""
 
 
-class ConfigurationError(ProducerError, ValueError):
+class ConfigurationError(ProducerkitError, ValueError):
     """A URL, option or producer setting is invalid."""
 
 
@@ -95,7 +95,7 @@ class IncompatibleClientError(MissingDependencyError):
         )
 
 
-class MessageError(ProducerError, ValueError):
+class MessageError(ProducerkitError, ValueError):
     """A message given to ``produce()`` is invalid; nothing was sent."""
 
 
@@ -107,7 +107,7 @@ class SerializationError(MessageError):
     """A ``value_serializer`` or ``key_serializer`` raised; the original is the ``__cause__``."""
 
 
-class BrokerUnavailable(ProducerError, ConnectionError):
+class BrokerUnavailable(ProducerkitError, ConnectionError):
     """The broker cannot be reached, or the connection to it was lost."""
 
 
@@ -119,11 +119,11 @@ class TLSError(BrokerUnavailable):
     """The TLS handshake failed (certificate not trusted, TLS required or refused)."""
 
 
-class AuthorizationError(ProducerError):
+class AuthorizationError(ProducerkitError):
     """The broker refused this message: the user may not publish to its topic."""
 
 
-class DeliveryError(ProducerError):
+class DeliveryError(ProducerkitError):
     """The broker rejected this message (no stream for the subject, invalid record, ...).
 
     :attr:`code` is the error code the broker gave with the refusal, where it gives one
@@ -170,11 +170,11 @@ class ExpectationFailed(DeliveryError):
     """
 
 
-class ProduceTimeout(ProducerError, TimeoutError):
+class ProduceTimeout(ProducerkitError, TimeoutError):
     """A message was not acknowledged in time, or flush()/close() reached its deadline."""
 
 
-class ProducerClosed(ProducerError):
+class ProducerClosed(ProducerkitError):
     """The producer is closed, or was closed before this message was acknowledged."""
 
 
@@ -185,17 +185,17 @@ class ProducerForked(ProducerClosed):
     Every call raises this at once, and nothing is written to the parent's connections."""
 
 
-class Purged(ProducerError):
+class Purged(ProducerkitError):
     """The message was failed on purpose by :meth:`Producer.purge`: before it was sent, or
     (``in_flight=True``) while it waited for its ack, in which case it may still be stored."""
 
 
-class LoopThreadError(ProducerError, RuntimeError):
+class LoopThreadError(ProducerkitError, RuntimeError):
     """A blocking :class:`~producerkit.SyncProducer` call was made on the thread that runs its
     own event loop (from a callback, say): it could only deadlock, so it is refused at once."""
 
 
-class ProduceError(ProducerError):
+class ProduceError(ProducerkitError):
     """Some messages failed; :attr:`failures` holds each with its exception, ready to retry.
 
     A producer keeps the first 10,000 Failures between two ``flush()`` calls; the rest are

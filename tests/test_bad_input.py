@@ -96,9 +96,9 @@ def test_url_of_the_wrong_type(url: Any) -> None:
 # ---------------------------------------------------------------------- produce
 
 
-def _bad_messages(backend: str) -> list[tuple[dict[str, Any], type[pk.ProducerError], str]]:
+def _bad_messages(backend: str) -> list[tuple[dict[str, Any], type[pk.ProducerkitError], str]]:
     """(produce keywords, error, a word of its message); the value defaults to b"v"."""
-    cases: list[tuple[dict[str, Any], type[pk.ProducerError], str]] = [
+    cases: list[tuple[dict[str, Any], type[pk.ProducerkitError], str]] = [
         ({"value": 1}, pk.MessageError, "value"),
         ({"value": None}, pk.MessageError, "value"),
         ({"value": [b"v"]}, pk.MessageError, "value"),
@@ -362,7 +362,7 @@ async def test_fuzz_urls_and_options(
         )
     except pk.ConfigurationError:
         return
-    except pk.ProducerError as exc:  # pragma: no cover - reported as a failure below
+    except pk.ProducerkitError as exc:  # pragma: no cover - reported as a failure below
         pytest.fail(f"construction raised {type(exc).__name__}, not ConfigurationError: {exc}")
     if url.lower().startswith(("memory://", "null://")):
         async with producer:
@@ -436,7 +436,7 @@ def test_fuzz_message_fields(
     fields = data.draw(_fuzz_fields(topics))
     nonblocking = data.draw(st.booleans())
     before = producer.stats
-    with contextlib.suppress(pk.ProducerError):
+    with contextlib.suppress(pk.ProducerkitError):
         producer.produce(**fields, nonblocking=nonblocking)
     stats = producer.stats
     assert stats.produced == stats.acked + stats.failed + stats.in_flight

@@ -92,7 +92,7 @@ async def test_a_client_older_than_supported_fails_start_at_once(
         await producer.start()
     assert time.monotonic() - started < 1.0
     error = caught.value
-    assert isinstance(error, pk.ProducerError)
+    assert isinstance(error, pk.ProducerkitError)
     assert (error.package, error.version) == (package, old)
     assert error.supported == _clients.supported_range(package)
     assert package in str(error) and error.supported in str(error)

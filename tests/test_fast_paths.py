@@ -221,7 +221,7 @@ async def test_kafka_idempotent_producer_goes_through_aiokafkas_sender(
     producer = pk.Producer(kafka_broker.url, topic=topic, enable_idempotence=True, timeout=5)
     try:
         await producer.start()
-    except pk.ProducerError as exc:
+    except pk.ProducerkitError as exc:
         pytest.skip(f"this broker has no idempotent producer (Tansu 0.6): {exc}")
     async with producer:
         for i in range(1000):

@@ -91,7 +91,7 @@ async def delivered_again(producer: pk.Producer, within: float = 20.0) -> pk.Del
     while True:
         try:
             delivery = await producer.produce(b"after")
-        except pk.ProducerError:
+        except pk.ProducerkitError:
             if time.monotonic() > deadline:
                 raise
             await anyio.sleep(0.2)
@@ -165,7 +165,7 @@ async def test_reset_makes_the_client_reconnect(link: Link, topic: str) -> None:
         failures = await flushed(producer)
         accounted(producer.stats, produced)
         assert link.faults.connections >= 1  # new ones, through the proxy
-    assert all(isinstance(f.exception, pk.ProducerError) for f in failures)
+    assert all(isinstance(f.exception, pk.ProducerkitError) for f in failures)
     assert all(reset_at - 0.1 < at < reset_at + 1 for at, _ in outcomes.failed), outcomes.failed
     assert len([at for at in outcomes.acked if at > reset_at + 1]) >= 10
     reset = [w for w in link.faults.log.windows() if w.mode == "reset"][-1]
@@ -193,7 +193,7 @@ async def test_refuse_then_recovery(link: Link, topic: str) -> None:
             await anyio.sleep(0.05)
         failures = await flushed(producer)
         accounted(producer.stats, produced)
-    assert all(isinstance(f.exception, pk.ProducerError) for f in failures)
+    assert all(isinstance(f.exception, pk.ProducerkitError) for f in failures)
     assert all(at < 1.5 for at, _ in outcomes.failed), outcomes.failed
     assert len([at for at in outcomes.acked if at > 2]) >= 5
     assert len(outcomes.acked) >= produced - 2

@@ -153,7 +153,7 @@ async def test_jetstream_kill9_restart_every_message_accounted(
 
         failures, stats = await main()
         assert stats.failed > 0, "the kill should have cost some acks"
-        assert all(isinstance(f.exception, pk.ProducerError) for f in failures)
+        assert all(isinstance(f.exception, pk.ProducerkitError) for f in failures)
         failed_values = [f.value for f in failures]
         assert len(set(failed_values)) == len(failed_values)
         assert all(f.msg_id == f.value.decode() for f in failures)
@@ -289,7 +289,7 @@ async def test_broker_gone_for_good(own_broker: tuple[str, str, LocalBroker], to
             try:
                 await producer.produce(b"%d" % i, key=b"k", nonblocking=True)
                 sent += 1
-            except pk.ProducerError:
+            except pk.ProducerkitError:
                 pass
         check_invariant(producer.stats)
         started = time.monotonic()

@@ -213,9 +213,11 @@ def _alice_url(broker: LocalBroker, scheme: str) -> str:
     return f"{scheme}://alice:{SECRET}@{broker.host_port}"
 
 
-async def _refusal(url: str, timeout: float = 10, **options: Any) -> tuple[pk.ProducerError, float]:
+async def _refusal(
+    url: str, timeout: float = 10, **options: Any
+) -> tuple[pk.ProducerkitError, float]:
     started = time.monotonic()
-    with pytest.raises(pk.ProducerError) as caught:
+    with pytest.raises(pk.ProducerkitError) as caught:
         async with pk.Producer(url, topic="orders", timeout=timeout, **options) as producer:
             await producer.produce(b"never")
     return caught.value, time.monotonic() - started
@@ -580,7 +582,7 @@ async def test_secret_appears_nowhere(
         for bad in ({"password": SECRET}, {"tls_verify": SECRET}, {"token": SECRET}):
             try:
                 pk.Producer(f"kafka://h?x={SECRET}", **bad)
-            except pk.ProducerError as exc:
+            except pk.ProducerkitError as exc:
                 texts.extend(_exception_texts(exc))
 
     try:

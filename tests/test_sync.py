@@ -222,7 +222,7 @@ def test_back_pressure_bounds_buffered_and_in_flight(backend: BackendCase, topic
 def test_bad_input_raises_at_the_call_and_the_producer_stays_usable(
     backend: BackendCase, topic: str
 ) -> None:
-    bad_calls: list[tuple[type[pk.ProducerError], dict[str, Any]]] = [
+    bad_calls: list[tuple[type[pk.ProducerkitError], dict[str, Any]]] = [
         (pk.MessageError, {"value": 123}),
         (pk.MessageError, {"value": b"v", "key": 4.5}),
         (pk.MessageError, {"value": b"v", "topic": ""}),

@@ -30,7 +30,7 @@ import attrs
 from producerkit._record import Record
 from producerkit._types import Headers
 from producerkit._urls import ParsedURL, coerce_option
-from producerkit.errors import ConfigurationError, DeliveryError, ProducerError
+from producerkit.errors import ConfigurationError, DeliveryError, ProducerkitError
 
 
 class Reports(Protocol):
@@ -197,9 +197,9 @@ def _accept(_: Any) -> None:
     """A check that lets everything through."""
 
 
-def any_error(exc: BaseException) -> ProducerError:
+def any_error(exc: BaseException) -> ProducerkitError:
     """The error edge of a backend without a client library: anything is a DeliveryError."""
-    if isinstance(exc, ProducerError):
+    if isinstance(exc, ProducerkitError):
         return exc
     error = DeliveryError(f"{type(exc).__name__}: {exc}")
     error.__cause__ = exc
@@ -221,7 +221,7 @@ class BackendSpec:
     #: Raises MessageError if this backend cannot carry these headers.
     check_headers: Callable[[Headers], None] = _accept
     #: ``(client exception) -> producerkit error``, keeping the original as ``__cause__``.
-    translate_error: Callable[[BaseException], ProducerError] = any_error
+    translate_error: Callable[[BaseException], ProducerkitError] = any_error
     #: How keyless messages spread when the user does not say: sticky suits batching backends.
     default_keyless: str = "round_robin"
     #: Whether records stay with a connection after send() returns (batches, acks to come).

@@ -35,7 +35,7 @@ from typing import Any
 
 from producerkit.cli._args import ArgumentParser
 from producerkit.cli._signals import StopRequest
-from producerkit.errors import ProducerError
+from producerkit.errors import ProducerkitError
 from producerkit.testing.brokers import LocalBroker, free_port, start_kafka, start_nats
 
 KINDS = ("kafka", "nats")
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         brokers = _start(kinds, args, workdir)
-    except (ProducerError, OSError) as exc:
+    except (ProducerkitError, OSError) as exc:
         if owns_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         print(f"producerkit dev: {exc}", file=sys.stderr)

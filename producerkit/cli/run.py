@@ -24,7 +24,7 @@ from producerkit.cli._signals import StopRequest
 from producerkit.cli.failures import FailureSink, possibly_stored_path
 from producerkit.cli.formats import Format, InvalidRecord, Parsed
 from producerkit.cli.progress import ProgressLine
-from producerkit.errors import MessageError, ProduceError, ProducerClosed, ProducerError
+from producerkit.errors import MessageError, ProduceError, ProducerClosed, ProducerkitError
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
@@ -122,11 +122,11 @@ class ProduceRun:
     async def run(self, tasks: TaskGroup) -> None:
         """Start the producer and publish the input; if the producer cannot start, the whole
         input goes to the failures file."""
-        error: ProducerError | None = None
+        error: ProducerkitError | None = None
         with self._interruptible():
             try:
                 await self.producer.start()
-            except ProducerError as exc:
+            except ProducerkitError as exc:
                 error = exc
         if error is not None:
             self.records_copied = await self.reader.copy(self.failures.write_raw)
@@ -169,7 +169,7 @@ class ProduceRun:
                     except (MessageError, ProducerClosed) as exc:
                         self._refused += 1
                         failures.add(value, key, msg_id, exc)
-                    except ProducerError as exc:  # a one-by-one produce's own failure
+                    except ProducerkitError as exc:  # a one-by-one produce's own failure
                         failures.add(value, key, msg_id, exc)
                     self._in_call = False
                 self._done += 1

@@ -31,7 +31,7 @@ import attrs
 from producerkit._options import configurable, convert_text
 from producerkit._producer import Producer
 from producerkit._sync import SyncProducer
-from producerkit.errors import ConfigurationError, MessageError, ProduceError, ProducerError
+from producerkit.errors import ConfigurationError, MessageError, ProduceError, ProducerkitError
 from producerkit.spark._chunks import Chunk, Column, chunks_from_arrow, chunks_from_rows
 
 __all__ = [
@@ -394,7 +394,7 @@ def _send_rows(producer: SyncProducer, chunk: Chunk, tally: _Tally, fail_fast: b
                 msg_id=_msg_id(ids[i]) if ids is not None else None,
                 nonblocking=True,
             )
-        except ProducerError as exc:  # this message only (MessageError, closed, ...)
+        except ProducerkitError as exc:  # this message only (MessageError, closed, ...)
             tally.fail(exc)
             if fail_fast:
                 raise
@@ -486,7 +486,7 @@ def _flush_counting(entry: _Entry, tally: _Tally) -> bool:
     except ProduceError as exc:
         for failure in exc.failures:
             tally.fail(failure.exception)
-    except ProducerError as exc:
+    except ProducerkitError as exc:
         _discard(entry)
         try:
             sync.close(timeout=1.0)

@@ -17,12 +17,12 @@ from producerkit.errors import (
     DeliveryError,
     MessageError,
     MessageTooLarge,
-    ProducerError,
+    ProducerkitError,
     ProduceTimeout,
 )
 
 #: (aiokafka exception classes, producerkit error), in order of precedence.
-TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerError]], ...] = (
+TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerkitError]], ...] = (
     (
         (kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError),
         MessageTooLarge,
@@ -55,12 +55,12 @@ TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerError]], ...] =
 )
 
 
-def translate(exc: BaseException) -> ProducerError:
+def translate(exc: BaseException) -> ProducerkitError:
     """The producerkit error for ``exc`` (itself if it already is one), with ``exc`` as its
     ``__cause__``; anything the table does not name is a DeliveryError."""
-    if isinstance(exc, ProducerError):
+    if isinstance(exc, ProducerkitError):
         return exc
-    kind: type[ProducerError] = DeliveryError
+    kind: type[ProducerkitError] = DeliveryError
     for classes, producerkit_error in TABLE:
         if isinstance(exc, classes):
             kind = producerkit_error

@@ -37,7 +37,7 @@ from producerkit.backends.base import Reports
 from producerkit.backends.kafka import _aiokafka_compat
 from producerkit.backends.kafka.accumulator import Accumulator, Batch, PartitionQueue
 from producerkit.backends.kafka.errors import translate
-from producerkit.errors import DeliveryError, ProducerError
+from producerkit.errors import DeliveryError, ProducerkitError
 
 logger = logging.getLogger("producerkit.kafka")
 
@@ -308,7 +308,7 @@ class Sender:
     ) -> None:
         """Fail ``records`` with the translation of ``exc`` (kept as its cause);
         ``possibly_stored``: whether the broker may have stored them."""
-        if not isinstance(exc, kafka_errors.KafkaError | ProducerError | OSError):
+        if not isinstance(exc, kafka_errors.KafkaError | ProducerkitError | OSError):
             # Not the broker's or the network's doing: producerkit's or aiokafka's. Say so once
             # per batch, with the traceback; the records fail with it as their cause.
             logger.error("%d message(s) failed on an unexpected error", len(records), exc_info=exc)

@@ -25,13 +25,13 @@ from producerkit.errors import (
     DeliveryError,
     ExpectationFailed,
     MessageTooLarge,
-    ProducerError,
+    ProducerkitError,
     ProduceTimeout,
     TLSError,
 )
 
 #: (exception classes, producerkit error), in order of precedence.
-TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerError]], ...] = (
+TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerkitError]], ...] = (
     ((nats.errors.AuthorizationError,), AuthenticationError),
     (
         (
@@ -65,7 +65,7 @@ TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerError]], ...] =
 EXPECTATION_CODES: frozenset[int] = frozenset({10060, 10070, 10071, 10164})
 
 #: (words in a server -ERR line, producerkit error), in order of precedence.
-SERVER_ERRORS: tuple[tuple[tuple[str, ...], type[ProducerError]], ...] = (
+SERVER_ERRORS: tuple[tuple[tuple[str, ...], type[ProducerkitError]], ...] = (
     (("authorization violation", "authentication"), AuthenticationError),
     (("permissions violation",), AuthorizationError),
     (("ssl context", "secure connection", "tls"), TLSError),
@@ -80,10 +80,10 @@ _UNTRUSTED = (
 )
 
 
-def translate(exc: BaseException) -> ProducerError:
+def translate(exc: BaseException) -> ProducerkitError:
     """The producerkit error for ``exc`` (itself if it already is one), with ``exc`` as its
     ``__cause__``; anything not named here is a DeliveryError. Secrets are redacted."""
-    if isinstance(exc, ProducerError):
+    if isinstance(exc, ProducerkitError):
         return exc
     text = _security.redact(f"{type(exc).__name__}: {exc}")
     error = _from_server_text(exc, text) or _from_class(exc, text)
@@ -91,7 +91,7 @@ def translate(exc: BaseException) -> ProducerError:
     return error
 
 
-def _from_server_text(exc: BaseException, text: str) -> ProducerError | None:
+def _from_server_text(exc: BaseException, text: str) -> ProducerkitError | None:
     if type(exc) is not nats.errors.Error:
         return None
     lowered = str(exc).lower()
@@ -111,7 +111,7 @@ def jetstream_refusal(text: str, code: int | None) -> DeliveryError:
     return DeliveryError(text, code=code)
 
 
-def _from_class(exc: BaseException, text: str) -> ProducerError:
+def _from_class(exc: BaseException, text: str) -> ProducerkitError:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return TLSError(text + _UNTRUSTED)
     if isinstance(exc, RuntimeError) and _CLOSED_TRANSPORT in str(exc):

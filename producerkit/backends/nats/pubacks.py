@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 
 from producerkit.backends.nats.errors import EXPECTATION_CODES, jetstream_refusal
-from producerkit.errors import AuthorizationError, DeliveryError, MessageTooLarge, ProducerError
+from producerkit.errors import AuthorizationError, DeliveryError, MessageTooLarge, ProducerkitError
 
 _PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
 
@@ -44,7 +44,7 @@ def puback_duplicate(data: bytes) -> bool:
 
 def puback_error(
     subject: str, data: bytes, headers: Mapping[str, str] | None
-) -> ProducerError | None:
+) -> ProducerkitError | None:
     """The failure a PubAck reports (an empty one, with its status, or one with an error), or
     None for a PubAck that only looked like one (a stream named "error"). A refusal's JetStream
     error code is the error's ``code`` (see ``errors.jetstream_refusal``)."""
