@@ -14,6 +14,7 @@ loop on the public path) are reported together, one ``acked_each`` per subject, 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import time
@@ -34,9 +35,21 @@ from producerkit.backends.nats.pubacks import (
     puback_error,
     puback_sequence,
 )
-from producerkit.errors import AuthorizationError, BrokerUnavailable, DeliveryError
+from producerkit.errors import (
+    AuthorizationError,
+    BrokerUnavailable,
+    DeliveryError,
+    ProduceTimeout,
+)
 
 logger = logging.getLogger("producerkit.nats")
+
+#: Seconds the first stream lookup (or creation) waits for its answer; each attempt lost on the
+#: way waits twice as long as the one before, up to ``_STREAM_WAIT_MAX``.
+_STREAM_WAIT = 0.5
+_STREAM_WAIT_MAX = 4.0
+#: Pause before asking again after an attempt that failed at once (doubled, same cap).
+_STREAM_PAUSE = 0.1
 
 
 class JetStreamConnection(NatsClientConnection):
@@ -53,7 +66,6 @@ class JetStreamConnection(NatsClientConnection):
 
     async def connect(self) -> None:
         await super().connect()
-        self._js = self._nc.jetstream()
         self._inbox = self._nc.new_inbox()
         self._inbox_prefix_length = len(self._inbox) + 1
         subscription = await self._nc.subscribe(
@@ -70,23 +82,47 @@ class JetStreamConnection(NatsClientConnection):
         return self._partitions
 
     async def _ensure_stream(self, topic: str) -> None:
+        """Find the stream storing ``topic``, or create one. A request lost on the way (a
+        blackhole, a reconnect) is asked again, each attempt waiting longer for its answer
+        (``_STREAM_WAIT`` doubled up to ``_STREAM_WAIT_MAX``), until the producer's timeout
+        has passed: the deadline of the messages waiting for it."""
+        deadline = time.monotonic() + self.timeout
+        wait, pause = _STREAM_WAIT, _STREAM_PAUSE
+        for attempt in itertools.count(1):
+            asked = time.monotonic()
+            try:
+                await self._find_or_add_stream(topic, min(wait, max(deadline - asked, 0.01)))
+                return
+            except Exception as exc:
+                error = translate(exc)
+                left = deadline - time.monotonic()
+                if not isinstance(error, ProduceTimeout | BrokerUnavailable) or left <= 0:
+                    raise error from exc
+                logger.info(
+                    "JetStream stream lookup for %r, attempt %d: %s; asking again",
+                    topic,
+                    attempt,
+                    error,
+                )
+            if time.monotonic() - asked < wait:  # failed at once (not connected): pause
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, _STREAM_WAIT_MAX)
+            wait = min(wait * 2, _STREAM_WAIT_MAX)
+
+    async def _find_or_add_stream(self, topic: str, wait: float) -> None:
+        """One attempt of :meth:`_ensure_stream`, each request waiting ``wait`` seconds for its
+        answer. A stream created by an earlier attempt whose answer was lost is found here."""
+        js = self._nc.jetstream(timeout=wait)
         probe = topic if self._partitions is None else f"{topic}.0"
         try:
-            await self._js.find_stream_name_by_subject(probe)
+            await js.find_stream_name_by_subject(probe)
             return
         except nats.js.errors.NotFoundError:
             pass
-        except Exception as exc:
-            raise translate(exc) from exc
         name = re.sub(r"[^A-Za-z0-9_-]", "_", topic)
         storage = self.options.get("stream_storage", "memory")
         atomic: dict[str, Any] = {"allow_atomic": True} if self.options.get("allow_atomic") else {}
-        try:
-            await self._js.add_stream(
-                name=name, subjects=[topic, f"{topic}.>"], storage=storage, **atomic
-            )
-        except Exception as exc:
-            raise translate(exc) from exc
+        await js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage, **atomic)
 
     def send(self, record: Record) -> Awaitable[None] | None:
         token = self._next_token = self._next_token + 1
