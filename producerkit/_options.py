@@ -13,7 +13,8 @@ A ``ProducerOptions`` checks every value when it is built and raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from producerkit._types import DeliveryCallback, Failure, Outcome, Stats
     from producerkit.serializers import Serializer
 
-__all__ = ["ALL_BACKENDS", "ProducerOptions", "configurable", "convert_text"]
+__all__ = ["ALL_BACKENDS", "ProducerOptions", "configurable", "convert_text", "did_you_mean"]
 
 ALL_BACKENDS: Final = frozenset({"kafka", "jetstream", "nats", "memory", "null"})
 
@@ -206,6 +207,25 @@ class ProducerOptions:
 def configurable() -> Iterator[attrs.Attribute[Any]]:
     """The settings that may come from text (environment, TOML, Spark options, CLI flags)."""
     return (field for field in attrs.fields(ProducerOptions) if field.metadata["text"] is not None)
+
+
+def did_you_mean(name: str, backend_options: Iterable[str] = ()) -> str:
+    """The hint for a mistyped keyword or option ``name``: ``"did you mean 'X' (a Producer
+    setting)? "``, the closest Producer settings first, then the closest of the backend's
+    ``backend_options``; ``""`` when nothing is close. A typo lands among a backend's options
+    (``Producer(**options)``), so both are searched: ``max_inflight`` names the window too."""
+    settings = [field.name for field in attrs.fields(ProducerOptions)]
+    options = [option for option in backend_options if option not in settings]
+    close = difflib.get_close_matches(name, settings + options, n=3, cutoff=0.6)
+    parts = []
+    for names, what in (
+        ([n for n in close if n in settings], ("a Producer setting", "Producer settings")),
+        ([n for n in close if n not in settings], ("this backend's option", "its options")),
+    ):
+        if names:
+            quoted = " or ".join(repr(n) for n in names)
+            parts.append(f"{quoted} ({what[len(names) > 1]})")
+    return f"did you mean {', or '.join(parts)}? " if parts else ""
 
 
 def convert_text(name: str, text: str, source: str) -> Any:

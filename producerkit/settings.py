@@ -31,6 +31,7 @@ like URL query parameters, and each backend converts and checks them.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -150,5 +151,7 @@ def _from_toml(path: Path) -> dict[str, Any]:
         else:
             # A typo here would otherwise be silently ignored, and the default used instead.
             known = ", ".join([*SETTINGS, "[options]"])
-            raise ConfigurationError(f"{path}: unknown setting {name!r}; known: {known}")
+            close = difflib.get_close_matches(name, SETTINGS, n=2, cutoff=0.6)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise ConfigurationError(f"{path}: unknown setting {name!r}; {hint}known: {known}")
     return found

@@ -87,6 +87,36 @@ def test_bad_construction_is_a_configuration_error(
         pk.SyncProducer(url, **kwargs)  # raised before its loop thread starts
 
 
+@pytest.mark.parametrize(
+    ("url", "typo", "meant"),
+    [
+        ("null://", "max_inflight", "'max_in_flight_messages'"),
+        ("kafka://127.0.0.1", "max_inflight", "'max_in_flight_messages'"),
+        ("kafka://127.0.0.1", "max_inflight", "'max_batches_in_flight' (this backend's option)"),
+        ("jetstream://127.0.0.1", "timout", "'timeout' (a Producer setting)"),
+        ("kafka://127.0.0.1", "linger", "'linger_ms' (this backend's option)"),
+    ],
+)
+def test_a_mistyped_keyword_suggests_the_producers_settings_too(
+    url: str, typo: str, meant: str
+) -> None:
+    """A typo of a Producer keyword lands among the backend options (``**options``): the hint
+    searches the Producer's own settings as well as the backend's options."""
+    with pytest.raises(pk.ConfigurationError) as caught:
+        pk.Producer(url, topic="t", **{typo: 5})
+    assert f"unknown option {typo!r}" in str(caught.value)
+    assert "did you mean" in str(caught.value) and meant in str(caught.value)
+
+
+def test_a_mistyped_toml_setting_suggests_the_setting(tmp_path: Any) -> None:
+    from producerkit import settings
+
+    path = tmp_path / "producerkit.toml"
+    path.write_text("url = 'null://'\nmax_inflight_messages = 5\n")
+    with pytest.raises(pk.ConfigurationError, match="did you mean 'max_in_flight_messages'"):
+        settings.load(path, environ={})
+
+
 @pytest.mark.parametrize("url", [None, b"null://", 9092, ["kafka://127.0.0.1"]])
 def test_url_of_the_wrong_type(url: Any) -> None:
     with pytest.raises(pk.ConfigurationError, match="str"):

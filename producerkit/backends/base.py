@@ -21,12 +21,12 @@ ignored, so a connection need not track deadlines. A record is a
 from __future__ import annotations
 
 import abc
-import difflib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
 
+from producerkit._options import did_you_mean
 from producerkit._record import Record
 from producerkit._types import Headers
 from producerkit._urls import ParsedURL, coerce_option
@@ -178,8 +178,7 @@ def coerce_options(declared: Mapping[str, type], options: Mapping[str, Any]) -> 
         kind = declared.get(name)
         if kind is None:
             known = ", ".join(sorted(declared)) or "none"
-            close = difflib.get_close_matches(name, declared, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(name, declared)
             raise ConfigurationError(
                 f"unknown option {name!r} for this backend; {hint}options it accepts: {known}"
             )
