@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -180,6 +181,7 @@ _NO_ROWS = object()
 def write_rows(write: Mapping[str, Any], rows: Iterable[Any]) -> TaskCounts:
     """Publish one partition's rows as ``partition_writer`` configured (``write``), then add the
     counts to its accumulators and report file."""
+    started = time.time()  # wall clock: read_report compares the tasks' times across workers
     sink = SinkConfig.from_dict(write["sink"])
     iterator = iter(rows)
     first = next(iterator, _NO_ROWS)
@@ -200,7 +202,7 @@ def write_rows(write: Mapping[str, Any], rows: Iterable[Any]) -> TaskCounts:
         ):
             accumulator.add(count)
     if write["report_path"] is not None:
-        _append_report(write["report_path"], counts)
+        _append_report(write["report_path"], counts, started, time.time())
     return counts
 
 
@@ -227,8 +229,9 @@ def _row_columns(row: Any, columns: Mapping[str, Column], key_given: bool) -> di
     return used
 
 
-def _append_report(path: str, counts: TaskCounts) -> None:
-    """One JSON line for this task, written with one O_APPEND write (tasks write concurrently)."""
+def _append_report(path: str, counts: TaskCounts, started: float, ended: float) -> None:
+    """One JSON line for this task, written with one O_APPEND write (tasks write concurrently);
+    ``started`` and ``ended`` are the task's wall-clock times (``time.time()``)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -241,6 +244,8 @@ def _append_report(path: str, counts: TaskCounts) -> None:
         "failed": counts.failed,
         "errors": dict(counts.errors),
         "first_error": counts.first_error,
+        "started": started,
+        "ended": ended,
     }
     data = (json.dumps(line) + "\n").encode()
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -252,14 +257,21 @@ def _append_report(path: str, counts: TaskCounts) -> None:
 
 def read_report(path: str) -> PublishReport:
     """The report of the last ``foreachPartition`` job that appended to ``path`` (its highest
-    Spark stage): each partition counted once (its first successful attempt in the file)."""
+    Spark stage): each partition counted once (its first successful attempt in the file).
+
+    Its ``seconds`` run from the first of the job's tasks to start to the last to end (wall
+    clock, so across machines as far as their clocks agree); 0 for a file without times."""
     with open(path, encoding="utf-8") as file:
         lines = [json.loads(line) for line in file if line.strip()]
     if not lines:
         return PublishReport(delivered=0, failed=0)
     stage = max(line["stage"] for line in lines)
+    job = [line for line in lines if line["stage"] == stage]
     first: dict[int, Mapping[str, Any]] = {}
-    for line in lines:
-        if line["stage"] == stage:
-            first.setdefault(line["partition"], line)
-    return PublishReport.from_rows(first.values())
+    for line in job:
+        first.setdefault(line["partition"], line)
+    timed = [line for line in job if "started" in line and "ended" in line]
+    seconds = 0.0
+    if timed:
+        seconds = max(line["ended"] for line in timed) - min(line["started"] for line in timed)
+    return PublishReport.from_rows(first.values(), max(seconds, 0.0))
