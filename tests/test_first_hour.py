@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
 import time
+import tomllib
+from pathlib import Path
 
 import pytest
 from conftest import read_jetstream
@@ -11,6 +16,48 @@ import producerkit as pk
 from producerkit.testing.pytest_plugin import NatsSessionBroker
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalized (PEP 503)."""
+    found = re.match(r"[A-Za-z0-9_.-]+", requirement)
+    assert found is not None, requirement
+    return re.sub(r"[-_.]+", "-", found[0]).lower()
+
+
+def test_the_pytest_extra_brings_what_docs_testing_uses() -> None:
+    """docs/testing.md says ``pip install "producerkit[pytest]"`` is all a user needs; its
+    examples then failed with MissingDependencyError: the extra brought no broker client. It
+    installs the kafka and nats extras' requirements (the clients of the backends its brokers
+    serve), and a distribution for every module its runnable examples import."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    missing = [r for r in [*extras["kafka"], *extras["nats"]] if r not in extras["pytest"]]
+    assert not missing, f"the pytest extra lacks {missing}"
+
+    page = (ROOT / "docs" / "testing.md").read_text()
+    assert 'pip install "producerkit[pytest]"' in page
+    code = re.findall(r"^```python\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    modules = {
+        name.split(".")[0]
+        for block in code
+        for node in ast.walk(ast.parse(block))
+        for name in (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+    }
+    assert {"producerkit", "aiokafka"} <= modules, modules
+    installed = {_name(r) for r in [*project["dependencies"], *extras["pytest"]]}
+    distributions = importlib.metadata.packages_distributions()
+    for module in modules - {"producerkit"}:
+        names = {_name(d) for d in distributions.get(module, [])}
+        assert names & installed, f"docs/testing.md imports {module} ({names}): not installed"
 
 
 async def test_jetstream_stream_lookup_lost_in_a_blackhole_is_asked_again(
