@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,10 +29,18 @@ from typing import Any, Protocol
 from producerkit._producer import Producer
 from producerkit._types import Outcome, Stats
 
-__all__ = ["LoopLagProbe", "ProducerTarget", "RunTimings", "Target", "run_open_loop", "warm_up"]
+__all__ = [
+    "LoopLagProbe",
+    "ProducerTarget",
+    "ProgressThread",
+    "RunTimings",
+    "Target",
+    "run_open_loop",
+    "warm_up",
+]
 
 #: When the sender is behind schedule it still yields to the loop this often, so acks and the
-#: progress reporter are not starved (rate 0 on null:// never awaits otherwise).
+#: loop-lag probe are not starved (rate 0 on null:// never awaits otherwise).
 _YIELD_EVERY = 256
 #: The percentiles the loop-lag summary and the round ratios give.
 PERCENTILES = ("p50", "p99", "p99.9")
@@ -191,6 +200,8 @@ async def run_open_loop(
     for its ack before taking the next due one. ``warmup`` messages are sent and acked first,
     untimed. ``loop_lag_interval`` (seconds): a probe sleeps that long, over and over, and
     ``timings.loop_lag`` gets how late (ns) each of its wake-ups was: the event loop's stalls.
+    ``progress(timings, seconds)`` is called every ``progress_interval`` seconds from a thread
+    (:class:`ProgressThread`): nothing but the load and the probe runs on the loop.
     """
     if count is None and duration is None:
         raise ValueError("give count or duration")
@@ -211,7 +222,8 @@ async def run_open_loop(
 
     reporter = None
     if progress is not None:
-        reporter = asyncio.ensure_future(_report(timings, progress, progress_interval))
+        reporter = ProgressThread(timings, progress, progress_interval)
+        reporter.start()
     probe = LoopLagProbe(loop_lag_interval) if loop_lag_interval else None
     if probe is not None:
         timings.loop_lag = probe
@@ -235,7 +247,7 @@ async def run_open_loop(
     finally:
         timings.end = time.perf_counter_ns()
         if reporter is not None:
-            reporter.cancel()
+            reporter.stop()
         if probe is not None:
             probe.stop()
     return timings
@@ -262,8 +274,10 @@ class LoopLagProbe:
             self._task.cancel()
 
     def summary(self) -> dict[str, Any]:
-        """Percentiles (ms) of the wake-up lags, their max, the count over 10 ms, and the share
-        of those stalls' wall time the loop's thread spent on a CPU."""
+        """Percentiles (ms) of the wake-up lags, their max, the count over 10 ms, the share
+        of those stalls' wall time the loop's thread spent on a CPU, and ``max_cpu_ms``: the
+        most CPU time the loop's thread used between one sleep and its wake-up (the longest
+        piece of code that ran on the loop, wherever the machine was busy or not)."""
         import numpy as np
 
         values = np.asarray(self.lags, dtype=np.int64) / 1e6
@@ -279,6 +293,7 @@ class LoopLagProbe:
             "wakeups": len(values),
             "stalls_over_10ms": int(stalls.sum()),
             "stall_cpu_share": float(cpu[stalls].sum()) / stall_wall if stall_wall else None,
+            "max_cpu_ms": float(cpu.max()),
         }
 
     async def _run(self) -> None:
@@ -381,7 +396,33 @@ async def _sync_sender(
         timings.on_ack(i, ok)
 
 
-async def _report(timings: RunTimings, progress: ProgressCallback, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        progress(timings, interval)
+class ProgressThread:
+    """Calls ``progress(timings, seconds)`` every ``interval`` seconds (``seconds``: the time
+    since the last call) from a thread of its own, so that reading the timestamps and writing a
+    progress line never run on the event loop being measured. The callback only reads
+    ``timings``; what it imports must be imported before the clock starts (a first import of
+    numpy holds the GIL for tens of milliseconds)."""
+
+    def __init__(self, timings: RunTimings, progress: ProgressCallback, interval: float) -> None:
+        self._timings = timings
+        self._progress = progress
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="producerkit-bench-progress", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No call after this returns (one under way is waited for)."""
+        self._stopped.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._stopped.wait(self._interval):
+            now = time.perf_counter()
+            self._progress(self._timings, now - last)
+            last = now

@@ -4,7 +4,10 @@ Top panel: latency (log ms) against percentile on HdrHistogram's usual axis, x =
 (log), from 0 % to 99.9999 %. Each run draws its response time (ack - due: CO-corrected) as a
 solid line and its ack latency (ack - send: uncorrected) dashed in the same colour, so the gap
 between them is the queueing a closed-loop benchmark would have hidden. Bottom panel: acked
-messages per second, every second. Peers in a result are drawn as runs of their own.
+messages per second, every second, as steps over each second's real span; the last, partial
+second is as wide as it lasted, its rate over that span, and marked partial (a last few
+milliseconds, too short for a rate, are written, not drawn). Peers in a result are drawn as
+runs of their own.
 """
 
 from __future__ import annotations
@@ -61,14 +64,30 @@ def plot_results(
             spectrum_ax.plot(xs, ys, style, color=color, linewidth=1.6, label=f"{label}: {suffix}")
         rows = result.get("timeseries") or []
         if rows:
-            rate_ax.plot(
-                [row["t"] for row in rows],
-                [_rate(row) for row in rows],
-                color=color,
-                linewidth=1.4,
-                label=label,
-                marker=".",
-            )
+            edges, rates, partial, tail = rate_steps(rows)
+            rate_ax.stairs(rates, edges, baseline=None, color=color, linewidth=1.4, label=label)
+            notes = [
+                (edges[i + 1], rates[i], f"partial: {edges[i + 1] - edges[i]:.2f} s")
+                for i in partial
+            ]
+            if tail is not None:
+                notes.append(
+                    (
+                        edges[-1],
+                        rates[-1],
+                        f"+{tail['acked']} acked in {tail['seconds'] * 1e3:.1f} ms",
+                    )
+                )
+            for x, y, note in notes:
+                rate_ax.annotate(
+                    note,
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(-4, -12),
+                    horizontalalignment="right",
+                    fontsize=7,
+                    color=color,
+                )
     spectrum_ax.set_xscale("log")
     spectrum_ax.set_yscale("log")
     spectrum_ax.set_xticks([10.0**k for k, _ in _TICKS], [text for _, text in _TICKS])
@@ -101,6 +120,34 @@ def _default_title(results: Sequence[tuple[str, dict[str, Any]]]) -> str:
             f"{config.get('record_size')} B{rtt}"
         )
     return "producerkit bench: " + " vs ".join(label for label, _ in results)
+
+
+#: A last row shorter than this has too few acks for a rate: it is written, not drawn.
+_SHORTEST_STEP = 0.1
+
+
+def rate_steps(
+    rows: Sequence[dict[str, Any]],
+) -> tuple[list[float], list[float], list[int], dict[str, Any] | None]:
+    """The throughput panel's steps from a result's ``timeseries``: the edges (s from the
+    start; each row spans its own ``seconds``), each row's acks per second over its own span,
+    the indexes of the rows shorter than a second (the last one: drawn as wide as it lasted and
+    marked partial), and the last row if it is too short for a rate (a few ms past the last
+    second: written beside the line, not drawn as a drop)."""
+    rows = list(rows)
+    tail = None
+    if len(rows) > 1 and float(rows[-1].get("seconds", 1.0)) < _SHORTEST_STEP:
+        tail = rows.pop()
+    edges = [0.0]
+    rates = []
+    partial = []
+    for index, row in enumerate(rows):
+        seconds = float(row.get("seconds", 1.0))
+        edges.append(edges[-1] + seconds)
+        rates.append(_rate(row))
+        if seconds < 0.999:
+            partial.append(index)
+    return edges, rates, partial, tail
 
 
 def _rate(row: dict[str, Any]) -> float:
