@@ -326,8 +326,9 @@ class KafkaCluster:
 
     def create_topic(self, name: str, partitions: int = 4, replication: int | None = None) -> None:
         """Make topic ``name`` with ``partitions`` partitions, each on ``replication`` brokers
-        (default: up to 3); leaders are spread over the brokers. A topic that exists already is
-        a :class:`KafkaClusterError` (``TOPIC_ALREADY_EXISTS``)."""
+        (default: up to 3), partition ``p`` led by broker ``p % N + 1`` (N brokers), so a test
+        knows where each partition is. A topic that exists already is a
+        :class:`KafkaClusterError` (``TOPIC_ALREADY_EXISTS``)."""
         replicas = min(3, len(self.broker_ids)) if replication is None else replication
         if partitions < 1:
             raise ConfigurationError(f"a topic needs at least 1 partition, got {partitions}")
@@ -337,6 +338,8 @@ class KafkaCluster:
             )
         code = self._call("rd_kafka_mock_topic_create", name.encode(), partitions, replicas)
         self._raise_for(code, f"creating topic {name!r}")
+        for partition in range(partitions):
+            self.set_leader(name, partition, self.broker_ids[partition % len(self.broker_ids)])
 
     def set_leader(self, topic: str, partition: int, broker: int | None) -> None:
         """Make ``broker`` the leader of ``topic`` [``partition``] (None: no leader at all).
@@ -479,8 +482,8 @@ class KafkaCluster:
         :class:`TimeoutError`. An unknown topic is a :class:`KafkaClusterError`."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+        self._check_open()
         deadline = time.monotonic() + timeout
-        metadata = self._topic_metadata(topic, timeout)
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -488,11 +491,15 @@ class KafkaCluster:
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "isolation.level": isolation_level,
+                "fetch.wait.max.ms": 20,
                 "log_level": 3,
             }
         )
         records: list[KafkaRecord] = []
         try:
+            # The consumer's own metadata first: assigned a partition whose leader it does not
+            # know yet, it would look its offsets up only half a second later.
+            metadata = self._topic_metadata(topic, timeout, consumer)
             partitions = sorted(metadata.partitions)
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
             pending = set(partitions)
@@ -534,17 +541,23 @@ class KafkaCluster:
         records.sort(key=lambda record: (record.partition, record.offset))
         return records
 
-    def _topic_metadata(self, topic: str, timeout: float) -> Any:
-        """confluent-kafka's TopicMetadata of ``topic`` (a request that does not create it)."""
+    def _topic_metadata(self, topic: str, timeout: float, client: Any = None) -> Any:
+        """confluent-kafka's TopicMetadata of ``topic``, as ``client`` (default: an admin
+        client) sees it, by a request that does not create the topic."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         self._check_open()
-        admin = AdminClient(
-            {"bootstrap.servers": self.bootstrap, "allow.auto.create.topics": False, "log_level": 3}
-        )
+        if client is None:
+            client = AdminClient(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "allow.auto.create.topics": False,
+                    "log_level": 3,
+                }
+            )
         try:
-            metadata = admin.list_topics(topic, timeout=timeout).topics[topic]
+            metadata = client.list_topics(topic, timeout=timeout).topics[topic]
         except KafkaException as exc:
             error = exc.args[0]
             raise KafkaClusterError(
