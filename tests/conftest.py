@@ -6,11 +6,13 @@ storage) and ``nats_broker`` (nats-server with JetStream in a temp dir; ``.url``
 ``.jetstream_url`` JetStream), started once per session on free loopback ports. ``async def``
 tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``anyio_backend``:
 asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
-``backend`` runs a test on memory, null, kafka, jetstream and nats: a behaviour test takes it and
-skips, or asserts the typed refusal, by what ``backend.spec`` declares the backend can do
-(``takes_tombstones``, ``stores_records``...), never by its name; ``backend.read()`` reads back
-what it stored, and on real backends ``backend.faulty_url``/``backend.faults`` put the session
-broker's fault proxy in between. ``read_kafka`` and ``read_jetstream`` read a topic back with a
+``backend`` runs a test on memory, null, kafka, kafka-cluster (kafka:// on the plugin's
+``kafka_cluster``, librdkafka's mock cluster of three brokers), jetstream and nats: a behaviour
+test takes it and skips, or asserts the typed refusal, by what ``backend.spec`` declares the
+backend can do (``takes_tombstones``, ``stores_records``...), never by its name;
+``backend.read()`` reads back what it stored, and on real backends
+``backend.faulty_url``/``backend.faults`` put the session broker's (or the cluster's) fault
+proxy in between. ``read_kafka`` and ``read_jetstream`` read a topic back with a
 plain client.
 """
 
@@ -30,13 +32,14 @@ import pytest
 from producerkit.backends import spec_for
 from producerkit.backends.base import BackendSpec
 from producerkit.backends.memory import get_store
-from producerkit.testing.brokers import BrokerFaults
+from producerkit.testing.kafka_cluster import KafkaCluster
+from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
 
-BACKENDS = ["memory", "null", "kafka", "jetstream", "nats"]
+BACKENDS = ["memory", "null", "kafka", "kafka-cluster", "jetstream", "nats"]
 
 
-_REAL_BACKENDS = ("kafka", "jetstream", "nats")
+_REAL_BACKENDS = ("kafka", "kafka-cluster", "jetstream", "nats")
 _BROKER_FIXTURES = ("kafka_broker", "nats_broker", "private_kafka_broker", "private_nats_broker")
 
 
@@ -114,7 +117,11 @@ def topic() -> str:
 
 class BackendCase:
     """A backend under test: its URL, the options a test producer needs, its spec (what it can
-    do: ``backend.spec.takes_tombstones``...), and how to read back what it stored."""
+    do: ``backend.spec.takes_tombstones``...), and how to read back what it stored.
+
+    ``kafka-cluster`` is kafka:// on the session's ``kafka_cluster`` (librdkafka's mock cluster
+    of three brokers) instead of Tansu: ``backend.kafka`` is true for both, ``backend.cluster``
+    is the cluster (None elsewhere) and ``backend.broker`` None."""
 
     def __init__(
         self,
@@ -122,13 +129,17 @@ class BackendCase:
         url: str,
         options: dict[str, Any],
         broker: SessionBroker | None = None,
+        cluster: KafkaCluster | None = None,
     ) -> None:
         self.name = name
         self.url = url
         self.options = options
         self.spec: BackendSpec = spec_for(url.partition("://")[0].lower())
-        #: The session broker behind a real backend (None for memory:// and null://).
+        #: The session broker behind a real backend (None for memory://, null:// and the
+        #: Kafka cluster).
         self.broker = broker
+        #: The session's Kafka cluster behind kafka-cluster (None elsewhere).
+        self.cluster = cluster
         #: memory://NAME's store, held here so that it outlives the test's producers.
         self.store = get_store(url.removeprefix("memory://")) if name == "memory" else None
 
@@ -137,21 +148,40 @@ class BackendCase:
         return self.name in _REAL_BACKENDS
 
     @property
-    def faulty_url(self) -> str:
-        """``url`` through the session broker's fault proxy (``faults``): real backends only."""
-        assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
-        scheme = self.url.partition("://")[0]
-        return f"{scheme}://{self.broker.faults.host_port}"
+    def kafka(self) -> bool:
+        """kafka:// on a real broker: Tansu (``kafka``) or the mock cluster (``kafka-cluster``)."""
+        return self.name in ("kafka", "kafka-cluster")
 
     @property
-    def faults(self) -> BrokerFaults:
-        """The fault proxy of ``faulty_url`` (cleared after each test by the plugin)."""
+    def fake_append_time(self) -> bool:
+        """The broker answers every Produce with a made-up LogAppendTime, which a Delivery then
+        reports as its timestamp: librdkafka's mock cluster says 1234 ms (1.234 s) whatever
+        the record's timestamp; it stores the record's own, as a broker does."""
+        return self.cluster is not None
+
+    @property
+    def faulty_url(self) -> str:
+        """``url`` through the session broker's (or cluster's) fault proxy (``faults``): real
+        backends only."""
+        scheme = self.url.partition("://")[0]
+        return f"{scheme}://{self.faults.host_port}"
+
+    @property
+    def faults(self) -> FaultProxy:
+        """The fault proxy of ``faulty_url`` (cleared after each test by the plugin): in front
+        of the session broker, or of the cluster's first broker (Metadata rewritten, so every
+        connection to the cluster passes through it)."""
+        if self.cluster is not None:
+            proxy: FaultProxy = self.cluster.faults
+            return proxy
         assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
         return self.broker.faults
 
     def with_options(self, **options: Any) -> BackendCase:
         """The same backend with more options for its producers."""
-        case = BackendCase(self.name, self.url, {**self.options, **options}, self.broker)
+        case = BackendCase(
+            self.name, self.url, {**self.options, **options}, self.broker, self.cluster
+        )
         case.store = self.store
         return case
 
@@ -163,7 +193,7 @@ class BackendCase:
         ``timestamp`` (epoch ms, where the backend stores one). Only for backends whose
         ``spec.stores_records``."""
         assert self.spec.stores_records, f"{self.name}:// stores nothing to read back"
-        if self.name == "kafka":
+        if self.kafka:
             return await read_kafka(self.url, topic, expected, timeout)
         if self.name == "jetstream":
             records = await read_jetstream(self.url, topic, expected, timeout)
@@ -207,6 +237,9 @@ def backend(request: pytest.FixtureRequest) -> BackendCase:
     if name == "kafka":
         broker: SessionBroker = request.getfixturevalue("kafka_broker")
         return BackendCase(name, broker.url, {}, broker)
+    if name == "kafka-cluster":
+        cluster: KafkaCluster = request.getfixturevalue("kafka_cluster")
+        return BackendCase(name, cluster.url, {}, cluster=cluster)
     broker = request.getfixturevalue("nats_broker")
     if name == "jetstream":
         return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True}, broker)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import producerkit as pk
 from producerkit.testing.brokers import create_kafka_topic, start_nats
+from producerkit.testing.kafka_cluster import KafkaClusterError
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -187,7 +188,10 @@ def _bad_messages(backend: str) -> list[tuple[dict[str, Any], type[pk.Producerki
 async def partitioned(backend: BackendCase) -> BackendCase:
     """The backend with 3 partitions: ``partitions=3`` where it takes that option, a fresh
     3-partition topic on Kafka (none on JetStream: a plain subject has no partitions)."""
-    if backend.spec.partitioned and backend.broker is not None:
+    if backend.cluster is not None:  # the mock has no CreateTopics: made through its own API
+        with contextlib.suppress(KafkaClusterError):  # made by an earlier test
+            backend.cluster.create_topic("bad-input-3", 3)
+    elif backend.spec.partitioned and backend.broker is not None:
         await create_kafka_topic(backend.url, "bad-input-3", 3, exist_ok=True)
     if "partitions" in backend.spec.options:
         return backend.with_options(partitions=3)
@@ -198,9 +202,9 @@ async def test_bad_messages_are_refused_at_the_call(partitioned: BackendCase) ->
     """Every row raises its error at produce() (blocking and nonblocking), nothing is counted,
     and the producer then publishes normally."""
     backend = partitioned
-    kafka_topic = backend.spec.partitioned and backend.broker is not None
+    kafka_topic = backend.spec.partitioned and (backend.broker or backend.cluster) is not None
     topic = "bad-input-3" if kafka_topic else f"bad-{uuid.uuid4().hex[:8]}"
-    cases = _bad_messages(backend.name)
+    cases = _bad_messages("kafka" if backend.kafka else backend.name)
     if not backend.spec.partitioned and "partitions" not in backend.options:
         # no partitions at all here (a plain JetStream subject)
         cases = [c for c in cases if "partition" not in c[0]] + [

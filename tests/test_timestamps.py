@@ -80,8 +80,10 @@ async def test_a_given_timestamp_is_stored_and_reported_or_refused(
         delivery = await producer.produce(b"given", key=b"k", timestamp=GIVEN)
         await producer.produce(b"aware", key=b"k", timestamp=AWARE, nonblocking=True)
         await producer.flush()
-    assert delivery is not None and delivery.timestamp == GIVEN
-    assert [getattr(result, "timestamp", None) for result in told] == [GIVEN, AWARE_MS / 1000]
+    assert delivery is not None
+    if not backend.fake_append_time:
+        assert delivery.timestamp == GIVEN
+        assert [getattr(result, "timestamp", None) for result in told] == [GIVEN, AWARE_MS / 1000]
     if backend.spec.stores_timestamps and backend.spec.stores_records:
         stored = {r["value"]: r["timestamp"] for r in await backend.read(topic, 2)}
         assert stored == {b"given": 1_600_000_000_123, b"aware": AWARE_MS}
@@ -90,6 +92,8 @@ async def test_a_given_timestamp_is_stored_and_reported_or_refused(
 async def test_the_delivery_timestamp_is_what_was_stored(backend: BackendCase, topic: str) -> None:
     """Without timestamp= a blocking produce's Delivery reports the produce time the record was
     stored with, where the backend stores one (and None where it does not)."""
+    if backend.fake_append_time:
+        pytest.skip("the broker reports a made-up LogAppendTime (librdkafka's mock: 1234 ms)")
     started = time.time()
     async with pk.Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
         delivery = await producer.produce(b"now", key=b"k")
