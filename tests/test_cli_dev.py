@@ -198,3 +198,63 @@ def test_a_mistyped_option_gets_a_did_you_mean(capsys: pytest.CaptureFixture[str
             cli.main(argv)
         assert exit_info.value.code == 2
         assert hint in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command", [["produce"], ["bench"], ["bench", "plot"], ["demo"], ["dev"], ["replay"]]
+)
+def test_every_command_help_has_examples(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command's --help ends with examples, kept line by line (not wrapped together)."""
+    from producerkit import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    examples = text[text.index("\nexamples:\n") :].splitlines()
+    runs = [line for line in examples if line.lstrip().startswith("producerkit ")]
+    assert len(runs) >= 2, text
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+
+
+def test_every_bench_flag_has_a_help_text() -> None:
+    from producerkit.cli.bench import build_parser
+
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+
+
+def test_a_configuration_error_is_the_error_and_a_pointer_to_help(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No usage block above the error (it was ~20 lines for produce): the error, whole, and one
+    line pointing at --help; the exit code stays 2."""
+    from producerkit import cli
+
+    for argv, error in (
+        (
+            ["produce", "--url", "null://"],
+            "producerkit produce: error: no topic: pass --topic NAME, set "
+            'PRODUCERKIT_TOPIC=NAME, or write topic = "NAME" in the TOML file',
+        ),
+        (["produce", "--url", "null://", "--topic", "t", "missing.txt"], "no such file"),
+        (["produce", "--bogus"], "unrecognized arguments: --bogus"),
+        (["bench", "--url", "null://"], "the following arguments are required: --topic"),
+        (["bench", "--url", "null://", "--topic", "t", "--rate", "-1"], "--rate is out of range"),
+        (["replay", "missing.spool"], "no such spool"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 2, argv
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2 and error in lines[0], lines
+        assert (
+            lines[1]
+            == f"Run '{' '.join(['producerkit', argv[0]])} --help' for its options and examples."
+        )
+    # Refused when the producer is built: the same two lines, exit code 2.
+    assert cli.main(["bench", "--url", "null://", "--topic", "t", "-o", "bogus=1"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "unknown option 'bogus'" in lines[0], lines

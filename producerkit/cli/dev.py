@@ -187,7 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="producerkit dev",
         description="Start local Kafka (Tansu) and NATS/JetStream brokers for development.",
-        epilog="producerkit dev stop | producerkit dev status: manage --detach'ed brokers.",
+        epilog="""\
+examples:
+  producerkit dev                     # both brokers in the foreground; Ctrl-C stops them
+  producerkit dev --detach            # both in the background; their URLs printed
+  producerkit dev kafka --kafka-port 19092 --detach
+  producerkit dev status --json       # the detached brokers, as JSON
+  producerkit dev stop                # stop the detached brokers
+""",
     )
     parser.add_argument(
         "what",

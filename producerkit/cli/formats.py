@@ -42,11 +42,17 @@ Writer = Callable[[Any, bytes | None, str | None], None]
 
 
 class InvalidRecord(Exception):
-    """An input record that cannot become a message; ``raw`` is its original text."""
+    """An input record that cannot become a message; ``raw`` is its original text, ``line``
+    the number of the input's line it starts on (from 1; None where it is not known)."""
 
-    def __init__(self, raw: bytes, reason: str) -> None:
+    def __init__(self, raw: bytes, reason: str, line: int | None = None) -> None:
         super().__init__(reason)
         self.raw = raw
+        self.reason = reason
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.reason if self.line is None else f"line {self.line}: {self.reason}"
 
 
 class Format:
@@ -93,7 +99,7 @@ class LinesFormat(Format):
     def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
         delimiter = self.key_delimiter
         structured, text = self.values.structured, self.values.text
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             value = _strip_newline(line)
             if not value:
                 continue
@@ -101,18 +107,18 @@ class LinesFormat(Format):
             if delimiter is not None:
                 key, found, value = value.partition(delimiter)
                 if not found:
-                    yield InvalidRecord(line, f"no key delimiter {delimiter!r}")
+                    yield InvalidRecord(line, f"no key delimiter {delimiter!r}", number)
                     continue
             if not structured:
                 reason = self.not_text(value) if text else None
-                yield (value, key, None) if reason is None else InvalidRecord(line, reason)
+                yield (value, key, None) if reason is None else InvalidRecord(line, reason, number)
                 continue
             try:
                 document = _json_value(json.loads(value))
             except ValueError as exc:
-                yield InvalidRecord(line, f"invalid JSON: {exc}")
+                yield InvalidRecord(line, _invalid_json(exc), number)
             except InvalidRecord as invalid:
-                yield InvalidRecord(line, str(invalid))
+                yield InvalidRecord(line, invalid.reason, number)
             else:
                 yield document, key, None
 
@@ -139,24 +145,24 @@ class JsonlFormat(Format):
         key_field, value_field, id_field = self.key_field, self.value_field, self.msg_id_field
         structured, text = self.values.structured, self.values.text
         needs_parse = structured or any(f is not None for f in (key_field, value_field, id_field))
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             raw = _strip_newline(line)
             if not raw.strip():
                 continue
             if not needs_parse:
                 # Sent as read: no parse, no re-serialisation, the bytes on the wire are the file's.
                 reason = self.not_text(raw) if text else None
-                yield (raw, None, None) if reason is None else InvalidRecord(line, reason)
+                yield (raw, None, None) if reason is None else InvalidRecord(line, reason, number)
                 continue
             try:
                 document = json.loads(raw)
             except ValueError as exc:
-                yield InvalidRecord(line, f"invalid JSON: {exc}")
+                yield InvalidRecord(line, _invalid_json(exc), number)
                 continue
             try:
                 yield _fields(document, raw, key_field, value_field, id_field, structured)
             except InvalidRecord as invalid:
-                invalid.raw = line
+                invalid.raw, invalid.line = line, number
                 yield invalid
 
     def open_writer(self, file: IO[bytes]) -> Writer:
@@ -190,6 +196,7 @@ class CsvFormat(Format):
     def records(self, lines: Iterable[bytes]) -> Iterator[Parsed | InvalidRecord]:
         reader = csv.reader(line.decode("utf-8", "surrogateescape") for line in lines)
         header = next(reader, None)
+        read = reader.line_num  # a row starts on the line after the last one read before it
         if header is None:
             return
         self.header = header
@@ -197,11 +204,13 @@ class CsvFormat(Format):
             if name is not None and name not in header:
                 raise ConfigurationError(f"CSV header {header} has no column {name!r}")
         for row in reader:
+            number, read = read + 1, reader.line_num
             if not row:
                 continue
             if len(row) != len(header):
                 raw = _csv_line(row)
-                yield InvalidRecord(raw, f"{len(row)} columns, the header has {len(header)}")
+                columns = f"{len(row)} columns, the header has {len(header)}"
+                yield InvalidRecord(raw, columns, number)
                 continue
             document = dict(zip(header, row, strict=True))
             value: Any = document if self.value_field is None else document[self.value_field]
@@ -210,7 +219,7 @@ class CsvFormat(Format):
                 value = _encode(_compact_text(value) if self.value_field is None else value)
                 reason = self.not_text(value) if self.values.text else None
                 if reason is not None:
-                    yield InvalidRecord(_csv_line(row), reason)
+                    yield InvalidRecord(_csv_line(row), reason, number)
                     continue
             key = None
             if self.key_field is not None and document[self.key_field] != "":
@@ -321,6 +330,15 @@ def _field_bytes(field: object) -> bytes | None:
 
 def _text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", "surrogateescape")
+
+
+def _invalid_json(exc: ValueError) -> str:
+    """Why a record is not JSON, with the column inside the record (the line is the file's,
+    given apart: json's own "line 1 column 24" is the record's first and only line)."""
+    if isinstance(exc, json.JSONDecodeError):
+        where = f"line {exc.lineno} column {exc.colno}" if exc.lineno > 1 else f"column {exc.colno}"
+        return f"invalid JSON at {where} of the record: {exc.msg}"
+    return f"invalid JSON: {exc}"
 
 
 def _strip_newline(line: bytes) -> bytes:

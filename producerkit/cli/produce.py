@@ -33,7 +33,7 @@ import attrs
 
 from producerkit import settings
 from producerkit._options import configurable
-from producerkit.cli._args import ArgumentParser, cli_syntax
+from producerkit.cli._args import ArgumentParser, cli_syntax, help_pointer
 from producerkit.cli._metrics_flags import add_metrics_arguments, linger, start_metrics
 from producerkit.cli._signals import StopRequest
 from producerkit.cli.formats import FORMATS, detect_format, input_format
@@ -47,6 +47,28 @@ __all__ = ["SHORT_OPTIONS", "add_setting_flags", "build_parser", "main", "settin
 SHORT_OPTIONS: Final[dict[str, tuple[str, ...]]] = {"topic": ("-t",)}
 #: The metavar of a setting flag, by the type its text converts to.
 _METAVARS: Final[dict[type, str]] = {int: "N", float: "NUMBER", str: "NAME"}
+
+
+PRODUCE_EPILOG: Final = """\
+examples:
+  # a JSON document per line, keyed by its "user" field; what fails goes to failed.jsonl
+  producerkit produce --url kafka://127.0.0.1:9092 --topic orders --key-field user \\
+      --failed-out failed.jsonl orders.jsonl
+  # rerun exactly what failed, with the same flags
+  producerkit produce --url kafka://127.0.0.1:9092 --topic orders --key-field user \\
+      --failed-out failed2.jsonl failed.jsonl
+  # JetStream: create the stream if there is none; msg_id from "id" (reruns de-duplicated)
+  producerkit produce --url jetstream://127.0.0.1:4222 -o create_stream=true --topic orders \\
+      --msg-id-field id orders.jsonl
+  # a line per message from stdin, KEY:VALUE
+  printf 'user-1:hello\\nuser-2:world\\n' | producerkit produce --url nats://127.0.0.1:4222 \\
+      --topic greetings --key-delimiter :
+
+Settings not given as flags come from PRODUCERKIT_* environment variables, then a TOML file
+(--config, $PRODUCERKIT_CONFIG or ./producerkit.toml).
+Exit code: 0 all acked, 1 some failed (see --failed-out), 2 usage or configuration error,
+130 interrupted.
+"""
 
 
 def setting_fields() -> list[attrs.Attribute[Any]]:
@@ -104,12 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="producerkit produce",
         description="Publish each record of a file (or stdin) to Kafka, NATS or JetStream.",
-        epilog=(
-            "Settings not given as flags come from PRODUCERKIT_* environment variables, then a "
-            "TOML file (--config, $PRODUCERKIT_CONFIG or ./producerkit.toml). Exit code: 0 all "
-            "acked, 1 some failed (see --failed-out), 2 usage or configuration error, 130 "
-            "interrupted."
-        ),
+        epilog=PRODUCE_EPILOG,
     )
     parser.add_argument("file", nargs="?", default="-", help="input file; - or none for stdin")
     parser.add_argument("--url", help="kafka://, jetstream://, nats://, memory:// or null:// URL")
@@ -202,7 +219,11 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, early: Stop
         headers = _pairs(args.header, "--header") or None
         kwargs = settings.load(args.config, **_overrides(args))
         if "topic" not in kwargs:
-            raise ConfigurationError("no topic: pass --topic, set PRODUCERKIT_TOPIC or topic =")
+            raise ConfigurationError(
+                "no topic: pass --topic NAME, set PRODUCERKIT_TOPIC=NAME, or write "
+                'topic = "NAME" in the TOML file (--config, $PRODUCERKIT_CONFIG or '
+                "./producerkit.toml)"
+            )
         if args.file != "-" and not os.path.isfile(args.file):
             raise ConfigurationError(f"no such file: {args.file}")
         metrics = start_metrics(args)
@@ -226,6 +247,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, early: Stop
         )
     except ConfigurationError as exc:  # e.g. a backend option, checked when the Producer is built
         print(f"producerkit produce: error: {cli_syntax(str(exc))}", file=sys.stderr)
+        print(help_pointer("producerkit produce"), file=sys.stderr)
         return 2
     finally:
         linger(metrics, args.metrics_linger)

@@ -58,8 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="producerkit replay",
         description="Send a spool's messages again; leave in it only what is still unsent.",
-        epilog="Exit code: 0 all sent, 1 some kept in the spool, 2 usage or configuration "
-        "error, 130 interrupted.",
+        epilog="""\
+examples:
+  # what a Producer(spool="failed.spool") kept, sent again to the same topic(s)
+  producerkit replay failed.spool --url kafka://127.0.0.1:9092
+  # leave what may already be stored (possibly_stored) in the spool, unsent
+  producerkit replay failed.spool --url jetstream://127.0.0.1:4222 --skip-possibly-stored
+
+Exit code: 0 all sent, 1 some kept in the spool, 2 usage or configuration error,
+130 interrupted.
+""",
     )
     parser.add_argument(
         "path", metavar="SPOOL", help="a spool file (Producer(spool=...), produce --spool)"
