@@ -172,8 +172,7 @@ class BackendCase:
         of the session broker, or of the cluster's first broker (Metadata rewritten, so every
         connection to the cluster passes through it)."""
         if self.cluster is not None:
-            proxy: FaultProxy = self.cluster.faults
-            return proxy
+            return self.cluster.faults
         assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
         return self.broker.faults
 

@@ -34,9 +34,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 from producerkit.errors import ConfigurationError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from producerkit.testing.proxy import FaultProxy
 
 __all__ = ["API_KEYS", "ERROR_CODES", "KafkaCluster", "KafkaClusterError", "KafkaRecord"]
 
@@ -264,7 +267,7 @@ class KafkaCluster:
         self._lock = threading.Lock()
         self._failed_apis: set[int] = set()
         self._changed = False  # since the last reset: a broker down, a round trip, errors
-        self._faults: Any = None
+        self._faults: FaultProxy | None = None
         self._rk: int | None
         self._mcluster: int | None
         self._rk, self._mcluster = self._start(brokers)
@@ -429,7 +432,7 @@ class KafkaCluster:
     # ------------------------------------------------------------------ faults, reset
 
     @property
-    def faults(self) -> Any:
+    def faults(self) -> FaultProxy:
         """A :class:`~producerkit.testing.proxy.FaultProxy` in front of the cluster (started the
         first time it is asked for): give a client :attr:`faulty_url`, and every connection of
         it, to each broker Metadata names, passes through the proxy's faults."""
