@@ -289,3 +289,38 @@ def test_importing_it_imports_no_client() -> None:
         "assert 'confluent_kafka' not in sys.modules, 'confluent_kafka imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_what_the_mock_does_not_model(kafka_cluster: KafkaCluster, topic: str) -> None:
+    """Pinned as docs/testing.md states it, so that a librdkafka that models more is noticed:
+    a read_committed consumer sees a transaction's records before the commit, and a producer
+    whose transactional id another one initialized again is not fenced."""
+    txn_id = f"txn-{uuid.uuid4().hex[:8]}"
+    old = _producer(kafka_cluster, **{"transactional.id": txn_id})
+    old.init_transactions(10)
+    old.begin_transaction()
+    _produce(old, topic, 5, prefix=b"open")
+    assert old.flush(10) == 0
+    seen = kafka_cluster.read(topic, isolation_level="read_committed")
+    assert sorted(r.value for r in seen) == [b"open-%d" % i for i in range(5)]
+    new = _producer(kafka_cluster, **{"transactional.id": txn_id})
+    new.init_transactions(10)
+    _produce(old, topic, 1, prefix=b"old")
+    assert old.flush(10) == 0
+    old.commit_transaction(10)  # a real broker fences it: PRODUCER_FENCED
+    assert len(kafka_cluster.read(topic)) == 6
+
+
+def test_without_confluent_kafka_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from producerkit.testing import kafka_cluster
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "confluent_kafka" else real(name, *args),
+    )
+    with pytest.raises(pk.MissingDependencyError, match=r'pip install "producerkit\[pytest\]"'):
+        kafka_cluster._library_path()
