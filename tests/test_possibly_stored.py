@@ -28,7 +28,8 @@ async def _failures(producer: pk.Producer) -> list[pk.Failure]:
 
 async def _one_written_then_held(producer: pk.Producer, count: int) -> None:
     """One message written into the stalled link (alone in its batch), then ``count`` more,
-    which wait in the producer: one batch per partition is in flight (the default)."""
+    which wait in the producer: the producer has one batch per partition in flight
+    (``max_batches_in_flight=1``; the idempotent default has five, which writes them too)."""
     await producer.produce(b"first", key=b"k", nonblocking=True)
     await anyio.sleep(0.1)  # its batch is written
     for number in range(count):
@@ -48,6 +49,7 @@ async def test_kafka_expired_unsent_messages_are_never_written(
         timeout=1.5,
         request_timeout_ms=10_000,  # the written request outlives the messages' deadlines
         on_outcome=outcomes.append,
+        max_batches_in_flight=1,
     ) as producer:
         await producer.produce(b"warm-up", key=b"k")  # the topic's metadata, before the stall
         kafka_broker.faults.stall(3.0)
@@ -122,7 +124,9 @@ async def test_a_refused_message_is_not_stored(
 async def test_purged_unsent_messages_are_not_stored(
     kafka_broker: SessionBroker, topic: str
 ) -> None:
-    async with pk.Producer(kafka_broker.faulty_url, topic=topic, timeout=10.0) as producer:
+    async with pk.Producer(
+        kafka_broker.faulty_url, topic=topic, timeout=10.0, max_batches_in_flight=1
+    ) as producer:
         await producer.produce(b"warm-up", key=b"k")
         kafka_broker.faults.stall(2.0)
         await _one_written_then_held(producer, 199)
@@ -151,7 +155,9 @@ async def test_kafka_request_past_its_timeout_holds_its_partition_until_answered
     its connection, and its partition sends nothing more until it is answered: the messages
     behind it fail as never sent and are not written, and nothing stored afterwards lands ahead
     of the late request, so a key's stored messages keep the order they were produced in."""
-    async with pk.Producer(kafka_broker.faulty_url, topic=topic, timeout=1.0) as producer:
+    async with pk.Producer(
+        kafka_broker.faulty_url, topic=topic, timeout=1.0, max_batches_in_flight=1
+    ) as producer:
         await producer.produce(b"warm-up", key=b"k")
         _on_the_fast_path(producer)
         connections = kafka_broker.faults.connections

@@ -84,6 +84,11 @@ class Connection(abc.ABC):
     #: (see ``producerkit.backends._clients``); None for backends without one.
     client_path: str | None = None
     client_path_reason: str = ""
+    #: Whether the broker stores each message once, however often it is sent (Kafka's
+    #: idempotent producer), once connected, and why (``idempotence_reason``); None for backends
+    #: without the notion.
+    idempotent: bool | None = None
+    idempotence_reason: str = ""
 
     def __init__(
         self,

@@ -163,6 +163,8 @@ class ProduceWire:
         self._request = ProduceRequest(None, acks, request_timeout_ms, [])
         client_id_bytes = client_id.encode()
         self._client_id_field = _INT16.pack(len(client_id_bytes)) + client_id_bytes
+        #: The requests' transactional_id field: null unless a transaction is open.
+        self.transactional_id_field = b"\xff\xff"
         self._loop = asyncio.get_running_loop()
         #: When each connection with an overdue request was last asked for ApiVersions.
         self._last_probe: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -177,11 +179,13 @@ class ProduceWire:
         return await self._client._get_conn(node_id)
 
     def write(
-        self, conn: Any, batches: Sequence[tuple[str, int, bytes | bytearray]]
+        self, conn: Any, batches: Sequence[tuple[str, int, bytes | None, bytes | bytearray]]
     ) -> asyncio.Future[Any] | None:
-        """Write one Produce request carrying ``(topic, partition, batch)`` items (each partition
-        once). Returns the future of its response (failed with RequestTimedOutError once it is
-        given up on, see the class), or None with ``acks=0``, where no response comes.
+        """Write one Produce request carrying ``(topic, partition, head, batch)`` items (each
+        partition once): ``head``, where given, is the batch's 61-byte header stamped anew
+        (``idempotence.stamp``), written in place of the batch's own. Returns the future of its
+        response (failed with RequestTimedOutError once it is given up on, see the class), or
+        None with ``acks=0``, where no response comes.
 
         Raises KafkaConnectionError (retriable) if the connection has closed, and whatever
         else goes wrong before anything was written.
@@ -197,25 +201,30 @@ class ProduceWire:
         if writer is None:
             raise kafka_errors.KafkaConnectionError("the connection closed")
         correlation_id = conn._next_correlation_id()
-        by_topic: dict[str, list[tuple[int, bytes | bytearray]]] = {}
-        for topic, partition, data in batches:
-            by_topic.setdefault(topic, []).append((partition, data))
+        by_topic: dict[str, list[tuple[int, bytes | None, bytes | bytearray]]] = {}
+        for topic, partition, head, data in batches:
+            by_topic.setdefault(topic, []).append((partition, head, data))
         framing = [
             _REQUEST_HEADER.pack(0, version, correlation_id),
             self._client_id_field,
-            b"\xff\xff",  # transactional_id: null
+            self.transactional_id_field,
             _INT16.pack(self._acks),
             _INT32.pack(self._request_timeout_ms),
             _INT32.pack(len(by_topic)),
         ]
-        parts: list[bytes | bytearray] = []
+        parts: list[bytes | bytearray | memoryview] = []
         for topic, partitions in by_topic.items():
             name = topic.encode()
             framing += (_INT16.pack(len(name)), name, _INT32.pack(len(partitions)))
-            for partition, data in partitions:
+            for partition, head, data in partitions:
                 framing.append(_PARTITION_DATA.pack(partition, len(data)))
-                parts.append(b"".join(framing))
-                parts.append(data)
+                if head is None:
+                    parts.append(b"".join(framing))
+                    parts.append(data)
+                else:
+                    framing.append(head)
+                    parts.append(b"".join(framing))
+                    parts.append(memoryview(data)[len(head) :])
                 framing = []
         writer.write(_INT32.pack(sum(map(len, parts))))
         for part in parts:

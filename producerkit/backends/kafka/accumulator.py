@@ -61,17 +61,21 @@ class Batch:
     ``failed_seen``: the window's failure count when it was encoded (see
     :meth:`Accumulator.still_live`). ``data`` is None while its records section is being
     compressed on the encoder's thread (:attr:`compressing`): it keeps its place in the queue,
-    and its partition sends nothing until it is done.
+    and its partition sends nothing until it is done. ``sequence`` and ``head``: the idempotent
+    producer's base sequence for it and its header stamped with it (``idempotence.stamp``), from
+    when a request first carries it (None before, and again after the epoch is bumped).
     """
 
     __slots__ = (
         "data",
         "expires",
         "failed_seen",
+        "head",
         "number",
         "queue",
         "records",
         "sent",
+        "sequence",
         "unanswered",
         "written",
     )
@@ -94,6 +98,8 @@ class Batch:
         self.sent = False  # batch_sent was reported for it
         self.written = False
         self.unanswered = False
+        self.sequence: int | None = None
+        self.head: bytes | None = None
 
     @property
     def compressing(self) -> bool:
@@ -106,14 +112,20 @@ class PartitionQueue:
     ``in_flight`` counts this partition's batches in requests; ``backoff`` is set while a retry
     waits. Capping batches in flight lets the open list grow as large as the broker's pace
     requires, and with ``max_batches_in_flight=1`` keeps per-key order even across retries.
+    ``next_sequence`` is the idempotent producer's sequence for the next batch written;
+    ``acked_sequence`` the one after the last batch the broker acked (this epoch). ``leader``:
+    the broker its last request went to (the fast path).
     """
 
     __slots__ = (
+        "acked_sequence",
         "backoff",
         "failed_seen",
         "full",
         "in_flight",
         "key",
+        "leader",
+        "next_sequence",
         "partition",
         "records",
         "sealed",
@@ -130,6 +142,8 @@ class PartitionQueue:
         self.backoff = False
         self.sealed = 0
         self.failed_seen = 0  # the window's failure count at the last seal
+        self.next_sequence = self.acked_sequence = 0
+        self.leader: int | None = None  # the broker its last request went to
 
     def requeue(self, batch: Batch) -> None:
         """Put a batch back for a retry, ahead of every batch sealed after it."""
@@ -247,9 +261,10 @@ class Accumulator:
 
     def still_live(self, batch: Batch) -> bool:
         """Whether ``batch`` may be written: its records that failed since it was encoded are
-        dropped (re-encoding the rest); False if none is left."""
+        dropped (re-encoding the rest); False if none is left. A batch numbered by the
+        idempotent producer stays whole: it was written, and its sequence range is taken."""
         failed_count = self._reports.failed_count
-        if batch.failed_seen == failed_count:
+        if batch.failed_seen == failed_count or batch.sequence is not None:
             return True
         pending = self._reports.pending
         live = [record for record in batch.records if record.seq in pending]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -14,7 +15,7 @@ from aiokafka import errors as kafka_errors
 from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.base import Connection
-from producerkit.backends.kafka import _aiokafka_compat, options, record_batch
+from producerkit.backends.kafka import _aiokafka_compat, idempotence, options, record_batch
 from producerkit.backends.kafka.accumulator import (
     Accumulator,
     Gathering,
@@ -30,18 +31,26 @@ from producerkit.errors import (
     TLSError,
 )
 
+logger = logging.getLogger("producerkit.kafka")
+
+
+def _acks_number(acks: int | str) -> int:
+    return -1 if acks == "all" else int(acks)
+
 
 class KafkaConnection(Connection):
-    """A connection to a Kafka cluster through aiokafka (see the package docstring)."""
+    """A connection to a Kafka cluster through aiokafka (see the package docstring).
+
+    ``idempotent`` says, once connected, whether the broker granted the producer an id (see
+    ``options.idempotence_wanted``), and ``idempotence_reason`` why or why not.
+    """
 
     def setup(self) -> None:
         _clients.check_client("aiokafka")
         self._settings = settings = options.client_settings(self.options, self.timeout)
         self.max_message_size = settings.get("max_request_size", 1024 * 1024)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.url.server_strings(), **settings)
-        self._acks: int = -1 if settings["acks"] == "all" else settings["acks"]
-        # The idempotent producer needs aiokafka's sender (producer id, sequence numbers).
-        self._idempotent = bool(settings["enable_idempotence"])
+        self._acks: int = _acks_number(settings["acks"])
         self._partition_counts: dict[str, int] = {}
         codec = settings.get("compression_type")
         self._compressed_encoder = (
@@ -68,7 +77,7 @@ class KafkaConnection(Connection):
             self.reports,
             linger=settings["linger_ms"] / 1000,
             acks=self._acks,
-            max_batches_in_flight=options.batches_in_flight(self.options, self._idempotent),
+            max_batches_in_flight=options.batches_in_flight(self.options, idempotent=False),
             retry_backoff=settings.get("retry_backoff_ms", 100) / 1000,
         )
         self._accumulator.batch_ready = self._sender.schedule_ship
@@ -82,6 +91,7 @@ class KafkaConnection(Connection):
             self.client_path, self.client_path_reason = await _aiokafka_compat.choose_path(
                 self._producer, self._acks
             )
+            producer_id = await self._grant_idempotence()
         except BaseException as exc:
             await self._producer.stop()
             if isinstance(exc, KeyError) and "sasl_mechanism" in settings:
@@ -99,35 +109,91 @@ class KafkaConnection(Connection):
                     if causes
                     else translate(exc).args[0]
                 ) from exc
-            if self._idempotent and isinstance(exc, kafka_errors.KafkaError):
-                # Connected: the one request an idempotent start adds is InitProducerId.
-                raise ConfigurationError(
-                    "enable_idempotence=True needs a producer id from the broker, and its "
-                    f"InitProducerId request failed ({translate(exc).args[0]}): this broker "
-                    "does not support idempotent producers (Tansu 0.6 does not, say); produce "
-                    "without enable_idempotence"
-                ) from exc
             if isinstance(exc, Exception):
                 raise translate(exc) from exc
             raise
         fast = self.client_path == _clients.FAST
-        if self._idempotent or not fast:
+        sender = self._sender
+        sender.max_batches_in_flight = options.batches_in_flight(
+            self.options, idempotent=bool(self.idempotent)
+        )
+        if not fast:
             self._accumulator.new_builder = self._producer.create_batch
-            self._accumulator.fast_fill = fast
         if not fast:
             # aiokafka sends one batch per partition at a time and keeps one more in its
             # accumulator; a third waits in send_batch(), whose wait loop subtracts the whole
             # time waited on every wake-up and so times out long before request_timeout_ms.
-            sender = self._sender
             sender.max_batches_in_flight = min(sender.max_batches_in_flight, 2)
         else:
-            self._sender.wire = _aiokafka_compat.ProduceWire(
+            sender.wire = _aiokafka_compat.ProduceWire(
                 self._producer,
                 self._acks,
                 settings["request_timeout_ms"],
                 settings.get("client_id") or "producerkit",
             )
+            sender.producer_id = producer_id
+            sender.renew_producer_id = self._renew_producer_id
         self._producer.client.cluster.add_listener(self._metadata_updated)
+
+    async def _grant_idempotence(self) -> idempotence.ProducerId | None:
+        """Make the producer idempotent where it is wanted and the broker grants a producer id
+        (``options.idempotence_wanted``); set ``idempotent`` and ``idempotence_reason``.
+        Returns the id for the fast path's sender; on the public path aiokafka's own idempotent
+        producer replaces the started one (its InitProducerId is v0, asked the same here)."""
+        wanted, why = options.idempotence_wanted(self.options)
+        if wanted is False:
+            self.idempotent, self.idempotence_reason = False, why
+            return None
+        fast = self.client_path == _clients.FAST
+        try:
+            producer_id = await idempotence.request_producer_id(
+                self._producer.client,
+                deadline=asyncio.get_running_loop().time() + self.timeout,
+                newest=fast,
+                retry_backoff=self._settings.get("retry_backoff_ms", 100) / 1000,
+            )
+        except Exception as exc:
+            refusal = translate(exc).args[0]
+            if wanted:
+                raise ConfigurationError(
+                    "enable_idempotence=True needs a producer id from the broker, and its "
+                    f"InitProducerId request failed ({refusal}): this broker does not grant "
+                    "one; produce with enable_idempotence left at its default (idempotent "
+                    "where the broker allows it) or False"
+                ) from exc
+            self.idempotent = False
+            self.idempotence_reason = f"the broker granted no producer id ({refusal})"
+            if self.index == 0:
+                logger.info(
+                    "Kafka at %s: not idempotent: %s; acks=%s, one batch per partition in flight",
+                    self.url.server_strings()[0],
+                    self.idempotence_reason,
+                    self._settings["acks"],
+                )
+            return None
+        self.idempotent, self.idempotence_reason = True, f"producer id granted ({why})"
+        self._acks = -1
+        if not fast:
+            await self._producer.stop()
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self.url.server_strings(),
+                **options.idempotent_settings(self._settings),
+            )
+            self._sender.use_producer(self._producer)
+            await self._producer.start()
+        return producer_id
+
+    async def _renew_producer_id(self, current: idempotence.ProducerId) -> idempotence.ProducerId:
+        """``current`` with its epoch bumped, or a new producer id where the broker will not
+        bump it."""
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        client = self._producer.client
+        try:
+            return await idempotence.request_producer_id(client, deadline=deadline, current=current)
+        except kafka_errors.KafkaError as exc:
+            if exc.retriable:
+                raise
+            return await idempotence.request_producer_id(client, deadline=deadline)
 
     async def prepare_topic(self, topic: str) -> int | None:
         try:

@@ -32,11 +32,14 @@ AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
 }
 OPTIONS: Final[dict[str, type]] = {**AIOKAFKA_OPTIONS, **_security.OPTIONS, "preset": str}
 
-#: Batches per partition in flight with ``preset="throughput"`` (all the preset changes): the Java
-#: client's default. As there (without idempotence) and in librdkafka, a retried batch may then
-#: land after a later one. The preset does not linger: a partition's batch already grows while
-#: its previous ones are with the broker, and a linger only delays it (see docs/tuning.md).
+#: Batches per partition in flight with ``preset="throughput"`` and for the idempotent producer:
+#: the Java client's default, and the most a broker keeps sequence state for. Without
+#: idempotence (as there and in librdkafka), a retried batch may then land after a later one.
+#: The preset does not linger: a partition's batch already grows while its previous ones are
+#: with the broker, and a linger only delays it (see docs/tuning.md).
 THROUGHPUT_BATCHES_IN_FLIGHT: Final = 5
+#: The most batches per partition in flight a broker orders for an idempotent producer.
+IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT: Final = 5
 #: The window with ``preset="throughput"`` when ``max_in_flight_messages`` is not given: five
 #: batches per partition in flight pay only with enough messages in flight to fill them
 #: (docs/tuning.md: the preset alone at a window of 1000 ran at confluent-kafka's pace).
@@ -71,6 +74,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigurationError(
             f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
+    _check_idempotence(checked)
     _check_compression(checked.get("compression_type"))
     level = codecs.check_level(checked.get("compression_type"), checked.get("compression_level"))
     if level is not None:
@@ -81,6 +85,44 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigurationError(f"acks must be 0, 1, -1 or 'all', got {acks!r}")
         checked["acks"] = acks if acks == "all" else int(acks)
     return checked
+
+
+def _check_idempotence(checked: Mapping[str, Any]) -> None:
+    """``enable_idempotence=True`` with settings it cannot keep is refused at construction."""
+    if checked.get("enable_idempotence") is not True:
+        return
+    acks = checked.get("acks")
+    if acks not in (None, "all", "-1"):
+        raise ConfigurationError(
+            f"enable_idempotence=True needs acks='all' (the broker keeps sequence state only "
+            f"for records all in-sync replicas have), got acks={acks}"
+        )
+    batches = checked.get("max_batches_in_flight", 1)
+    if batches > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+        raise ConfigurationError(
+            f"enable_idempotence=True allows at most {IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT} "
+            f"max_batches_in_flight (what a broker orders per producer), got {batches}"
+        )
+
+
+def idempotence_wanted(options: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """Whether the producer is to be idempotent, and why: True (required: the broker must
+    grant a producer id), None (the default: idempotent where the broker grants one, as the
+    Java client since 3.0), False (off: asked for, or settings that rule it out, acks other
+    than 'all' or more than 5 batches per partition in flight, as the Java client does)."""
+    given = options.get("enable_idempotence")
+    if given is not None:
+        return given, f"enable_idempotence={given}"
+    acks = options.get("acks")
+    if acks not in (None, "all", -1):
+        return False, f"acks={acks} (idempotence needs acks='all')"
+    batches = options.get("max_batches_in_flight", 1)
+    if batches > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+        return False, (
+            f"max_batches_in_flight={batches} (idempotence allows at most "
+            f"{IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT})"
+        )
+    return None, "the default"
 
 
 def _check_compression(codec: str | None) -> None:
@@ -106,22 +148,23 @@ def check_topic(topic: str) -> None:
 
 
 def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """The AIOKafkaProducer keyword arguments for checked ``options``."""
+    """The AIOKafkaProducer keyword arguments for checked ``options``, for a producer that is
+    not idempotent (the connection makes it so where the broker grants a producer id, see
+    :func:`idempotence_wanted`, with :func:`idempotent_settings`)."""
     settings: dict[str, Any] = {
         "linger_ms": 0,
         "acks": 1,
-        "enable_idempotence": False,
         "max_batch_size": DEFAULT_MAX_BATCH_SIZE,
     }
     given = {name: v for name, v in options.items() if name not in _security.OPTIONS}
     given.pop("preset", None)  # read by batches_in_flight
     given.pop("max_batches_in_flight", None)  # producerkit's own sender setting, not aiokafka's
     given.pop("compression_level", None)  # producerkit's own codecs take it
+    given.pop("enable_idempotence", None)  # see idempotence_wanted
     if given.get("compression_type") == "zstd":
         settings["max_batch_size"] = ZSTD_MAX_BATCH_SIZE
     settings.update(given)
-    if settings["enable_idempotence"] and "acks" not in given:
-        settings["acks"] = "all"  # idempotence requires it; the Java client defaults the same
+    settings["enable_idempotence"] = False
     settings.update(_security.kafka_settings(options))
     settings.setdefault("request_timeout_ms", int(timeout * 1000))
     return settings
@@ -132,11 +175,15 @@ def default_window(options: Mapping[str, Any]) -> int | None:
     return THROUGHPUT_WINDOW if options.get("preset") == "throughput" else None
 
 
+def idempotent_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` for aiokafka's own idempotent producer (the public path)."""
+    return {**settings, "enable_idempotence": True, "acks": "all"}
+
+
 def batches_in_flight(options: Mapping[str, Any], idempotent: bool) -> int:
-    """Batches per partition in flight: ``max_batches_in_flight``, 5 with the throughput preset,
-    else 1 (strict per-key order); always 1 for the idempotent producer."""
-    if idempotent:
-        return 1
+    """Batches per partition in flight: ``max_batches_in_flight``, else 5 for the idempotent
+    producer (the broker keeps each key in order) and with the throughput preset, else 1
+    (strict per-key order without the broker's help)."""
     throughput = options.get("preset") == "throughput"
-    default = THROUGHPUT_BATCHES_IN_FLIGHT if throughput else 1
+    default = THROUGHPUT_BATCHES_IN_FLIGHT if throughput or idempotent else 1
     return int(options.get("max_batches_in_flight", default))

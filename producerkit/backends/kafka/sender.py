@@ -16,8 +16,25 @@ callbacks fails the batches it concerns at once, with the exception as the cause
 
 Order per key holds under faults too, for what is stored, failed messages included: a request
 unanswered past its timeout keeps its partition's turn until it is answered (or its connection
-ends; see ``_aiokafka_compat.ProduceWire``), and a batch written only once its connection opens
-drops the records that failed meanwhile, reported as never sent.
+ends; see ``_aiokafka_compat.ProduceWire``), a batch written only once its connection opens
+drops the records that failed meanwhile, reported as never sent, and a batch going out again
+goes alone, once every earlier request of its partition was answered, as does a partition's
+first batch to a new leader.
+
+The idempotent producer (``producer_id`` set once the broker granted one, see ``idempotence``)
+stamps each batch with its producer id, epoch and the partition's next sequence when a request
+first carries it, and keeps those through its retries, so the broker stores it once and in
+order. A batch stamped keeps its records whole (those failed meanwhile were reported possibly
+stored): its sequence range must not change. The broker's sequence errors are the sender's to
+resolve: OUT_OF_ORDER_SEQUENCE_NUMBER on a batch waiting for an earlier one retries it;
+on the partition's next batch (the broker lost what came before), UNKNOWN_PRODUCER_ID, an
+epoch the broker no longer takes, and a numbered batch given up on (its deadline passed, or a
+permanent error), the sender stops sending, waits until every request was answered, has the
+epoch bumped (KIP-360, or a new producer id) and sends every batch not yet acked again,
+numbered from 0, as librdkafka does; but a batch whose request went unanswered may be stored,
+and under a new epoch the broker could not tell it from a new one: its records fail then,
+possibly stored. DUPLICATE_SEQUENCE_NUMBER means the broker
+stored the batch before: its records are acked, without an offset (the broker gives none).
 """
 
 from __future__ import annotations
@@ -26,15 +43,15 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
 from producerkit._record import Record
 from producerkit.backends.base import Reports
-from producerkit.backends.kafka import _aiokafka_compat
+from producerkit.backends.kafka import _aiokafka_compat, idempotence
 from producerkit.backends.kafka.accumulator import Accumulator, Batch, PartitionQueue
 from producerkit.backends.kafka.errors import translate
 from producerkit.errors import DeliveryError, ProducerkitError
@@ -42,6 +59,22 @@ from producerkit.errors import DeliveryError, ProducerkitError
 logger = logging.getLogger("producerkit.kafka")
 
 _monotonic = time.monotonic
+
+#: Produce error codes the idempotent producer resolves itself (see the module docstring).
+_OUT_OF_ORDER_SEQUENCE: Final = 45
+_DUPLICATE_SEQUENCE: Final = 46
+_INVALID_PRODUCER_EPOCH: Final = 47
+_UNKNOWN_PRODUCER_ID: Final = 59
+_PRODUCER_FENCED: Final = 90
+_SEQUENCE_CODES: Final = frozenset(
+    {
+        _OUT_OF_ORDER_SEQUENCE,
+        _DUPLICATE_SEQUENCE,
+        _INVALID_PRODUCER_EPOCH,
+        _UNKNOWN_PRODUCER_ID,
+        _PRODUCER_FENCED,
+    }
+)
 
 
 class Sender:
@@ -59,8 +92,7 @@ class Sender:
         max_batches_in_flight: int,
         retry_backoff: float,
     ) -> None:
-        self._producer = producer
-        self._client = producer.client
+        self.use_producer(producer)
         self._accumulator = accumulator
         self._gathering = accumulator.gathering
         self.reports = reports
@@ -75,8 +107,24 @@ class Sender:
         self._tasks: set[asyncio.Future[None]] = set()
         #: Batches taken for a request that waits for its connection to open.
         self.connecting: set[Batch] = set()
+        #: The requests (their batches) waiting for the connection to a leader to open.
+        self._waiting_for_connection: dict[int, list[list[Batch]]] = {}
         self._loop = asyncio.get_running_loop()
         self.closing = False
+        #: The idempotent producer's id and epoch; None while not idempotent.
+        self.producer_id: idempotence.ProducerId | None = None
+        #: Asks the broker for a new epoch of the given producer id (or a new id).
+        self.renew_producer_id: (
+            Callable[[idempotence.ProducerId], Awaitable[idempotence.ProducerId]] | None
+        ) = None
+        #: The epoch must be bumped before anything more is sent; ``_bumping`` while it is.
+        self._bump_due = False
+        self._bumping = False
+
+    def use_producer(self, producer: AIOKafkaProducer) -> None:
+        """Ship through ``producer`` (its client's metadata and connections) from now on."""
+        self._producer = producer
+        self._client = producer.client
 
     def schedule_ship(self, delay: float = 0.0) -> None:
         """Ship at the end of this loop iteration, or after ``delay`` (the linger) if nothing is
@@ -100,6 +148,9 @@ class Sender:
             self._linger_timer = None
         if self.closing:
             return
+        if self._bump_due:
+            self._start_bump_when_drained()
+            return
         by_leader: dict[int, list[Batch]] = {}
         for queue in self._accumulator.all_queues():
             # One batch per partition per request: a request may name a partition once.
@@ -114,6 +165,11 @@ class Sender:
 
     def _ship_next(self, queue: PartitionQueue, by_leader: dict[int, list[Batch]]) -> None:
         accumulator = self._accumulator
+        if queue.in_flight:
+            if queue.full and queue.full[0].written:
+                return  # a batch goes out again alone, once its partition's requests were answered
+            if self.wire is not None and self._leader_of(queue) != queue.leader:
+                return  # the leader moved: the old one's answers come first (they may be errors)
         while True:
             if not queue.full:
                 accumulator.seal(queue)
@@ -143,7 +199,15 @@ class Sender:
             self._client.force_metadata_update()
             self._retry_or_fail(batch, kafka_errors.LeaderNotAvailableError())
             return
+        queue.leader = leader
         by_leader.setdefault(leader, []).append(batch)
+
+    def _leader_of(self, queue: PartitionQueue) -> int | None:
+        try:
+            leader: int | None = self._client.cluster.leader_for_partition(queue.key)
+        except Exception:  # asked again, with its error, when the partition ships next
+            return None
+        return leader
 
     def _ship_to(self, leader: int, batches: list[Batch]) -> None:
         assert self.wire is not None
@@ -152,52 +216,68 @@ class Sender:
         except Exception as exc:
             self._retry_or_fail_all(batches, exc)
             return
-        if conn is not None:
+        self.connecting.update(batches)
+        waiting = self._waiting_for_connection.get(leader)
+        if waiting is not None:  # behind the requests already waiting for it, in order
+            waiting.append(batches)
+        elif conn is not None:
+            self.connecting.difference_update(batches)
             self._write_request(conn, batches)
         else:
-            self.connecting.update(batches)
-            self._spawn(self._connect_then_write(leader, batches))
+            self._waiting_for_connection[leader] = [batches]
+            self._spawn(self._connect_then_write(leader))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _connect_then_write(self, leader: int, batches: list[Batch]) -> None:
-        """Open the connection to ``leader``, then write what is still live of ``batches``:
-        records that failed while it opened (their deadline passed, say, reported as never
-        sent) are not written."""
+    async def _connect_then_write(self, leader: int) -> None:
+        """Open the connection to ``leader``, then write, in the order they were shipped,
+        the requests waiting for it (``_waiting_for_connection``), each with what is still
+        live of its batches: records that failed while it opened (their deadline passed, say,
+        reported as never sent) are not written."""
         assert self.wire is not None
+        conn: Any = None
+        error: BaseException = kafka_errors.NodeNotReadyError(
+            f"cannot connect to broker node {leader}"
+        )
         try:
             conn = await self.wire.connect(leader)
         except Exception as exc:  # None if it cannot connect (aiokafka logs why); else this
+            error = exc
+        requests = self._waiting_for_connection.pop(leader, [])
+        for batches in requests:
             self.connecting.difference_update(batches)
-            self._retry_or_fail_all(batches, exc)
-            return
-        self.connecting.difference_update(batches)
-        if conn is None or self.closing:
-            error = kafka_errors.NodeNotReadyError(f"cannot connect to broker node {leader}")
-            self._retry_or_fail_all(batches, error)
-            return
-        live = []
-        for batch in batches:
-            if self._accumulator.still_live(batch):
-                live.append(batch)
-            else:  # every record of it failed meanwhile
-                batch.queue.in_flight -= 1
-        if live:
-            self._write_request(conn, live)
-        else:
-            self.schedule_ship()
+            if conn is None or self.closing:
+                self._retry_or_fail_all(batches, error)
+                continue
+            live = []
+            for batch in batches:
+                if self._accumulator.still_live(batch):
+                    live.append(batch)
+                else:  # every record of it failed meanwhile
+                    batch.queue.in_flight -= 1
+            if live:
+                self._write_request(conn, live)
+        self.schedule_ship()
 
     def _write_request(self, conn: Any, batches: list[Batch]) -> None:
         """One Produce request carrying ``batches``, written on ``conn`` by the fast path."""
         assert self.wire is not None
+        stamped = self._stamp(batches) if self.producer_id is not None else ()
         try:
             response = self.wire.write(
-                conn, [(batch.queue.topic, batch.queue.partition, batch.data) for batch in batches]
+                conn,
+                [
+                    (batch.queue.topic, batch.queue.partition, batch.head, batch.data)
+                    for batch in batches
+                ],
             )
         except Exception as exc:  # nothing was written: each batch retries or fails with it
+            for batch in reversed(stamped):  # their sequences go to the next request
+                batch.queue.next_sequence = batch.sequence  # type: ignore[assignment]
+                batch.sequence = batch.head = None
             self._retry_or_fail_all(batches, exc)
             return
         for batch in batches:
@@ -207,6 +287,23 @@ class Sender:
                 self._acked(batch, None)
             return
         response.add_done_callback(functools.partial(self._request_done, batches))
+
+    def _stamp(self, batches: list[Batch]) -> list[Batch]:
+        """Give each of ``batches`` not yet numbered its partition's next sequence and stamp
+        it with the producer id; return those numbered now (each its partition's newest)."""
+        producer = self.producer_id
+        assert producer is not None
+        stamped = []
+        for batch in batches:
+            if batch.sequence is None:
+                queue = batch.queue
+                batch.sequence = queue.next_sequence
+                queue.next_sequence = idempotence.next_sequence(
+                    queue.next_sequence, len(batch.records)
+                )
+                batch.head = idempotence.stamp(batch.data, producer, batch.sequence)
+                stamped.append(batch)
+        return stamped
 
     def _request_done(self, batches: list[Batch], response: asyncio.Future[Any]) -> None:
         error: BaseException | None
@@ -243,24 +340,95 @@ class Sender:
         elif code is None:
             batch.unanswered = True
             self._retry_or_fail(batch, DeliveryError(f"the broker did not answer for {queue.key}"))
+        elif batch.sequence is not None and code in _SEQUENCE_CODES:
+            self._settle_sequence_error(batch, code)
         else:
             broker_error = kafka_errors.for_code(code)()
             if broker_error.invalid_metadata:
                 self._client.force_metadata_update()
             self._retry_or_fail(batch, broker_error)
 
+    def _settle_sequence_error(self, batch: Batch, code: int) -> None:
+        """The broker's answer about the idempotent producer's numbering (see the module
+        docstring)."""
+        queue = batch.queue
+        if code == _DUPLICATE_SEQUENCE:
+            self._acked(batch, None)
+            return
+        error = kafka_errors.for_code(code)()
+        if code != _OUT_OF_ORDER_SEQUENCE or not self._earlier_unsettled(batch):
+            if not self._bump_due:
+                logger.warning(
+                    "%s: %s on %s; bumping the producer epoch and sending every batch not yet "
+                    "acked again",
+                    self.producer_id,
+                    type(error).__name__,
+                    queue.key,
+                )
+            self._bump_due = True
+        self._retry_or_fail(batch, error, retriable=True)
+
+    @staticmethod
+    def _earlier_unsettled(batch: Batch) -> bool:
+        """Whether a batch of ``batch``'s partition written before it may still be stored
+        first: one waiting to go out again, or another request in flight."""
+        queue = batch.queue
+        if batch.sequence == queue.acked_sequence:
+            return False  # the broker has every batch before it
+        return queue.in_flight > 1 or any(
+            waiting.written and waiting.number < batch.number for waiting in queue.full
+        )
+
+    def _start_bump_when_drained(self) -> None:
+        """Bump the epoch once no request is in flight (new batches wait meanwhile)."""
+        if self._bumping or any(queue.in_flight for queue in self._accumulator.all_queues()):
+            return
+        self._bumping = True
+        self._spawn(self._bump_epoch())
+
+    async def _bump_epoch(self) -> None:
+        assert self.producer_id is not None and self.renew_producer_id is not None
+        try:
+            renewed = await self.renew_producer_id(self.producer_id)
+        except Exception as exc:  # the records' deadlines bound the retries
+            logger.warning("bumping the producer epoch failed (%s); retrying", exc)
+            self._bumping = False
+            self._loop.call_later(self._retry_backoff, self.schedule_ship)
+            return
+        self.producer_id = renewed
+        error = DeliveryError(
+            "the producer epoch was bumped while this message's request was unanswered: it may "
+            "be stored, and sending it again under the new epoch could store it twice"
+        )
+        for queue in self._accumulator.all_queues():
+            queue.next_sequence = queue.acked_sequence = 0
+            for waiting in [batch for batch in queue.full if batch.unanswered]:
+                queue.full.remove(waiting)
+                self.fail(waiting.records, error)
+            for waiting in queue.full:
+                waiting.sequence = waiting.head = None
+        self._bump_due = self._bumping = False
+        self.schedule_ship()
+
     def _acked(self, batch: Batch, offset: int | None, stored_at: int | None = None) -> None:
-        batch.queue.in_flight -= 1
+        queue = batch.queue
+        queue.in_flight -= 1
+        if batch.sequence is not None:
+            queue.acked_sequence = idempotence.next_sequence(batch.sequence, len(batch.records))
         self.reports.acked_run(batch.records, offset, stored_at)
 
     def _retry_or_fail_all(self, batches: list[Batch], error: BaseException) -> None:
         for batch in batches:
             self._retry_or_fail(batch, error)
 
-    def _retry_or_fail(self, batch: Batch, error: BaseException) -> None:
-        """Retry a retriable error after the backoff while the batch has time; else fail it."""
+    def _retry_or_fail(
+        self, batch: Batch, error: BaseException, *, retriable: bool | None = None
+    ) -> None:
+        """Retry a retriable error (``retriable``, else the error's own word) after the backoff
+        while the batch has time; else fail it."""
         queue = batch.queue
-        retriable = getattr(error, "retriable", False)
+        if retriable is None:
+            retriable = getattr(error, "retriable", False)
         if retriable and not self.closing and _monotonic() < batch.expires:
             queue.requeue(batch)
             queue.in_flight -= 1
@@ -269,6 +437,11 @@ class Sender:
                 self._loop.call_later(self._retry_backoff, self._retry_ready, queue)
             return
         queue.in_flight -= 1
+        if batch.sequence is not None:
+            # Numbered and given up on: whether the broker expects what follows depends on
+            # whether it stored this one, which nobody knows. A new epoch numbers anew.
+            self._bump_due = True
+            self.schedule_ship()
         self.fail(batch.records, error, possibly_stored=batch.unanswered)
 
     def _retry_ready(self, queue: PartitionQueue) -> None:
