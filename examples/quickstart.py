@@ -1,8 +1,14 @@
 """producerkit in one screen, with no broker: ``python examples/quickstart.py``.
 
-``memory://`` is a real backend that keeps every record in memory, so this runs anywhere. Swap
-the URL for ``kafka://127.0.0.1:9092`` or ``jetstream://127.0.0.1:4222`` (``producerkit dev``
-starts both) and nothing else changes.
+``memory://`` is a real backend that keeps every record in memory, so this runs anywhere. Give
+it a broker's URL instead and nothing else changes (``producerkit dev`` starts both brokers)::
+
+    PRODUCERKIT_URL=kafka://127.0.0.1:9092 python examples/quickstart.py
+    PRODUCERKIT_URL='jetstream://127.0.0.1:4222?create_stream=true' python examples/quickstart.py
+
+JetStream stores a subject only in a stream that takes it: ``create_stream=true`` (a backend
+option, here in the URL's query) creates one for ``orders`` if none does. Without it, and
+without a stream of your own, every message fails with "no JetStream stream stores subject".
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import os
 
 import producerkit as pk
 
-URL = os.environ.get("PRODUCERKIT_URL", "memory://quickstart?partitions=4")
+URL = os.environ.get("PRODUCERKIT_URL") or "memory://quickstart?partitions=4"
 
 
 async def main() -> None:
