@@ -41,7 +41,15 @@ from producerkit.errors import ConfigurationError, MissingDependencyError
 if TYPE_CHECKING:
     from producerkit.testing.proxy import FaultProxy
 
-__all__ = ["API_KEYS", "ERROR_CODES", "KafkaCluster", "KafkaClusterError", "KafkaRecord"]
+__all__ = [
+    "API_KEYS",
+    "ERROR_CODES",
+    "KafkaCluster",
+    "KafkaClusterError",
+    "KafkaRecord",
+    "api_key",
+    "error_code",
+]
 
 _INSTALL: Final = 'pip install "producerkit[pytest]"'
 
@@ -153,8 +161,8 @@ def _library_path() -> str:
     )
     if not found:
         raise MissingDependencyError(
-            "KafkaCluster found no librdkafka bundled with confluent-kafka (a wheel built "
-            f"against a system librdkafka has none): {_INSTALL} from a wheel"
+            "KafkaCluster found no librdkafka bundled with confluent-kafka (one built from "
+            f"source against a system librdkafka has none): {_INSTALL}, from a wheel"
         )
     return found[0]
 
