@@ -96,3 +96,24 @@ async def test_jetstream_stream_lookup_lost_in_a_blackhole_is_asked_again(
         record["value"] for record in await read_jetstream(nats_broker.jetstream_url, topic, 200)
     }
     assert acked <= stored
+
+
+async def test_a_refused_stream_creation_is_not_asked_again(
+    nats_broker: NatsSessionBroker, topic: str
+) -> None:
+    """Only a lookup lost on the way is asked again: a stream the server refuses to create (its
+    name taken by a stream of other subjects) fails the produce at once, not at the timeout."""
+    import nats
+
+    client = await nats.connect(nats_broker.url)
+    try:
+        await client.jetstream().add_stream(name=topic, subjects=[f"other-{topic}"])
+    finally:
+        await client.close()
+    async with pk.Producer(
+        nats_broker.jetstream_url, topic=topic, timeout=10, create_stream=True
+    ) as producer:
+        started = time.monotonic()
+        with pytest.raises(pk.DeliveryError):
+            await producer.produce(b"refused")
+        assert time.monotonic() - started < 3
