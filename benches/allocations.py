@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 import producerkit as pk
-from producerkit._types import Record
+from producerkit._record import Record
 from producerkit.backends.null import NULL, NullConnection
 
 

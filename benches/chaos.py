@@ -51,7 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import producerkit as pk
-from producerkit.testing.brokers import BrokerFaults, LocalBroker, start_kafka, start_nats
+from producerkit.testing.brokers import (
+    BrokerFaults,
+    LocalBroker,
+    create_kafka_topic,
+    start_kafka,
+    start_nats,
+)
 
 VALUE_SIZE = 100
 #: The proxy's faults on both backends; ``kill`` only where the store survives it (JetStream).
@@ -394,17 +400,6 @@ async def sample(
 
 
 # --------------------------------------------------------------------------- read back
-
-
-async def create_kafka_topic(url: str, topic: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def read_kafka(url: str, topic: str, visit: Callable[[int, int, bytes], None]) -> int:

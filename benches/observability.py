@@ -40,10 +40,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from throughput import KAFKA_SETTINGS, create_topic, delete_topic, make_messages
+from throughput import KAFKA_SETTINGS, delete_topic, make_messages
 
 import producerkit as pk
-from producerkit.testing.brokers import start_kafka, start_nats
+from producerkit.testing.brokers import create_kafka_topic, start_kafka, start_nats
 
 Runner = Callable[[], Awaitable[int]]
 Messages = list[tuple[bytes | None, bytes]]
@@ -144,7 +144,7 @@ def kafka_runners(url: str, count: int) -> dict[str, Runner]:
     def on_new_topic(variant: str) -> Runner:
         async def runner() -> int:
             topic = f"obs-{time.monotonic_ns()}"
-            await create_topic(url, topic)
+            await create_kafka_topic(url, topic, 4)
             try:
                 return await run(url, topic, keyed, variant, **KAFKA_SETTINGS)
             finally:

@@ -20,46 +20,38 @@ messages: ``null`` (null://), ``kafka`` (defaults; a new topic of 4 partitions),
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
+from producerkit.testing.brokers import create_kafka_topic, start_kafka, start_nats
+
 CASES = ("null", "kafka", "kafka-preset", "jetstream", "sync-null", "sync-kafka")
 
-#: The program each case runs in its own interpreter: argv = tree, case, url, count.
+#: The program each case runs in its own interpreter: argv = tree, case, url, count, topic (a
+#: Kafka topic is created by this process first: the tree under test may predate the helper).
 WORKER = textwrap.dedent(
     """
-    import asyncio, sys, time, uuid
-    tree, case, url, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    import asyncio, sys, time
+    tree, case, url, count, topic = sys.argv[1:6]
+    count = int(count)
     sys.path.insert(0, tree)
     import producerkit as pk
     assert pk.__file__.startswith(tree), (pk.__file__, tree)
     value = b"x" * 512
     keys = [b"user-%d" % (i % 10_000) for i in range(count)]
-    topic = "rev-" + uuid.uuid4().hex[:10]
     options = {}
     if case == "kafka-preset":
         options["preset"] = "throughput"
     if case == "jetstream":
         options["create_stream"] = True
-        topic = "rev" + uuid.uuid4().hex[:10]
-
-    async def create_topic():
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-        admin = AIOKafkaAdminClient(bootstrap_servers=url.removeprefix("kafka://"))
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, 4, 1)])
-        finally:
-            await admin.close()
-
-    if url.startswith("kafka://"):  # Tansu's null storage does not create topics itself
-        asyncio.run(create_topic())
 
     async def run_async():
         async with pk.Producer(url, topic=topic, **options) as producer:
@@ -100,8 +92,11 @@ def url_for(case: str, kafka: str, nats: str) -> str:
 
 
 def run_case(tree: Path, case: str, url: str, count: int) -> int:
+    topic = f"rev{uuid.uuid4().hex[:10]}"
+    if url.startswith("kafka://"):  # Tansu's null storage does not create topics itself
+        asyncio.run(create_kafka_topic(url, topic, 4))
     done = subprocess.run(
-        [sys.executable, "-c", WORKER, str(tree), case, url, str(count)],
+        [sys.executable, "-c", WORKER, str(tree), case, url, str(count), topic],
         capture_output=True,
         text=True,
         timeout=600,
@@ -126,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-
-    from producerkit.testing.brokers import start_kafka, start_nats
 
     rates: dict[str, dict[str, list[int]]] = {case: {"before": [], "after": []} for case in cases}
     with (

@@ -29,14 +29,13 @@ from typing import Any
 from throughput import (
     KAFKA_SETTINGS,
     confluent_kafka,
-    create_topic,
     delete_topic,
     make_messages,
     save_report,
 )
 
 import producerkit as pk
-from producerkit.testing.brokers import start_kafka
+from producerkit.testing.brokers import create_kafka_topic, start_kafka
 
 Messages = list[tuple[bytes | None, bytes]]
 Runner = Callable[[], float]
@@ -78,7 +77,7 @@ def on_new_topic(url: str, name: str, run: Callable[[str], float]) -> Runner:
 
     def runner() -> float:
         topic = f"sync-{name}-{time.monotonic_ns()}"
-        asyncio.run(create_topic(url, topic))
+        asyncio.run(create_kafka_topic(url, topic, 4))
         try:
             return run(topic)
         finally:

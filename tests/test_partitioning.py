@@ -407,7 +407,7 @@ async def test_kafka_topic_recreated_larger_is_seen_by_a_running_producer(
 ) -> None:
     """The same refresh path as above, on a change Tansu can make: the topic deleted and created
     again with 6 partitions instead of 2 while the producer (2 connections) stays open."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import AIOKafkaAdminClient
 
     topic = new_topic()
     keys = [b"k%d" % i for i in range(300)]
@@ -427,7 +427,7 @@ async def test_kafka_topic_recreated_larger_is_seen_by_a_running_producer(
                 before = [await producer.produce(b"before", key=key) for key in keys[:50]]
                 assert {d.partition for d in before if d is not None} == {0, 1}
                 await admin.delete_topics([topic])
-                await admin.create_topics([NewTopic(topic, 6, 1)])
+                await create_kafka_topic(kafka_broker.url, topic, 6)
                 await asyncio.sleep(1.5)  # three metadata refresh periods
                 for key in keys:
                     await producer.produce(b"after", key=key, nonblocking=True)
