@@ -5,7 +5,9 @@ portal's thread, so it works the same whether or not the calling thread runs a l
 and any number of threads may share one. It holds no message and no count of its own:
 
 - ``produce()`` validates in the calling thread (``Producer.message``), so bad input raises
-  there, at the call (the first message to a topic asks the loop for its partitions once), then
+  there, at the call, against the producer's own partition counts (where it knows none for the
+  topic, the first message or the first after the broker reported the topic changed, the call
+  asks the loop, as an async produce would), then
   hands the message to the producer's loop (``Producer.submit_threadsafe``), where it counts in
   flight at once; while the window is full that blocks the calling thread until it has drained
   to its resume point. A nonblocking produce returns then; a blocking one waits for its ack.
@@ -35,6 +37,7 @@ from producerkit import _fork
 from producerkit._message import HeadersArgument, check_partition
 from producerkit._options import is_positive_seconds
 from producerkit._producer import Producer
+from producerkit._topics import UNKNOWN
 from producerkit._types import Delivery, Stats
 from producerkit.errors import (
     ConfigurationError,
@@ -88,8 +91,6 @@ class SyncProducer:
         self._producer = Producer(url, **kwargs)  # validates everything before a thread starts
         self._timeout = self._producer.timeout
         self._loop = _LoopThread(self._producer, loop_backend_options)
-        #: Partition counts of the topics produced to, learned once each (None: unpartitioned).
-        self._partitions: dict[str, int | None] = {}
         self._finalizer = weakref.finalize(self, self._loop.abandon)
 
     # ------------------------------------------------------------------ lifecycle
@@ -158,8 +159,9 @@ class SyncProducer:
             value, key, headers, topic, partition, msg_id,
             context=context, expect=expect, timestamp=timestamp, reported=not nonblocking,
         )  # fmt: skip
-        partitions = self._partitions.get(message.topic, -1)
-        if partitions == -1:
+        # The producer's count, read, never copied: it forgets one when the topic changes.
+        partitions = producer._topics.counts.get(message.topic, UNKNOWN)
+        if partitions == UNKNOWN:
             partitions = self._learn(message.topic)
         if message.partition is not None:
             check_partition(message.partition, partitions, message.topic)
@@ -211,13 +213,12 @@ class SyncProducer:
         )
 
     def _learn(self, topic: str) -> int | None:
-        """The topic's partition count, asked of the loop (which starts the producer first)."""
+        """The topic's partition count, asked of the producer on its loop (which starts the
+        producer first); the producer learns it, as it would for an async produce."""
         partitions = self._loop.call(
             "produce()", self._producer.partitions_for, topic, wait=self._producer.timeout
         )
-        count = None if partitions is None else len(partitions)
-        self._partitions[topic] = count
-        return count
+        return None if partitions is None else len(partitions)
 
     # ------------------------------------------------------------------ introspection
 

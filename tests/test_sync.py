@@ -248,6 +248,61 @@ def test_bad_input_raises_at_the_call_and_the_producer_stays_usable(
     assert stats.acked == 2 and stats.failed == 0
 
 
+def test_a_partition_added_later_is_taken_by_both_facades_alike(kafka_broker: Any) -> None:
+    """The sync facade checks ``partition=`` against the producer's own partition counts, never a
+    copy: a topic recreated larger (Tansu cannot add partitions) is seen by the producer's
+    metadata refresh, which forgets the old count, and then partition 5 is taken by
+    ``SyncProducer.produce`` and by the async ``produce`` of the producer underneath alike
+    (the sync facade's own cache refused it forever)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from producerkit.testing.brokers import create_kafka_topic
+
+    topic = f"grows-{uuid.uuid4().hex[:8]}"
+
+    async def recreate(partitions: int) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.host_port)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+        await create_kafka_topic(kafka_broker.url, topic, partitions)
+
+    anyio.run(create_kafka_topic, kafka_broker.url, topic, 2)
+    with pk.SyncProducer(
+        kafka_broker.url, topic=topic, timeout=10, metadata_max_age_ms=200
+    ) as sync:
+
+        def produce_async(partition: int) -> pk.Delivery | None:
+            produced = sync.producer.produce(b"async", partition=partition)
+            return asyncio.run_coroutine_threadsafe(produced, sync.loop).result(10)
+
+        def produce_sync(partition: int) -> pk.Delivery | None:
+            return sync.produce(b"sync", partition=partition)
+
+        for produce in (produce_sync, produce_async):
+            delivery = produce(1)
+            assert delivery is not None and delivery.partition == 1
+            with pytest.raises(pk.MessageError, match="out of range"):
+                produce(5)
+        anyio.run(recreate, 6)
+        deadline = time.monotonic() + 10
+        while True:  # until the producer's metadata refresh has seen the new count
+            try:
+                delivery = produce_sync(5)
+                break
+            except pk.MessageError:
+                assert time.monotonic() < deadline, "the sync facade never took partition 5"
+                time.sleep(0.05)
+        assert delivery is not None and delivery.partition == 5
+        delivery = produce_async(5)
+        assert delivery is not None and delivery.partition == 5
+        stats = sync.stats
+    settled(stats)
+    assert stats.failed == 0
+
+
 # ---------------------------------------------------------------------- threads
 
 
