@@ -40,6 +40,7 @@ from producerkit._types import Delivery, DeliveryCallback, Failure, Outcome, Sta
 from producerkit._urls import parse_url
 from producerkit._window import InFlightWindow
 from producerkit.backends import Connection, spec_for
+from producerkit.backends.base import TRANSACTIONAL_OPTION
 from producerkit.errors import (
     ConfigurationError,
     ProduceError,
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
     from producerkit import partitioners
     from producerkit._atomic import AtomicBatch
+    from producerkit._transaction import KafkaAtomicBatch, Transactions
+    from producerkit.backends.base import Reports
     from producerkit.jetstream import Expect
     from producerkit.serializers import Serializer
 
@@ -174,6 +177,7 @@ class Producer:
         self._running = False  # the hot path's one-attribute view of _state == _RUNNING
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Connection] = []
+        self._transactions: Transactions | None = None  # Kafka's atomic batches, once asked
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handoff: Handoff | None = None
         self._forked_from: int | None = None  # the parent's pid, in a forked child
@@ -354,16 +358,40 @@ class Producer:
         )  # fmt: skip
         await self._submitter.submit_batch(columns, topic, self._rules, self._admission)
 
-    def atomic_batch(self, topic: str | None = None) -> AtomicBatch:
+    def atomic_batch(self, topic: str | None = None) -> AtomicBatch | KafkaAtomicBatch:
         """``async with producer.atomic_batch() as batch: await batch.produce(...)``: messages
-        stored all together when the block ends, or none of them (JetStream, on a stream
-        created with ``allow_atomic=True``; see :class:`~producerkit.AtomicBatchError`)."""
+        stored all together when the block ends, or none of them: a JetStream atomic batch (a
+        stream created with ``allow_atomic=True``), or a Kafka transaction (docs/atomic.md;
+        see :class:`~producerkit.AtomicBatchError`)."""
+        if (refusal := self._spec.atomic_batch_refusal) is not None:
+            raise ConfigurationError(f"atomic_batch is JetStream's and Kafka's: {refusal}")
+        if self._spec.atomic_batch_is_transaction:
+            from producerkit._transaction import KafkaAtomicBatch, Transactions
+
+            if self._transactions is None:
+                self._transactions = Transactions(
+                    self._connect_transactional,
+                    self._reports,
+                    self._options.get("transactional_id"),
+                )
+            return KafkaAtomicBatch(self._ensure_running, self._transactions,
+                                    self.partitions_for, self._submitter, self._window,
+                                    self._rules, topic, self._timeout)  # fmt: skip
         from producerkit._atomic import AtomicBatch
 
-        if (refusal := self._spec.atomic_batch_refusal) is not None:
-            raise ConfigurationError(f"atomic_batch is JetStream's: {refusal}")
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,
                            topic, self._timeout)  # fmt: skip
+
+    async def _connect_transactional(self, transactional_id: str, reports: Reports) -> Connection:
+        """The connection of this producer's atomic batches (see ``_transaction``)."""
+        options = {**self._options, TRANSACTIONAL_OPTION: transactional_id}
+        connection = self._spec.connection(self._url, options, reports, timeout=self._timeout)
+        try:
+            await connection.connect()
+        except BaseException:
+            await close_connections([connection])
+            raise
+        return connection
 
     @property
     def rules(self) -> MessageRules:
@@ -495,6 +523,8 @@ class Producer:
                         )
                     )
             await close_connections(self._connections)
+            if self._transactions is not None and self._transactions.connection is not None:
+                await close_connections([self._transactions.connection])
             self._window.fail_pending(
                 lambda stored: ProducerClosed("the producer closed with this message in flight")
             )

@@ -136,11 +136,21 @@ class DeliveryError(ProducerkitError):
 
 
 class AtomicBatchError(DeliveryError):
-    """A JetStream atomic batch (``Producer.atomic_batch``) ended without a commit: nothing of it
-    was stored, and each of its messages failed with this error.
+    """An atomic batch (``Producer.atomic_batch``: a JetStream atomic batch, or a Kafka
+    transaction) ended without a commit: nothing of it was stored (nothing a ``read_committed``
+    Kafka consumer sees), and each of its messages failed with this error.
 
-    ``code`` is the server's error code where the server refused it: 10174 the stream does
-    not allow atomic batches (create it with ``allow_atomic=True``), 10176 the batch is
+    ``kind`` says why, to branch on: ``"aborted"`` (the block inside ``async with`` raised),
+    ``"message_failed"`` (a message of it failed, or passed its deadline, before the commit),
+    ``"refused"`` (the broker refused it: ``code``), ``"fenced"`` (Kafka: a newer producer took
+    the transactional id, or the coordinator ended the transaction for outliving
+    ``transaction_timeout_ms``; this producer's atomic batches end so from then on),
+    ``"coordinator_unavailable"`` (Kafka: no transaction coordinator answered within the
+    timeout), ``"unsupported"`` (the broker or stream does not take atomic batches), and
+    ``"commit_unanswered"`` (the commit's answer was lost: the batch may have been stored).
+
+    On JetStream, ``code`` is the server's error code where the server refused it: 10174 the
+    stream does not allow atomic batches (create it with ``allow_atomic=True``), 10176 the batch is
     incomplete (a message lost, or the server abandoned the batch after 10 s without a message),
     10177 a header a batch cannot carry, 10199 more messages than the server takes in one batch
     (1,000 by default), 10071 or 10164 an expectation that did not hold at the commit. It is None
@@ -152,10 +162,15 @@ class AtomicBatchError(DeliveryError):
     """
 
     def __init__(
-        self, *args: object, code: int | None = None, possibly_stored: bool = False
+        self,
+        *args: object,
+        code: int | None = None,
+        possibly_stored: bool = False,
+        kind: str | None = None,
     ) -> None:
         super().__init__(*args, code=code)
         self.possibly_stored = possibly_stored
+        self.kind = kind
 
 
 class ExpectationFailed(DeliveryError):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -31,6 +31,11 @@ from producerkit._record import Record
 from producerkit._types import Headers
 from producerkit._urls import ParsedURL, coerce_option
 from producerkit.errors import ConfigurationError, DeliveryError, ProducerkitError
+
+#: The option (set by ``Producer.atomic_batch`` on the connection it opens for them, never by
+#: users) that makes a connection the transactional one of Kafka's atomic batches, with this
+#: transactional id.
+TRANSACTIONAL_OPTION: Final = "_transactional_id"
 
 
 class Reports(Protocol):
@@ -158,6 +163,22 @@ class Connection(abc.ABC):
         backends whose spec has no ``atomic_batch_refusal`` have it."""
         raise NotImplementedError
 
+    async def begin_transaction(self) -> None:
+        """Open a transaction (the transactional connection of a spec whose
+        ``atomic_batch_is_transaction``). Raises AtomicBatchError."""
+        raise NotImplementedError
+
+    async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
+        """Add ``topic``'s ``partitions`` to the open transaction before any of its messages
+        for them is sent (the transactional connection of a spec whose
+        ``atomic_batch_is_transaction``). Raises AtomicBatchError."""
+        raise NotImplementedError
+
+    async def end_transaction(self, *, commit: bool) -> None:
+        """Commit (or abort) the open transaction, every message sent in it answered first.
+        Raises AtomicBatchError with the broker's refusal (its ``kind``)."""
+        raise NotImplementedError
+
     def take_unsent(self) -> list[Record]:
         """Remove and return the records handed to this connection that it has not written yet
         (for ``purge()``; it reports nothing of them). Default: none are held back."""
@@ -252,6 +273,9 @@ class BackendSpec:
     #: Why ``Producer.atomic_batch`` is refused here (None: its connections take one, through
     #: ``send_batch_message``).
     atomic_batch_refusal: str | None = "this backend has no atomic batches"
+    #: Its atomic batches are transactions (Kafka: ``Producer.atomic_batch`` opens a
+    #: transactional connection), not messages of a batch on the producer's connections.
+    atomic_batch_is_transaction: bool = False
 
     @property
     def takes_tombstones(self) -> bool:

@@ -30,7 +30,6 @@ KAFKA = BackendSpec(
     default_keyless="sticky",
     stores_timestamps=True,
     default_window=options.default_window,
-    atomic_batch_refusal="Kafka's atomic writes are transactions, which producerkit does not "
-    "support yet (aiokafka has them, with an idempotent producer and a transactional id; the "
-    "brokers producerkit is tested against cannot grant either): use aiokafka's transactions",
+    atomic_batch_refusal=None,
+    atomic_batch_is_transaction=True,
 )

@@ -6,16 +6,23 @@ import asyncio
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
 from producerkit._record import Record
 from producerkit.backends import _clients
-from producerkit.backends.base import Connection
-from producerkit.backends.kafka import _aiokafka_compat, idempotence, options, record_batch
+from producerkit.backends.base import TRANSACTIONAL_OPTION, Connection
+from producerkit.backends.kafka import (
+    _aiokafka_compat,
+    idempotence,
+    options,
+    record_batch,
+    transactions,
+)
 from producerkit.backends.kafka.accumulator import (
     Accumulator,
     Gathering,
@@ -25,6 +32,7 @@ from producerkit.backends.kafka.accumulator import (
 from producerkit.backends.kafka.errors import translate
 from producerkit.backends.kafka.sender import Sender
 from producerkit.errors import (
+    AtomicBatchError,
     AuthenticationError,
     BrokerUnavailable,
     ConfigurationError,
@@ -32,6 +40,8 @@ from producerkit.errors import (
 )
 
 logger = logging.getLogger("producerkit.kafka")
+
+_T = TypeVar("_T")
 
 
 def _acks_number(acks: int | str) -> int:
@@ -51,6 +61,9 @@ class KafkaConnection(Connection):
         self.max_message_size = settings.get("max_request_size", 1024 * 1024)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.url.server_strings(), **settings)
         self._acks: int = _acks_number(settings["acks"])
+        self._coordinator: transactions.Coordinator | None = None
+        self._transactions_over: AtomicBatchError | None = None
+        self._restart_transactions = False
         self._partition_counts: dict[str, int] = {}
         codec = settings.get("compression_type")
         self._compressed_encoder = (
@@ -132,14 +145,98 @@ class KafkaConnection(Connection):
                 settings.get("client_id") or "producerkit",
             )
             sender.producer_id = producer_id
-            sender.renew_producer_id = self._renew_producer_id
+            if self._coordinator is None:
+                sender.renew_producer_id = self._renew_producer_id
+            else:
+                sender.transactional = True
+                name = self._coordinator.transactional_id.encode()
+                sender.wire.transactional_id_field = struct.pack(">h", len(name)) + name
         self._producer.client.cluster.add_listener(self._metadata_updated)
+
+    # ------------------------------------------------------------------ transactions
+
+    async def _init_transactions(self, transactional_id: str) -> idempotence.ProducerId:
+        """The producer id of ``transactional_id`` (fencing its earlier producers), for the
+        connection an atomic batch writes through (``Producer.atomic_batch``)."""
+        if self.client_path != _clients.FAST:
+            raise AtomicBatchError(
+                "Kafka atomic batches (transactions) need producerkit's own Produce requests, "
+                f"and this connection is on aiokafka's public API ({self.client_path_reason})",
+                kind="unsupported",
+            )
+        self._coordinator = transactions.Coordinator(
+            self._producer.client,
+            transactional_id,
+            transaction_timeout_ms=self.options.get(
+                "transaction_timeout_ms", options.DEFAULT_TRANSACTION_TIMEOUT_MS
+            ),
+            timeout=self.timeout,
+            retry_backoff=self._settings.get("retry_backoff_ms", 100) / 1000,
+        )
+        producer_id = await self._transaction_step(self._coordinator.init_producer_id())
+        self.idempotent, self.idempotence_reason = True, f"transactional id {transactional_id!r}"
+        self._acks = -1
+        return producer_id
+
+    async def begin_transaction(self) -> None:
+        """Open a transaction. After one that did not commit, the producer id is initialized
+        again first: the epoch bumped aborts whatever the coordinator still has open, and the
+        sequences start from 0 (a failed batch left a gap in them)."""
+        if self._transactions_over is not None:
+            raise self._transactions_over
+        if self._restart_transactions:
+            assert self._coordinator is not None
+            producer_id = await self._transaction_step(self._coordinator.init_producer_id())
+            for record in self._accumulator.strand() + self._sender.unwritten_records():
+                self.reports.failed(record, BrokerUnavailable("its transaction ended"), False)
+            self._sender.restart_sequences(producer_id)
+            self._restart_transactions = False
+
+    async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
+        """Add ``topic``'s ``partitions`` to the open transaction (the connection of an atomic
+        batch): before any of its messages for them is sent."""
+        producer_id = self._sender.producer_id
+        assert self._coordinator is not None and producer_id is not None
+        await self._transaction_step(
+            self._coordinator.add_partitions(producer_id, topic, partitions)
+        )
+
+    async def end_transaction(self, *, commit: bool) -> None:
+        """Commit (or abort) the open transaction once every message sent in it was answered.
+        Raises AtomicBatchError with the coordinator's refusal (its ``kind``)."""
+        producer_id = self._sender.producer_id
+        assert self._coordinator is not None and producer_id is not None
+        self._restart_transactions = not commit
+        try:
+            await self._transaction_step(self._coordinator.end(producer_id, commit=commit))
+        except AtomicBatchError:
+            self._restart_transactions = True
+            raise
+
+    async def _transaction_step(self, step: Awaitable[_T]) -> _T:
+        """``step``'s result, its TransactionError as an AtomicBatchError of the same kind; once
+        fenced (or refused for good), every later step fails the same way."""
+        if self._transactions_over is not None:
+            close = getattr(step, "close", None)
+            if close is not None:
+                close()
+            raise self._transactions_over
+        try:
+            return await step
+        except transactions.TransactionError as exc:
+            error = AtomicBatchError(str(exc), kind=exc.kind, code=exc.code)
+            if exc.kind in ("fenced", "unsupported"):
+                self._transactions_over = error
+            raise error from exc
 
     async def _grant_idempotence(self) -> idempotence.ProducerId | None:
         """Make the producer idempotent where it is wanted and the broker grants a producer id
         (``options.idempotence_wanted``); set ``idempotent`` and ``idempotence_reason``.
         Returns the id for the fast path's sender; on the public path aiokafka's own idempotent
         producer replaces the started one (its InitProducerId is v0, asked the same here)."""
+        transactional_id = self.options.get(TRANSACTIONAL_OPTION)
+        if transactional_id is not None:
+            return await self._init_transactions(transactional_id)
         wanted, why = options.idempotence_wanted(self.options)
         if wanted is False:
             self.idempotent, self.idempotence_reason = False, why

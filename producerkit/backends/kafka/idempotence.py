@@ -181,6 +181,8 @@ class InitProducerIdRequest(Request[_Versions]):  # type: ignore[misc]
 
 #: Errors of InitProducerId worth asking again for, after a backoff.
 _RETRIABLE_CODES: Final = frozenset({7, 13, 14, 15, 16, 51})  # timeout, network, coordinator...
+#: COORDINATOR_NOT_AVAILABLE and NOT_COORDINATOR.
+_MOVED_CODES: Final = frozenset({15, 16})
 
 
 async def request_producer_id(
@@ -236,8 +238,8 @@ async def request_producer_id(
             if code == 0:
                 return ProducerId(response.producer_id, response.producer_epoch)
             error = kafka_errors.for_code(code)()
-            if code not in _RETRIABLE_CODES:
-                raise error
+            if code not in _RETRIABLE_CODES or (node_id is not None and code in _MOVED_CODES):
+                raise error  # a coordinator that moved is the caller's to look up again
             last_error = error
         if loop.time() + retry_backoff >= deadline:
             raise last_error or kafka_errors.KafkaConnectionError("no broker to ask")

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from producerkit import _security
-from producerkit.backends.base import coerce_options
+from producerkit.backends.base import TRANSACTIONAL_OPTION, coerce_options
 from producerkit.backends.kafka import codecs
 from producerkit.errors import ConfigurationError, MessageError, MissingDependencyError
 
@@ -30,7 +30,15 @@ AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
     "retry_backoff_ms": int,
     "send_backoff_ms": int,
 }
-OPTIONS: Final[dict[str, type]] = {**AIOKAFKA_OPTIONS, **_security.OPTIONS, "preset": str}
+OPTIONS: Final[dict[str, type]] = {
+    **AIOKAFKA_OPTIONS,
+    **_security.OPTIONS,
+    "preset": str,
+    "transactional_id": str,
+    "transaction_timeout_ms": int,
+}
+#: The transaction timeout when ``transaction_timeout_ms`` is not given: the Java client's.
+DEFAULT_TRANSACTION_TIMEOUT_MS: Final = 60_000
 
 #: Batches per partition in flight with ``preset="throughput"`` and for the idempotent producer:
 #: the Java client's default, and the most a broker keeps sequence state for. Without
@@ -161,6 +169,9 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
     given.pop("max_batches_in_flight", None)  # producerkit's own sender setting, not aiokafka's
     given.pop("compression_level", None)  # producerkit's own codecs take it
     given.pop("enable_idempotence", None)  # see idempotence_wanted
+    given.pop("transactional_id", None)  # producerkit's own transactions (atomic_batch)
+    given.pop(TRANSACTIONAL_OPTION, None)
+    given.pop("transaction_timeout_ms", None)
     if given.get("compression_type") == "zstd":
         settings["max_batch_size"] = ZSTD_MAX_BATCH_SIZE
     settings.update(given)

@@ -113,10 +113,13 @@ class Sender:
         self.closing = False
         #: The idempotent producer's id and epoch; None while not idempotent.
         self.producer_id: idempotence.ProducerId | None = None
-        #: Asks the broker for a new epoch of the given producer id (or a new id).
+        #: Asks the broker for a new epoch of the given producer id (or a new id); None for a
+        #: transactional producer, whose sequence errors fail the transaction.
         self.renew_producer_id: (
             Callable[[idempotence.ProducerId], Awaitable[idempotence.ProducerId]] | None
         ) = None
+        #: Batches are flagged transactional (the connection's transactional id is open).
+        self.transactional = False
         #: The epoch must be bumped before anything more is sent; ``_bumping`` while it is.
         self._bump_due = False
         self._bumping = False
@@ -288,6 +291,12 @@ class Sender:
             return
         response.add_done_callback(functools.partial(self._request_done, batches))
 
+    def restart_sequences(self, producer_id: idempotence.ProducerId) -> None:
+        """Number from 0 under ``producer_id`` (a transactional producer's new epoch)."""
+        self.producer_id = producer_id
+        for queue in self._accumulator.all_queues():
+            queue.next_sequence = queue.acked_sequence = 0
+
     def _stamp(self, batches: list[Batch]) -> list[Batch]:
         """Give each of ``batches`` not yet numbered its partition's next sequence and stamp
         it with the producer id; return those numbered now (each its partition's newest)."""
@@ -301,7 +310,9 @@ class Sender:
                 queue.next_sequence = idempotence.next_sequence(
                     queue.next_sequence, len(batch.records)
                 )
-                batch.head = idempotence.stamp(batch.data, producer, batch.sequence)
+                batch.head = idempotence.stamp(
+                    batch.data, producer, batch.sequence, transactional=self.transactional
+                )
                 stamped.append(batch)
         return stamped
 
@@ -356,6 +367,9 @@ class Sender:
             self._acked(batch, None)
             return
         error = kafka_errors.for_code(code)()
+        if self.renew_producer_id is None:  # a transaction's: it aborts, and numbers anew
+            self._retry_or_fail(batch, error, retriable=False)
+            return
         if code != _OUT_OF_ORDER_SEQUENCE or not self._earlier_unsettled(batch):
             if not self._bump_due:
                 logger.warning(
@@ -437,7 +451,7 @@ class Sender:
                 self._loop.call_later(self._retry_backoff, self._retry_ready, queue)
             return
         queue.in_flight -= 1
-        if batch.sequence is not None:
+        if batch.sequence is not None and self.renew_producer_id is not None:
             # Numbered and given up on: whether the broker expects what follows depends on
             # whether it stored this one, which nobody knows. A new epoch numbers anew.
             self._bump_due = True

@@ -1,0 +1,306 @@
+"""Kafka atomic batches: one Kafka transaction each, through a connection of their own.
+
+``async with producer.atomic_batch() as batch: await batch.produce(value, ...)`` on ``kafka://``
+is the same API as JetStream's (``producerkit._atomic``). The producer's first atomic batch opens
+a transactional connection beside its others (``transactional_id`` option, else one made for
+this producer): its InitProducerId fences any earlier producer of that id. One transaction is
+open per producer at a time; other batches wait for it to end.
+
+Each message is validated, routed, rate limited and admitted into the window as any other, and
+sent through the transactional connection once its partition was added to the transaction
+(AddPartitionsToTxn: every partition of a topic at its first message). The broker's acks of its
+Produce requests are held: a message counts as acked only once EndTxn committed the whole
+batch. When the block ends, the batch waits until every message was answered, then commits;
+if the block raised, or a message failed or passed its deadline, it aborts, and every message
+fails with one :class:`~producerkit.AtomicBatchError` whose ``kind`` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from producerkit._atomic import _TOLD, _pairs
+from producerkit._record import Record
+from producerkit.errors import AtomicBatchError, ProducerkitError
+
+if TYPE_CHECKING:
+    from producerkit._message import MessageRules
+    from producerkit._submit import Submitter
+    from producerkit._window import InFlightWindow
+    from producerkit.backends.base import Connection, Reports
+
+__all__ = ["KafkaAtomicBatch", "TransactionReports", "Transactions"]
+
+
+class TransactionReports:
+    """The Reports of the transactional connection: what it reports goes to the producer's
+    own (the window), but the acks of an open transaction's messages are held for the commit,
+    and each outcome is counted, so the batch knows when every message was answered."""
+
+    def __init__(self, reports: Reports) -> None:
+        self._reports = reports
+        self.topic_changed = reports.topic_changed
+        self.batch_sent = reports.batch_sent
+        self._held: list[tuple[list[Record], int | None, int | None]] = []
+        self._failures: list[tuple[Record, BaseException, bool]] = []
+        self._answered = 0
+        self._expected = 0
+        self._all_answered = anyio.Event()
+
+    @property
+    def pending(self) -> Any:
+        return self._reports.pending
+
+    @property
+    def failed_count(self) -> int:
+        return self._reports.failed_count
+
+    def begin(self) -> None:
+        """A transaction opens: nothing held, nothing answered yet."""
+        self._held, self._failures = [], []
+        self._answered = self._expected = 0
+        self._all_answered = anyio.Event()
+
+    def expect(self, count: int) -> None:
+        """``count`` more messages were sent in the open transaction."""
+        self._expected += count
+
+    async def all_answered(self) -> None:
+        if self._answered < self._expected:
+            await self._all_answered.wait()
+
+    def _count(self, answered: int) -> None:
+        self._answered += answered
+        if self._answered >= self._expected:
+            self._all_answered.set()
+
+    def acked(self, record: Record, offset: int | None, duplicate: bool = False) -> None:
+        self._held.append(([record], offset, None))
+        self._count(1)
+
+    def acked_run(
+        self, records: list[Record], first_offset: int | None, stored_at: int | None = None
+    ) -> None:
+        self._held.append((records, first_offset, stored_at))
+        self._count(len(records))
+
+    def acked_each(self, records: list[Record], offsets: list[int | None]) -> None:
+        for record, offset in zip(records, offsets, strict=True):
+            self._held.append(([record], offset, None))
+        self._count(len(records))
+
+    def failed(self, record: Record, exc: BaseException, possibly_stored: bool = True) -> None:
+        self._failures.append((record, exc, possibly_stored))
+        self._count(1)
+
+    @property
+    def first_failure(self) -> BaseException | None:
+        return self._failures[0][1] if self._failures else None
+
+    def commit(self) -> None:
+        """The transaction committed: its held acks reach the window."""
+        for records, offset, stored_at in self._held:
+            self._reports.acked_run(records, offset, stored_at)
+        self._held = []
+
+
+class Transactions:
+    """A producer's transactional connection (opened by its first atomic batch, through
+    ``connect(transactional_id, reports)``), its reports, and the lock that keeps one
+    transaction open at a time."""
+
+    def __init__(
+        self,
+        connect: Callable[[str, Reports], Awaitable[Connection]],
+        reports: Reports,
+        transactional_id: str | None,
+    ) -> None:
+        self._connect = connect
+        self.reports = TransactionReports(reports)
+        self.transactional_id = transactional_id or f"producerkit-{uuid.uuid4().hex}"
+        self.connection: Connection | None = None
+        self.lock = anyio.Lock()
+        #: The topics added to the open transaction.
+        self.added: set[str] = set()
+
+    async def open(self) -> Connection:
+        if self.connection is None:
+            self.connection = await self._connect(self.transactional_id, self.reports)
+        return self.connection
+
+
+class KafkaAtomicBatch:
+    """One Kafka transaction (see the module docstring): an async context manager, whose
+    :meth:`produce` adds a message."""
+
+    def __init__(
+        self,
+        start: Callable[[], Awaitable[None]],
+        transactions: Transactions,
+        partitions_for: Callable[[str], Awaitable[frozenset[int] | None]],
+        submitter: Submitter,
+        window: InFlightWindow,
+        rules: MessageRules,
+        topic: str | None,
+        timeout: float,
+    ) -> None:
+        self._start = start
+        self._transactions = transactions
+        self._partitions_for = partitions_for
+        self._submitter = submitter
+        self._window = window
+        self._rules = rules
+        self._topic = topic
+        self._timeout = timeout
+        #: The transactional id its messages are written with.
+        self.id = transactions.transactional_id
+        self._records: list[Record] = []
+        self._open = False
+        self._failed: AtomicBatchError | None = None
+        self._connection: Connection | None = None
+
+    def __len__(self) -> int:
+        """Messages produced into the batch so far."""
+        return len(self._records)
+
+    async def __aenter__(self) -> KafkaAtomicBatch:
+        await self._start()
+        transactions = self._transactions
+        await transactions.lock.acquire()  # one open transaction per producer: others wait
+        try:
+            self._connection = await transactions.open()
+            await self._connection.begin_transaction()
+        except BaseException:
+            transactions.lock.release()
+            raise
+        transactions.reports.begin()
+        transactions.added = set()
+        self._open = True
+        return self
+
+    async def produce(
+        self,
+        value: bytes | bytearray | memoryview | str,
+        *,
+        key: bytes | str | None = None,
+        headers: Any = None,
+        topic: str | None = None,
+    ) -> None:
+        """Add a message to the transaction (the same arguments as ``Producer.produce``).
+        Raises its MessageError at once for a bad message, and AtomicBatchError where the
+        transaction cannot take it (it failed, or its topic could not be added to it)."""
+        if not self._open:
+            raise AtomicBatchError(
+                "the batch is over: produce inside its `async with` block", kind="aborted"
+            )
+        if self._failed is not None:
+            raise self._failed
+        transactions, connection = self._transactions, self._connection
+        assert connection is not None
+        given = [] if headers is None else _pairs(headers)
+        message = self._rules.message(value, key, given or None, topic or self._topic, None, None)
+        if message.topic not in transactions.added:
+            try:
+                partitions = await self._partitions_for(message.topic)
+                await connection.add_to_transaction(message.topic, sorted(partitions or {0}))
+            except (ProducerkitError, TimeoutError) as exc:
+                self._failed = _as_batch_error(exc, f"transaction {self.id}: adding its topic")
+                raise self._failed from exc
+            transactions.added.add(message.topic)
+        record = await self._submitter.admitted(message, _TOLD, connection=0)
+        self._records.append(record)
+        transactions.reports.expect(1)
+        try:
+            handed_off = connection.send(record)
+        except Exception as exc:
+            self._failed = _as_batch_error(exc, f"transaction {self.id}: a message not sent")
+            transactions.reports.failed(record, exc, False)
+            raise self._failed from exc
+        if handed_off is not None:
+            await handed_off
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._open = False
+        transactions, connection = self._transactions, self._connection
+        assert connection is not None
+        try:
+            if exc is not None:
+                error = AtomicBatchError(
+                    f"transaction {self.id} aborted: its block raised {type(exc).__name__}: {exc}",
+                    kind="aborted",
+                )
+                await self._abort(error)
+                return  # the block's exception goes on
+            if self._records:
+                await self._commit()
+        finally:
+            transactions.lock.release()
+
+    async def _commit(self) -> None:
+        transactions, connection = self._transactions, self._connection
+        assert connection is not None
+        await connection.flush()
+        try:
+            with anyio.fail_after(self._timeout):
+                await transactions.reports.all_answered()
+        except TimeoutError:
+            pass  # the deadlines fail what is still unanswered; the pending check sees it
+        failure = self._failed or transactions.reports.first_failure
+        pending = self._window.pending
+        if failure is None and any(record.seq not in pending for record in self._records):
+            failure = AtomicBatchError(
+                f"transaction {self.id} aborted: a message of it passed its deadline "
+                f"({self._timeout}s) before the commit",
+                kind="message_failed",
+            )
+        if failure is not None:
+            error = (
+                failure
+                if isinstance(failure, AtomicBatchError)
+                else AtomicBatchError(
+                    f"transaction {self.id} aborted: a message of it failed "
+                    f"({type(failure).__name__}: {failure})",
+                    kind="message_failed",
+                )
+            )
+            await self._abort(error)
+            raise error
+        try:
+            await connection.end_transaction(commit=True)
+        except AtomicBatchError as refused:
+            self._fail(refused, possibly_stored=refused.kind == "coordinator_unavailable")
+            raise
+        transactions.reports.commit()
+
+    async def _abort(self, error: AtomicBatchError) -> None:
+        """End the transaction (if anything was sent in it) and fail its messages."""
+        transactions, connection = self._transactions, self._connection
+        assert connection is not None
+        if self._records and transactions.added:
+            await connection.flush()
+            with anyio.move_on_after(self._timeout):
+                await transactions.reports.all_answered()
+            with contextlib.suppress(AtomicBatchError):  # else the coordinator aborts it later
+                await connection.end_transaction(commit=False)
+        self._fail(error, possibly_stored=False)
+
+    def _fail(self, error: AtomicBatchError, *, possibly_stored: bool) -> None:
+        for record in self._records:
+            self._window.failed(record, error, possibly_stored)
+
+
+def _as_batch_error(exc: BaseException, doing: str) -> AtomicBatchError:
+    if isinstance(exc, AtomicBatchError):
+        return exc
+    return AtomicBatchError(f"{doing}: {type(exc).__name__}: {exc}", kind="message_failed")
