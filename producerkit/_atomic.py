@@ -49,6 +49,8 @@ MAX_OPEN: Final = 50
 #: Seconds between attempts at opening a batch while the server has too many open.
 _RETRY_OPEN: Final = 0.1
 _TOO_MANY_OPEN: Final = 10210
+#: The stream does not allow atomic batches.
+_NOT_ALLOWED: Final = 10174
 
 #: Each producer's (its submitter's) count of open batches.
 _open_batches: weakref.WeakKeyDictionary[Submitter, anyio.Semaphore] = weakref.WeakKeyDictionary()
@@ -128,13 +130,16 @@ class AtomicBatch:
         MessageError at once for a bad message, and AtomicBatchError where the batch cannot
         take it (it is full, an expectation a batch cannot carry, or the batch failed)."""
         if not self._open:
-            raise AtomicBatchError("the batch is over: produce inside its `async with` block")
+            raise AtomicBatchError(
+                "the batch is over: produce inside its `async with` block", kind="aborted"
+            )
         if self._failed is not None:
             raise self._failed
         if self._count >= MAX_MESSAGES:
             raise AtomicBatchError(
                 f"an atomic batch takes at most {MAX_MESSAGES} messages (the server's limit): "
-                f"message {self._count + 1} was refused before it was sent"
+                f"message {self._count + 1} was refused before it was sent",
+                kind="refused",
             )
         if isinstance(expect, Expect):
             _check_expectation(expect, first=self._count == 0)
@@ -165,7 +170,8 @@ class AtomicBatch:
                 raise
             self._failed = AtomicBatchError(
                 f"atomic batch {self.id}: message {sequence} could not be sent "
-                f"({type(exc).__name__}: {exc})"
+                f"({type(exc).__name__}: {exc})",
+                kind="message_failed",
             )
             raise self._failed from exc
 
@@ -199,7 +205,8 @@ class AtomicBatch:
                 self._fail(
                     AtomicBatchError(
                         f"atomic batch {self.id} not committed: its block raised "
-                        f"{type(exc).__name__}: {exc}"
+                        f"{type(exc).__name__}: {exc}",
+                        kind="aborted",
                     ),
                     possibly_stored=False,
                 )
@@ -218,7 +225,8 @@ class AtomicBatch:
         if any(record.seq not in pending for record in self._records):
             error = AtomicBatchError(
                 f"atomic batch {self.id} not committed: a message of it passed its deadline "
-                f"({self._timeout}s) before the commit"
+                f"({self._timeout}s) before the commit",
+                kind="message_failed",
             )
             self._fail(error, possibly_stored=False)
             raise error
@@ -233,6 +241,7 @@ class AtomicBatch:
                 f"atomic batch {self.id}: the commit's answer was lost ({type(exc).__name__}: "
                 f"{exc}); it may have been stored",
                 possibly_stored=True,
+                kind="commit_unanswered",
             )
             self._fail(error, possibly_stored=True)
             raise error from exc
@@ -254,12 +263,14 @@ def _check_expectation(expect: Expect, *, first: bool) -> None:
     if expect.last_msg_id is not None:
         raise AtomicBatchError(
             "a batch cannot expect a last msg id (Nats-Expected-Last-Msg-Id; the server refuses "
-            "it with code 10177): refused before sending"
+            "it with code 10177): refused before sending",
+            kind="refused",
         )
     if expect.last_sequence is not None and not first:
         raise AtomicBatchError(
             "only a batch's first message may expect the stream's last sequence (the server "
-            "refuses it on the others with code 10164): refused before sending"
+            "refuses it on the others with code 10164): refused before sending",
+            kind="refused",
         )
 
 
@@ -279,8 +290,12 @@ def _refusal(data: bytes, headers: Any, batch: str) -> AtomicBatchError:
 
     error = puback_error(f"atomic batch {batch}", data, headers)
     if error is None:
-        return AtomicBatchError(f"atomic batch {batch}: an unexpected answer {data[:200]!r}")
-    return AtomicBatchError(f"atomic batch {batch}: {error}", code=getattr(error, "code", None))
+        return AtomicBatchError(
+            f"atomic batch {batch}: an unexpected answer {data[:200]!r}", kind="refused"
+        )
+    code = getattr(error, "code", None)
+    kind = "unsupported" if code == _NOT_ALLOWED else "refused"
+    return AtomicBatchError(f"atomic batch {batch}: {error}", code=code, kind=kind)
 
 
 def _committed(data: bytes, headers: Any, batch: str, count: int) -> int | AtomicBatchError:
@@ -294,9 +309,12 @@ def _committed(data: bytes, headers: Any, batch: str, count: int) -> int | Atomi
     if answer.get("batch") != batch or answer.get("count") != count:
         return AtomicBatchError(
             f"atomic batch {batch}: the commit answered for batch {answer.get('batch')!r} with "
-            f"{answer.get('count')!r} message(s), not {count}"
+            f"{answer.get('count')!r} message(s), not {count}",
+            kind="refused",
         )
     sequence = answer.get("seq")
     if type(sequence) is not int:
-        return AtomicBatchError(f"atomic batch {batch}: the commit gave no sequence: {answer!r}")
+        return AtomicBatchError(
+            f"atomic batch {batch}: the commit gave no sequence: {answer!r}", kind="refused"
+        )
     return sequence

@@ -119,6 +119,7 @@ async def test_a_stream_without_atomic_batches_refuses_with_10174(
                 await batch.produce(b"one")
                 await batch.produce(b"two")
         assert caught.value.code == 10174
+        assert caught.value.kind == "unsupported"
         stats = producer.stats
     assert stats.acked == 0 and stats.failed == stats.produced == 1
 
@@ -143,9 +144,13 @@ def test_other_backends_refuse_atomic_batches(url: str) -> None:
         pk.Producer(url, topic="t").atomic_batch()
 
 
-def test_kafka_says_why() -> None:
-    with pytest.raises(pk.ConfigurationError, match="transactions"):
-        pk.Producer("kafka://127.0.0.1:1", topic="t").atomic_batch()
+def test_kafka_atomic_batches_are_transactions() -> None:
+    """On Kafka an atomic batch is a transaction (tests/test_transactions.py): asking for one
+    connects nothing until its block begins."""
+    from producerkit._transaction import KafkaAtomicBatch
+
+    batch = pk.Producer("kafka://127.0.0.1:1", topic="t").atomic_batch()
+    assert isinstance(batch, KafkaAtomicBatch)
 
 
 async def test_more_than_fifty_open_batches_wait_their_turn(
