@@ -358,13 +358,18 @@ class Producer:
         )  # fmt: skip
         await self._submitter.submit_batch(columns, topic, self._rules, self._admission)
 
-    def atomic_batch(self, topic: str | None = None) -> AtomicBatch | KafkaAtomicBatch:
+    def atomic_batch(
+        self, topic: str | None = None, *, prepare: bool = False
+    ) -> AtomicBatch | KafkaAtomicBatch:
         """``async with producer.atomic_batch() as batch: await batch.produce(...)``: messages
         stored all together when the block ends, or none of them: a JetStream atomic batch (a
         stream created with ``allow_atomic=True``), or a Kafka transaction (docs/atomic.md;
-        see :class:`~producerkit.AtomicBatchError`)."""
+        see :class:`~producerkit.AtomicBatchError`). ``prepare`` (Kafka): leave the
+        transaction open for another process to commit (``batch.prepared``)."""
         if (refusal := self._spec.atomic_batch_refusal) is not None:
             raise ConfigurationError(f"atomic_batch is JetStream's and Kafka's: {refusal}")
+        if prepare and not self._spec.atomic_batch_is_transaction:
+            raise ConfigurationError("atomic_batch(prepare=True) is Kafka's (a transaction)")
         if self._spec.atomic_batch_is_transaction:
             from producerkit._transaction import KafkaAtomicBatch, Transactions
 
@@ -376,7 +381,8 @@ class Producer:
                 )
             return KafkaAtomicBatch(self._ensure_running, self._transactions,
                                     self.partitions_for, self._submitter, self._window,
-                                    self._rules, topic, self._timeout)  # fmt: skip
+                                    self._rules, topic, self._timeout,
+                                    prepare=prepare)  # fmt: skip
         from producerkit._atomic import AtomicBatch
 
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,

@@ -21,7 +21,7 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
@@ -35,7 +35,18 @@ if TYPE_CHECKING:
     from producerkit._window import InFlightWindow
     from producerkit.backends.base import Connection, Reports
 
-__all__ = ["KafkaAtomicBatch", "TransactionReports", "Transactions"]
+__all__ = ["KafkaAtomicBatch", "PreparedTransaction", "TransactionReports", "Transactions"]
+
+
+class PreparedTransaction(NamedTuple):
+    """A Kafka transaction written whole and left open for another process to end
+    (``producerkit.transactions.commit_prepared`` or ``abort_prepared``): the first phase of a
+    two-phase commit. ``messages``: how many it holds."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    messages: int
 
 
 class TransactionReports:
@@ -137,7 +148,12 @@ class Transactions:
 
 class KafkaAtomicBatch:
     """One Kafka transaction (see the module docstring): an async context manager, whose
-    :meth:`produce` adds a message."""
+    :meth:`produce` adds a message.
+
+    With ``prepare``, the end of the block does not commit: once every message was answered,
+    the transaction is left open for another process to end, and :attr:`prepared` says which
+    (its messages count as acked then: written whole, visible once committed). The producer
+    begins no other transaction after it."""
 
     def __init__(
         self,
@@ -149,8 +165,13 @@ class KafkaAtomicBatch:
         rules: MessageRules,
         topic: str | None,
         timeout: float,
+        *,
+        prepare: bool = False,
     ) -> None:
         self._start = start
+        self._prepare = prepare
+        #: With ``prepare``: the transaction left open once the block ended (None before).
+        self.prepared: PreparedTransaction | None = None
         self._transactions = transactions
         self._partitions_for = partitions_for
         self._submitter = submitter
@@ -276,6 +297,11 @@ class KafkaAtomicBatch:
             )
             await self._abort(error)
             raise error
+        if self._prepare:
+            producer_id, epoch = await connection.prepare_transaction()
+            self.prepared = PreparedTransaction(self.id, producer_id, epoch, len(self._records))
+            transactions.reports.commit()
+            return
         try:
             await connection.end_transaction(commit=True)
         except AtomicBatchError as refused:

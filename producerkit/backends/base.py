@@ -168,6 +168,11 @@ class Connection(abc.ABC):
         ``atomic_batch_is_transaction``). Raises AtomicBatchError."""
         raise NotImplementedError
 
+    async def prepare_transaction(self) -> tuple[int, int]:
+        """Leave the open transaction, every message answered, for another process to end;
+        its producer id and epoch."""
+        raise NotImplementedError
+
     async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
         """Add ``topic``'s ``partitions`` to the open transaction before any of its messages
         for them is sent (the transactional connection of a spec whose

@@ -198,7 +198,7 @@ class ProduceWire:
                 f"v{PRODUCE_VERSIONS.start}-v{PRODUCE_VERSIONS.stop - 1}"
             )
         writer = conn._writer
-        if writer is None:
+        if writer is None or writer.transport.is_closing():
             raise kafka_errors.KafkaConnectionError("the connection closed")
         correlation_id = conn._next_correlation_id()
         by_topic: dict[str, list[tuple[int, bytes | None, bytes | bytearray]]] = {}

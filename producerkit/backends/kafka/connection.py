@@ -192,6 +192,19 @@ class KafkaConnection(Connection):
             self._sender.restart_sequences(producer_id)
             self._restart_transactions = False
 
+    async def prepare_transaction(self) -> tuple[int, int]:
+        """Leave the open transaction for another process to end (``end_prepared``): its
+        producer id and epoch. The connection begins no other transaction (the producer id
+        initialized again would abort this one)."""
+        producer_id = self._sender.producer_id
+        assert self._coordinator is not None and producer_id is not None
+        self._transactions_over = AtomicBatchError(
+            f"this producer's transaction {self._coordinator.transactional_id!r} was prepared "
+            "for another process to commit: a new transaction needs a new producer",
+            kind="unsupported",
+        )
+        return producer_id.id, producer_id.epoch
+
     async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
         """Add ``topic``'s ``partitions`` to the open transaction (the connection of an atomic
         batch): before any of its messages for them is sent."""

@@ -26,15 +26,15 @@ stamps each batch with its producer id, epoch and the partition's next sequence 
 first carries it, and keeps those through its retries, so the broker stores it once and in
 order. A batch stamped keeps its records whole (those failed meanwhile were reported possibly
 stored): its sequence range must not change. The broker's sequence errors are the sender's to
-resolve: OUT_OF_ORDER_SEQUENCE_NUMBER on a batch waiting for an earlier one retries it;
-on the partition's next batch (the broker lost what came before), UNKNOWN_PRODUCER_ID, an
-epoch the broker no longer takes, and a numbered batch given up on (its deadline passed, or a
-permanent error), the sender stops sending, waits until every request was answered, has the
-epoch bumped (KIP-360, or a new producer id) and sends every batch not yet acked again,
-numbered from 0, as librdkafka does; but a batch whose request went unanswered may be stored,
-and under a new epoch the broker could not tell it from a new one: its records fail then,
-possibly stored. DUPLICATE_SEQUENCE_NUMBER means the broker
-stored the batch before: its records are acked, without an offset (the broker gives none).
+resolve: OUT_OF_ORDER_SEQUENCE_NUMBER on a batch waiting for an earlier one retries it; on
+the partition's next batch (the broker lost what came before, or never had a batch given up
+on), UNKNOWN_PRODUCER_ID, and an epoch the broker no longer takes, the sender stops sending,
+waits until every request was answered, has the epoch bumped (KIP-360, or a new producer id)
+and sends every batch not yet acked again, numbered from 0, as librdkafka does; but a batch
+whose request went unanswered may be stored, and under a new epoch the broker could not tell
+it from a new one: its records fail then, possibly stored (BrokerUnavailable).
+DUPLICATE_SEQUENCE_NUMBER means the broker stored the batch before: its records are acked,
+without an offset (the broker gives none).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from producerkit.backends.base import Reports
 from producerkit.backends.kafka import _aiokafka_compat, idempotence
 from producerkit.backends.kafka.accumulator import Accumulator, Batch, PartitionQueue
 from producerkit.backends.kafka.errors import translate
-from producerkit.errors import DeliveryError, ProducerkitError
+from producerkit.errors import BrokerUnavailable, DeliveryError, ProducerkitError
 
 logger = logging.getLogger("producerkit.kafka")
 
@@ -410,9 +410,9 @@ class Sender:
             self._loop.call_later(self._retry_backoff, self.schedule_ship)
             return
         self.producer_id = renewed
-        error = DeliveryError(
-            "the producer epoch was bumped while this message's request was unanswered: it may "
-            "be stored, and sending it again under the new epoch could store it twice"
+        error = BrokerUnavailable(
+            "this message's request went unanswered, and the producer epoch was bumped since: "
+            "it may be stored, and sending it again under the new epoch could store it twice"
         )
         for queue in self._accumulator.all_queues():
             queue.next_sequence = queue.acked_sequence = 0
@@ -451,11 +451,6 @@ class Sender:
                 self._loop.call_later(self._retry_backoff, self._retry_ready, queue)
             return
         queue.in_flight -= 1
-        if batch.sequence is not None and self.renew_producer_id is not None:
-            # Numbered and given up on: whether the broker expects what follows depends on
-            # whether it stored this one, which nobody knows. A new epoch numbers anew.
-            self._bump_due = True
-            self.schedule_ship()
         self.fail(batch.records, error, possibly_stored=batch.unanswered)
 
     def _retry_ready(self, queue: PartitionQueue) -> None:

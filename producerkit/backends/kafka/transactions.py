@@ -15,13 +15,16 @@ raises :class:`TransactionError` with a ``kind`` for the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from aiokafka import errors as kafka_errors
 from aiokafka.protocol.transaction import AddPartitionsToTxnRequest, EndTxnRequest
 
 from producerkit.backends.kafka import idempotence
+from producerkit.backends.kafka import options as kafka_options
 
 #: FindCoordinator's key type of a transactional id.
 _TRANSACTION: Final = 1
@@ -191,3 +194,68 @@ class Coordinator:
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
+
+
+async def end_prepared(
+    url: str,
+    transactional_id: str,
+    producer_id: int,
+    epoch: int,
+    *,
+    commit: bool,
+    timeout: float = 30.0,
+    **options: Any,
+) -> None:
+    """Commit (or abort) a transaction another producer prepared and left open, by its
+    transactional id, producer id and epoch: the second phase of a two-phase commit. Raises
+    TransactionError (``kind="fenced"`` if a newer producer of the id aborted it meanwhile)."""
+    async with _client_of(url, timeout, options) as client:
+        coordinator = _coordinator_of(client, transactional_id, timeout, options)
+        await coordinator.end(idempotence.ProducerId(producer_id, epoch), commit=commit)
+
+
+async def abort_open(
+    url: str, transactional_ids: list[str], *, timeout: float = 30.0, **options: Any
+) -> None:
+    """Abort whatever each of ``transactional_ids`` has open, by initializing its producer id
+    (which fences its producers too): what a failed job does for the transactions it cannot
+    end one by one."""
+    async with _client_of(url, timeout, options) as client:
+        for transactional_id in transactional_ids:
+            coordinator = _coordinator_of(client, transactional_id, timeout, options)
+            await coordinator.init_producer_id()
+
+
+def _coordinator_of(
+    client: Any, transactional_id: str, timeout: float, options: dict[str, Any]
+) -> Coordinator:
+    return Coordinator(
+        client,
+        transactional_id,
+        transaction_timeout_ms=options.get(
+            "transaction_timeout_ms", kafka_options.DEFAULT_TRANSACTION_TIMEOUT_MS
+        ),
+        timeout=timeout,
+        retry_backoff=options.get("retry_backoff_ms", 100) / 1000,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _client_of(url: str, timeout: float, options: dict[str, Any]) -> AsyncIterator[Any]:
+    """aiokafka's client for ``url`` with the checked ``options`` (security included), no
+    producer id asked for."""
+    from aiokafka import AIOKafkaProducer
+
+    from producerkit._urls import parse_url
+
+    parsed = parse_url(url)
+    checked = kafka_options.check_options({**parsed.options, **options})
+    producer = AIOKafkaProducer(
+        bootstrap_servers=parsed.server_strings(),
+        **kafka_options.client_settings(checked, timeout),
+    )
+    await producer.start()
+    try:
+        yield producer.client
+    finally:
+        await producer.stop()
