@@ -3,9 +3,10 @@
 Each field has its type, its default, a one-line doc, the backends that take it and where else it
 may come from. The rest is derived from these fields: :class:`~producerkit.Producer`'s keyword
 arguments (``tests/test_options.py`` checks that the signature lists exactly these), the
-environment and TOML loader (``producerkit.settings``), the Spark sink's options and the flags of
-``producerkit produce``. Backend options (``linger_ms``, ``create_stream``, ...) are declared by
-each backend's spec and passed through as they are.
+environment and TOML loader (``producerkit.settings``), the Spark sink's keywords and options
+(with :data:`SPARK_DEFAULTS`, its own defaults) and the flags of ``producerkit produce``. Backend
+options (``linger_ms``, ``create_stream``, ...) are declared by each backend's spec and passed
+through as they are.
 
 A ``ProducerOptions`` checks every value when it is built and raises
 :class:`~producerkit.ConfigurationError` naming the first bad one.
@@ -14,7 +15,8 @@ A ``ProducerOptions`` checks every value when it is built and raises
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -26,7 +28,14 @@ if TYPE_CHECKING:
     from producerkit._types import DeliveryCallback, Failure, Outcome, Stats
     from producerkit.serializers import Serializer
 
-__all__ = ["ALL_BACKENDS", "ProducerOptions", "configurable", "convert_text", "did_you_mean"]
+__all__ = [
+    "ALL_BACKENDS",
+    "SPARK_DEFAULTS",
+    "ProducerOptions",
+    "configurable",
+    "convert_text",
+    "did_you_mean",
+]
 
 ALL_BACKENDS: Final = frozenset({"kafka", "jetstream", "nats", "memory", "null"})
 
@@ -202,6 +211,18 @@ class ProducerOptions:
     def __attrs_post_init__(self) -> None:
         if self.rate_burst is not None and self.max_rate is None and self.max_bytes_rate is None:
             raise ConfigurationError("rate_burst needs max_rate or max_bytes_rate")
+
+
+#: The settings whose default differs in the Spark sink (``producerkit.spark``: ``publish()``,
+#: ``partition_writer()``, ``batch_publisher()``, ``format("producerkit")``), and why; every other
+#: setting keeps its default above there too. Each is applied where the setting is not given.
+#:
+#: - ``max_in_flight_messages``: a Spark task hands its producer a whole Arrow batch in one hop
+#:   (10,000 rows, Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch``) as one
+#:   ``produce_batch``: a window that holds a batch admits it without stopping midway, and no
+#:   one waits on a row's ack (a task waits once, at its flush), so the deeper window costs no
+#:   latency anyone sees.
+SPARK_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType({"max_in_flight_messages": 10_000})
 
 
 def configurable() -> Iterator[attrs.Attribute[Any]]:

@@ -12,7 +12,7 @@ import pytest
 
 import producerkit as pk
 from producerkit import settings
-from producerkit._options import ALL_BACKENDS, ProducerOptions, configurable
+from producerkit._options import ALL_BACKENDS, SPARK_DEFAULTS, ProducerOptions, configurable
 from producerkit.spark._worker import SinkConfig
 
 FIELDS = attrs.fields(ProducerOptions)
@@ -87,3 +87,98 @@ def test_the_spark_sink_takes_every_setting_text_can_give_as_strings() -> None:
         kind = attrs.fields_dict(ProducerOptions)[name].metadata["text"]
         assert type(arguments[name]) is kind, name
     pk.Producer("null://", topic="t", **arguments)  # each one taken
+
+
+# ---------------------------------------------------------------------- the Spark sink
+
+#: A value of each setting text can give, as text (``format("producerkit")``'s options) and as
+#: the value a keyword takes; topic and the serializers are the sink's to ship, not the worker's.
+SETTINGS_AS_TEXT = {
+    "max_in_flight_messages": ("10", 10),
+    "timeout": ("2.5", 2.5),
+    "connections": ("2", 2),
+    "partitioner": ("murmur2", "murmur2"),
+    "keyless": ("round_robin", "round_robin"),
+    "stats_interval": ("1", 1.0),
+    "propagate_trace": ("true", True),
+    "max_in_flight_bytes": ("1000", 1000),
+    "resume_at": ("0.75", 0.75),
+    "max_rate": ("100", 100.0),
+    "max_bytes_rate": ("1000", 1000.0),
+    "rate_burst": ("5", 5.0),
+    "spool": ("failed.jsonl", "failed.jsonl"),
+}
+
+
+def test_spark_defaults_name_settings_and_differ_from_theirs() -> None:
+    """Where the Spark sink defaults otherwise, it is a ProducerOptions setting, a valid value
+    for it, and another value than its own default (else it would not be declared)."""
+    assert set(SPARK_DEFAULTS) <= {field.name for field in FIELDS}
+    ProducerOptions(**SPARK_DEFAULTS)
+    for name, value in SPARK_DEFAULTS.items():
+        assert value != attrs.fields_dict(ProducerOptions)[name].default, name
+
+
+def test_spark_functions_take_exactly_the_settings_and_their_own() -> None:
+    """publish() and partition_writer() declare only the sink's own keywords: every Producer
+    setting comes from ProducerOptions (their signatures name each with its Spark default),
+    on_error being the sink's own ("fail" or "count")."""
+    pytest.importorskip("pyspark")
+    from producerkit.spark import partition_writer, publish
+    from producerkit.spark._publish import SINK_KEYWORDS, spark_default
+
+    settings = {field.name for field in FIELDS}
+    functions = {publish: set(), partition_writer: {"counters", "report_path"}}
+    for function, extra in functions.items():
+        code = function.__code__
+        declared = set(
+            code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+        )
+        assert declared == set(SINK_KEYWORDS) | extra, function
+        parameters = inspect.signature(function).parameters
+        keywords = {
+            name: parameter.default
+            for name, parameter in parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        assert set(keywords) == settings | set(SINK_KEYWORDS) | extra, function
+        for name in settings - {"on_error"}:
+            assert keywords[name] == spark_default(name), (function, name)
+        assert keywords["max_in_flight_messages"] == SPARK_DEFAULTS["max_in_flight_messages"]
+        assert keywords["timeout"] == pk.Producer.__init__.__kwdefaults__["timeout"]
+
+
+def test_every_setting_reaches_the_spark_sinks_producers() -> None:
+    """Each setting text can give reaches the executors' producer from the keywords
+    (publish(), partition_writer(), batch_publisher() all go through make_config) and from
+    format("producerkit")'s options as text; a setting not given has its Spark default, and a
+    mistyped one is refused on the driver, naming the setting it is close to."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from producerkit.spark._datasource import ProducerkitDataSource
+    from producerkit.spark._publish import make_config
+
+    assert {"topic", "value_serializer", "key_serializer", *SETTINGS_AS_TEXT} == {
+        field.name for field in configurable()
+    }
+    values = {name: value for name, (_, value) in SETTINGS_AS_TEXT.items()}
+    texts = {name: text for name, (text, _) in SETTINGS_AS_TEXT.items()}
+    from_keywords = make_config("null://", topic="t", **values).producer_arguments()
+    schema = StructType([StructField("value", BinaryType())])
+    source = ProducerkitDataSource({"url": "null://", "topic": "t", **texts})
+    from_options = source._config(schema, overwrite=False).sink.producer_arguments()
+    assert from_keywords == from_options == values
+
+    defaults = ProducerkitDataSource({"url": "null://", "topic": "t"})
+    for arguments in (
+        make_config("null://", topic="t").producer_arguments(),
+        defaults._config(schema, overwrite=False).sink.producer_arguments(),
+    ):
+        assert arguments == dict(SPARK_DEFAULTS)
+
+    with pytest.raises(pk.ConfigurationError, match="did you mean 'max_in_flight_messages'"):
+        make_config("null://", topic="t", max_inflight_messages=5)
+    mistyped = ProducerkitDataSource({"url": "null://", "topic": "t", "time_out": "5"})
+    with pytest.raises(pk.ConfigurationError, match="did you mean 'timeout'"):
+        mistyped._config(schema, overwrite=False)

@@ -13,14 +13,14 @@ import pytest
 pytest.importorskip("pyspark")  # _append_report asks pyspark's TaskContext for the task
 
 from producerkit.spark._partition import read_report, write_rows
-from producerkit.spark._publish import _publish_config
+from producerkit.spark._publish import make_config
 
 
 def test_a_task_written_report_has_its_duration(tmp_path: Path) -> None:
     """spark_examples/foreach_partition.py printed "in 0.00s (0 rows/s)": the report file
     carried no times, and read_report gave from_rows no duration."""
     path = tmp_path / "report.jsonl"
-    config = _publish_config(f"memory://{uuid.uuid4().hex}", topic="orders")
+    config = make_config(f"memory://{uuid.uuid4().hex}", topic="orders")
     write = {
         "sink": config.to_dict(),
         "key_given": False,

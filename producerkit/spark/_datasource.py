@@ -6,12 +6,13 @@ Arrow record batches and publishes them with :func:`~producerkit.spark._worker.p
 same code as ``publish()``), and ``commit()`` gets every task's counts back on the driver.
 
 Columns follow Spark's Kafka sink: ``value`` (required, string/binary), and when present ``key``,
-``topic``, ``partition``, ``headers``. Options: ``url`` (required), ``topic``, ``id_col``,
-``on_error`` (fail|count), ``report_path`` (a file each commit appends its report to, as a JSON
-line), ``idle_timeout``, ``value_serializer`` and ``key_serializer`` (by name: ``json``, ``str``,
-``bytes``; with ``json`` the column may be a struct, map or array), producer settings
-(``max_in_flight_messages``, ``connections``, ``timeout``, ``partitioner``, ``keyless``) and any
-backend option (``create_stream``, ``linger_ms``, ...).
+``topic``, ``partition``, ``headers``. Options: ``url`` (required), the sink's own as
+``publish()`` takes them (``*_col``, ``on_error`` fail|count, ``idle_timeout``), ``report_path``
+(a file each commit appends its report to, as a JSON line), every Producer setting text can
+give (``ProducerOptions``; ``value_serializer`` and ``key_serializer`` by name: ``json``,
+``str``, ``bytes``; with ``json`` the column may be a struct, map or array), with the Spark
+defaults (``SPARK_DEFAULTS``) as ``publish()`` has them, and any backend option
+(``create_stream``, ``linger_ms``, ...).
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from pyspark.sql.types import StructType
 
 from producerkit.errors import ConfigurationError
 from producerkit.spark._publish import (
+    SINK_KEYWORDS,
     PublishReport,
     check_columns,
     make_config,
     structured_roles,
 )
 from producerkit.spark._worker import (
-    DEFAULT_IDLE_TIMEOUT,
     SinkConfig,
     chunks_from_arrow,
     chunks_from_rows,
@@ -68,7 +69,7 @@ _KAFKA_COLUMNS = {
 }
 #: Options Spark itself reads (streaming checkpoints, a save path); not producer options.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
-_SINK_OPTIONS = ("value_col", "key_col", "topic_col", "partition_col", "headers_col", "id_col")
+_COLUMN_OPTIONS = tuple(name for name in SINK_KEYWORDS if name.endswith("_col"))
 
 
 @dataclass
@@ -114,23 +115,16 @@ class ProducerkitDataSource(DataSource):
             option: column for column, option in _KAFKA_COLUMNS.items() if column in types
         }
         columns["key_col"] = columns.get("key_col")
-        for name in _SINK_OPTIONS:
+        for name in _COLUMN_OPTIONS:
             if name in options:
-                columns[name] = options.pop(name) or None
+                columns[name] = options.pop(name) or None  # an empty string: none
+        for name in ("value_serializer", "key_serializer"):
+            if name in options:
+                options[name] = options[name] or None
         report_path = options.pop("report_path", None)
-        on_error = options.pop("on_error", "fail")
-        idle_timeout = float(options.pop("idle_timeout", DEFAULT_IDLE_TIMEOUT))
-        topic = options.pop("topic", None)
-        config = make_config(
-            url,
-            topic=topic,
-            on_error=on_error,
-            idle_timeout=idle_timeout,
-            producer_kwargs=options,
-            value_serializer=options.pop("value_serializer", None) or None,
-            key_serializer=options.pop("key_serializer", None) or None,
-            **columns,
-        )
+        # the rest: the sink's own (on_error, idle_timeout), Producer settings as text (the
+        # worker converts them, ProducerOptions' "text" type) and backend options
+        config = make_config(url, **options, **columns)
         config = check_columns(types, config, key_given=True)
         return _WriteConfig(config, report_path, structured_roles(types, config))
 

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from producerkit.errors import ConfigurationError
 from producerkit.spark._publish import (
     PublishReport,
-    _publish_config,
     check_python,
     driver_python,
+    make_config,
     register_entry_by_value,
     task_rates,
+    with_settings,
 )
 from producerkit.spark._worker import (
     DEFAULT_IDLE_TIMEOUT,
@@ -37,8 +38,6 @@ from producerkit.spark._worker import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from producerkit.serializers import Serializer
 
 __all__ = ["PartitionCounters", "partition_writer", "read_report", "write_rows"]
 
@@ -75,30 +74,21 @@ class PartitionCounters:
         )
 
 
+@with_settings
 def partition_writer(
     url: str,
     *,
-    topic: str | None = None,
     value_col: Column = "value",
     key_col: Column | None = "key",
     topic_col: Column | None = None,
     partition_col: Column | None = None,
     headers_col: Column | None = None,
     id_col: Column | None = None,
-    max_in_flight_messages: int | None = 10_000,
-    connections: int | None = None,
-    timeout: float | None = None,
-    partitioner: str | None = None,
-    keyless: Literal["sticky", "round_robin"] | None = None,
     on_error: Literal["fail", "count"] = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    value_serializer: str | Serializer | None = None,
-    key_serializer: str | Serializer | None = None,
-    max_rate: float | None = None,
-    max_bytes_rate: float | None = None,
     counters: PartitionCounters | None = None,
     report_path: str | None = None,
-    **producer_options: Any,
+    **options: Any,
 ) -> Callable[[Iterable[Any]], None]:
     """A function for ``df.foreachPartition(...)`` / ``rdd.foreachPartition(...)`` publishing
     each row of the partition, with :func:`~producerkit.spark.publish`'s arguments.
@@ -114,45 +104,39 @@ def partition_writer(
     each partition's first row.
 
     Args:
-        max_rate: most messages per second for the whole job, divided over the task slots
-            (:func:`~producerkit.spark._publish.task_rates`; the partition count is not known
-            here, so a job of fewer partitions than slots runs below it). Needs an active
-            SparkSession. ``max_bytes_rate``: likewise in bytes per second.
         counters: a :class:`PartitionCounters` the successful tasks add their counts to.
         report_path: a file each successful task appends its counts to, as one JSON line
             (a path every executor can write, e.g. a shared filesystem; local modes share the
             driver's); :func:`read_report` sums it.
-        **producer_options: backend options (``create_stream=True``, ``linger_ms=5``, ...).
+        **options: as :func:`~producerkit.spark.publish`'s: every Producer setting (with the
+            Spark defaults) and backend options. ``max_rate``: most messages per second for
+            the whole job, divided over the task slots
+            (:func:`~producerkit.spark._publish.task_rates`; the partition count is not known
+            here, so a job of fewer partitions than slots runs below it). Needs an active
+            SparkSession. ``max_bytes_rate``: likewise in bytes per second.
     """
     spark = _active_session()
     if spark is not None:
         check_python(spark)
+    max_rate, max_bytes_rate = options.pop("max_rate", None), options.pop("max_bytes_rate", None)
     if max_rate is not None or max_bytes_rate is not None:
         if spark is None:
             raise ConfigurationError(
                 "max_rate and max_bytes_rate are per job and split over its tasks: create the "
                 "SparkSession before partition_writer(...)"
             )
-        producer_options.update(task_rates(spark, max_rate, max_bytes_rate))
-    config = _publish_config(
+        options.update(task_rates(spark, max_rate, max_bytes_rate))
+    config = make_config(
         url,
-        topic=topic,
         value_col=value_col,
         key_col=key_col,
         topic_col=topic_col,
         partition_col=partition_col,
         headers_col=headers_col,
         id_col=id_col,
-        max_in_flight_messages=max_in_flight_messages,
-        connections=connections,
-        timeout=timeout,
-        partitioner=partitioner,
-        keyless=keyless,
         on_error=on_error,
         idle_timeout=idle_timeout,
-        value_serializer=value_serializer,
-        key_serializer=key_serializer,
-        **producer_options,
+        **options,
     )
     write = {
         "sink": config.to_dict(),

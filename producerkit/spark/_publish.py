@@ -8,6 +8,7 @@ results, so a retried or speculative task is counted once (accumulators could co
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -15,19 +16,32 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import attrs
 
+from producerkit._options import SPARK_DEFAULTS, ProducerOptions
 from producerkit.errors import ConfigurationError
-from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, Column, SinkConfig
+from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, SinkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from producerkit.serializers import Serializer
 
-__all__ = ["PartitionReport", "PublishReport", "batch_publisher", "publish", "task_rates"]
+__all__ = [
+    "SINK_KEYWORDS",
+    "PartitionReport",
+    "PublishReport",
+    "batch_publisher",
+    "make_config",
+    "publish",
+    "spark_default",
+    "task_rates",
+    "with_settings",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 logger = logging.getLogger("producerkit.spark")
 
@@ -122,42 +136,79 @@ class PublishReport:
         return text
 
 
-def make_config(
-    url: str,
-    *,
-    topic: str | None,
-    value_col: Column = "value",
-    key_col: Column | None = "key",
-    topic_col: Column | None = None,
-    partition_col: Column | None = None,
-    headers_col: Column | None = None,
-    id_col: Column | None = None,
-    on_error: str = "fail",
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    producer_kwargs: Mapping[str, Any] | None = None,
-    value_serializer: str | Serializer | None = None,
-    key_serializer: str | Serializer | None = None,
-) -> SinkConfig:
-    """Validate everything on the driver (a Producer is built, not started) and freeze it."""
-    kwargs = {name: value for name, value in (producer_kwargs or {}).items() if value is not None}
-    if "on_error" in kwargs:
+#: The sink's own keywords: :class:`SinkConfig`'s fields but the URL and what the Producer
+#: settings give (``topic``, the serializers, ``producer_kwargs``). Every other keyword of a
+#: publish is a Producer setting (:class:`~producerkit._options.ProducerOptions`) or a backend
+#: option. ``on_error`` is the sink's own (``"fail"`` or ``"count"``), not the setting's callback.
+SINK_KEYWORDS: Final = tuple(
+    field.name
+    for field in attrs.fields(SinkConfig)
+    if field.name == "on_error"
+    or field.name not in ("url", "producer_kwargs", *attrs.fields_dict(ProducerOptions))
+)
+
+
+def spark_default(name: str) -> Any:
+    """The default of the Producer setting ``name`` in the Spark sink: SPARK_DEFAULTS' where it
+    names one, else ProducerOptions' own."""
+    if name in SPARK_DEFAULTS:
+        return SPARK_DEFAULTS[name]
+    return attrs.fields_dict(ProducerOptions)[name].default
+
+
+def with_settings(function: F) -> F:
+    """``function``, which takes the Producer settings as ``**options``, with a signature that
+    names each one with its Spark default after the function's own keywords (for ``help()``,
+    editors and ``inspect``; calls are unchanged). A setting the function declares itself
+    (``on_error``) stays its own."""
+    signature = inspect.signature(function)
+    *own, rest = signature.parameters.values()
+    assert rest.kind is inspect.Parameter.VAR_KEYWORD, function
+    names = {parameter.name for parameter in own}
+    settings = [
+        inspect.Parameter(
+            field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=spark_default(field.name),
+            annotation=field.type,
+        )
+        for field in attrs.fields(ProducerOptions)
+        if field.name not in names
+    ]
+    function.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*own, *settings, rest]
+    )
+    return function
+
+
+def make_config(url: str, **options: Any) -> SinkConfig:
+    """Validate everything on the driver (a Producer is built, not started) and freeze it: the
+    one place every way into the sink (``publish()``, ``partition_writer()``,
+    ``batch_publisher()``, ``format("producerkit")``) turns its keywords into a SinkConfig.
+
+    ``options``: the sink's own (:data:`SINK_KEYWORDS`), Producer settings (the Spark defaults,
+    :data:`~producerkit._options.SPARK_DEFAULTS`, for those not given; None means the Producer's
+    own default) and backend options.
+    """
+    sink = {name: options.pop(name) for name in SINK_KEYWORDS if name in options}
+    if callable(sink.get("on_error")):
         raise ConfigurationError('the Spark sink takes on_error="fail" or "count", not a callback')
+    if "idle_timeout" in sink:
+        sink["idle_timeout"] = float(sink["idle_timeout"])
+    settings = {**SPARK_DEFAULTS, **options}
+    kwargs = {name: value for name, value in settings.items() if value is not None}
     if callable(kwargs.get("partitioner")):
         raise ConfigurationError("the Spark sink takes a partitioner by name (it is shipped)")
+    topic = kwargs.pop("topic", None)
+    value_serializer = kwargs.pop("value_serializer", None)
+    key_serializer = kwargs.pop("key_serializer", None)
     config = SinkConfig(
         url=url,
         topic=topic,
-        value_col=value_col,
-        key_col=key_col,
-        topic_col=topic_col,
-        partition_col=partition_col,
-        headers_col=headers_col,
-        id_col=id_col,
-        on_error=on_error,  # type: ignore[arg-type]
-        idle_timeout=float(idle_timeout),
         producer_kwargs=tuple(sorted(kwargs.items())),
         value_serializer=ship_serializer(value_serializer, "value_serializer"),
         key_serializer=ship_serializer(key_serializer, "key_serializer"),
+        **sink,
     )
     config.check()
     return config
@@ -186,52 +237,6 @@ def ship_serializer(serializer: str | Serializer | None, what: str) -> str | byt
             "or an object that pickles (serializers.avro(...) does), not one that holds a "
             "lock, a connection or a producer"
         ) from exc
-
-
-def _publish_config(
-    url: str,
-    *,
-    topic: str | None = None,
-    value_col: Column = "value",
-    key_col: Column | None = "key",
-    topic_col: Column | None = None,
-    partition_col: Column | None = None,
-    headers_col: Column | None = None,
-    id_col: Column | None = None,
-    max_in_flight_messages: int | None = 10_000,
-    connections: int | None = None,
-    timeout: float | None = None,
-    partitioner: str | None = None,
-    keyless: Literal["sticky", "round_robin"] | None = None,
-    on_error: Literal["fail", "count"] = "fail",
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    value_serializer: str | Serializer | None = None,
-    key_serializer: str | Serializer | None = None,
-    **backend_options: Any,
-) -> SinkConfig:
-    """:func:`publish`'s keyword arguments -> a checked SinkConfig (also for batch_publisher)."""
-    settings = {
-        "max_in_flight_messages": max_in_flight_messages,
-        "connections": connections,
-        "timeout": timeout,
-        "partitioner": partitioner,
-        "keyless": keyless,
-    }
-    return make_config(
-        url,
-        topic=topic,
-        value_col=value_col,
-        key_col=key_col,
-        topic_col=topic_col,
-        partition_col=partition_col,
-        headers_col=headers_col,
-        id_col=id_col,
-        on_error=on_error,
-        idle_timeout=idle_timeout,
-        producer_kwargs={**settings, **backend_options},
-        value_serializer=value_serializer,
-        key_serializer=key_serializer,
-    )
 
 
 def check_columns(types: Mapping[str, str], config: SinkConfig, key_given: bool) -> SinkConfig:
@@ -360,29 +365,20 @@ def task_rates(
     return rates
 
 
+@with_settings
 def publish(
     df: DataFrame,
     url: str,
     *,
-    topic: str | None = None,
     value_col: str = "value",
     key_col: str | None = "key",
     topic_col: str | None = None,
     partition_col: str | None = None,
     headers_col: str | None = None,
     id_col: str | None = None,
-    max_in_flight_messages: int | None = 10_000,
-    connections: int | None = None,
-    timeout: float | None = None,
-    partitioner: str | None = None,
-    keyless: Literal["sticky", "round_robin"] | None = None,
     on_error: Literal["fail", "count"] = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    value_serializer: str | Serializer | None = None,
-    key_serializer: str | Serializer | None = None,
-    max_rate: float | None = None,
-    max_bytes_rate: float | None = None,
-    **backend_options: Any,
+    **options: Any,
 ) -> PublishReport:
     """Publish every row of ``df`` from the executors and return the counts.
 
@@ -396,33 +392,36 @@ def publish(
         df: a batch DataFrame (for streaming, use ``writeStream.format("producerkit")`` or
             ``foreachBatch(batch_publisher(...))``).
         url: the producer URL, reachable from every executor.
-        topic: default topic; ``topic_col`` names a column with a topic per row (null: default).
         value_col: the column to publish (required): string or binary, or any type with a
             ``value_serializer``. ``key_col``: likewise with ``key_serializer``, used if
-            present. ``partition_col``: int. ``headers_col``:
-            ``array<struct<key:string,value:binary>>`` or ``map<string,binary>``.
+            present. ``topic_col``: a topic per row (null: ``topic``). ``partition_col``: int.
+            ``headers_col``: ``array<struct<key:string,value:binary>>`` or
+            ``map<string,binary>``.
         id_col: column whose value becomes ``msg_id`` (JetStream ``Nats-Msg-Id``): a retried
             task republishes the same ids and the server drops duplicates, so the publish is
             exactly-once within the stream's duplicate window. Kafka and NATS: at-least-once.
-        max_in_flight_messages: per executor producer setting (see :class:`producerkit.Producer`).
-        connections: likewise.
-        timeout: likewise.
-        partitioner: likewise.
-        keyless: likewise.
+        on_error: ``"fail"`` or ``"count"`` (above).
         idle_timeout: seconds a worker keeps an unused producer before closing it.
-        value_serializer: turns each value into bytes on the executors: ``"json"`` (a struct,
-            map or array column as a JSON object or array; compact, UTF-8), ``"str"``,
-            ``"bytes"`` (see :mod:`producerkit.serializers`), or a callable ``(obj) -> bytes``
-            that can be pickled (it is shipped like Spark ships a UDF; e.g.
-            ``serializers.avro(schema, schema_id)``). It gets structs and maps as dicts,
-            arrays as lists. A lambda holding a lock or a connection is refused here.
-        key_serializer: likewise for the key column (a null key stays null).
-        max_rate: most messages per second for the whole job: each task's producer gets
-            ``max_rate / min(partitions, task slots)`` (``task_rates`` in this module), so the
-            tasks that run at once stay within it together. None: no limit.
-        max_bytes_rate: likewise in bytes (value + key) per second. (``rate_burst``, a backend
-            option here, is per producer.)
-        **backend_options: backend options (``create_stream=True``, ``linger_ms=5``, ...).
+        **options: every setting of :class:`producerkit.Producer` for the executors'
+            producers (``topic``, ``max_in_flight_messages``, ``timeout``, ``partitioner``,
+            ...: :class:`~producerkit._options.ProducerOptions`), with the Producer's defaults
+            except where ``SPARK_DEFAULTS`` there names another (``max_in_flight_messages``:
+            10,000, and why); and backend options (``create_stream=True``, ``linger_ms=5``,
+            ...). Here:
+
+            - ``value_serializer`` turns each value into bytes on the executors: ``"json"`` (a
+              struct, map or array column as a JSON object or array; compact, UTF-8),
+              ``"str"``, ``"bytes"`` (see :mod:`producerkit.serializers`), or a callable
+              ``(obj) -> bytes`` that can be pickled (it is shipped like Spark ships a UDF;
+              e.g. ``serializers.avro(schema, schema_id)``). It gets structs and maps as dicts,
+              arrays as lists. A lambda holding a lock or a connection is refused here.
+              ``key_serializer``: likewise for the key column (a null key stays null).
+            - ``partitioner`` is a name (a function is not shipped).
+            - ``max_rate`` is the most messages per second for the whole job: each task's
+              producer gets ``max_rate / min(partitions, task slots)`` (``task_rates`` in this
+              module), so the tasks that run at once stay within it together.
+              ``max_bytes_rate``: likewise in bytes (value + key) per second; ``rate_burst``
+              is per producer.
     """
     if df.isStreaming:
         raise ConfigurationError(
@@ -430,26 +429,19 @@ def publish(
             'df.writeStream.format("producerkit") or '
             ".foreachBatch(producerkit.spark.batch_publisher(url, ...))"
         )
-    config = _publish_config(
+    rates = _task_rates_of(df, options.pop("max_rate", None), options.pop("max_bytes_rate", None))
+    config = make_config(
         url,
-        topic=topic,
         value_col=value_col,
         key_col=key_col,
         topic_col=topic_col,
         partition_col=partition_col,
         headers_col=headers_col,
         id_col=id_col,
-        max_in_flight_messages=max_in_flight_messages,
-        connections=connections,
-        timeout=timeout,
-        partitioner=partitioner,
-        keyless=keyless,
         on_error=on_error,
         idle_timeout=idle_timeout,
-        value_serializer=value_serializer,
-        key_serializer=key_serializer,
-        **_task_rates_of(df, max_rate, max_bytes_rate),
-        **backend_options,
+        **options,
+        **rates,
     )
     config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
     return run_publish(df, config)
@@ -500,7 +492,7 @@ def batch_publisher(
     micro-batch's report. A micro-batch replayed after a restart publishes again: use ``id_col``
     on JetStream for exactly-once.
     """
-    _publish_config(url, **publish_kwargs)  # a bad URL or option fails now, not per batch
+    make_config(url, **publish_kwargs)  # a bad URL or option fails now, not per batch
 
     def publish_batch(batch_df: DataFrame, batch_id: int) -> None:
         report = publish(batch_df, url, **publish_kwargs)
