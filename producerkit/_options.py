@@ -52,11 +52,18 @@ def _positive_number(_: object, field: attrs.Attribute[Any], value: object) -> N
         )
 
 
-def _given_positive_int(instance: object, field: attrs.Attribute[Any], value: object) -> None:
-    """``_positive_int`` for a setting that has no None (``connections``)."""
+#: The most ``connections`` a producer opens (to each broker): far beyond any use, and short of
+#: the per-connection counters a mistyped huge number would allocate (10**10: a MemoryError).
+MAX_CONNECTIONS: Final = 1024
+
+
+def _connections(instance: object, field: attrs.Attribute[Any], value: object) -> None:
+    """A positive int up to :data:`MAX_CONNECTIONS` (``connections`` has no None)."""
     if value is None:
         raise ConfigurationError(f"{field.name} must be a positive int, got None")
     _positive_int(instance, field, value)
+    if isinstance(value, int) and value > MAX_CONNECTIONS:
+        raise ConfigurationError(f"{field.name} must be at most {MAX_CONNECTIONS}, got {value!r}")
 
 
 def _given_positive_number(instance: object, field: attrs.Attribute[Any], value: object) -> None:
@@ -133,7 +140,7 @@ class ProducerOptions:
         1,
         "connections to the broker; a partition always uses the same one",
         text=int,
-        check=_given_positive_int,
+        check=_connections,
     )
     partitioner: str | partitioners.KeyPartitioner = _setting(
         "xxhash",

@@ -75,6 +75,8 @@ BAD_CONSTRUCTION: list[tuple[str, dict[str, Any], str]] = [
     ("null://", {"partitioner": "fastest"}, "partitioner"),
     ("null://", {"keyless": "everywhere"}, "keyless"),
     ("null://", {"on_error": "print"}, "on_error"),
+    ("null://", {"connections": 0}, "connections"),
+    ("kafka://127.0.0.1", {"connections": 9_967_788_991}, "connections"),  # was a MemoryError
 ]
 
 
