@@ -291,24 +291,88 @@ def test_importing_it_imports_no_client() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def _consume(cluster: KafkaCluster, topic: str, isolation_level: str) -> list[bytes]:
+    """The values a plain confluent-kafka consumer with ``isolation_level`` is served, every
+    partition read to its end: what the mock itself serves, not the cluster's view."""
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": "plain",
+            "enable.partition.eof": True,
+            "isolation.level": isolation_level,
+            "log_level": 3,
+        }
+    )
+    try:
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in range(PARTITIONS)
+            ]
+        )
+        values: list[bytes] = []
+        pending, deadline = set(range(PARTITIONS)), time.monotonic() + 10
+        while pending and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is None:
+                values.append(message.value())
+            elif message.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                pending.discard(message.partition())
+        assert not pending
+        return sorted(values)
+    finally:
+        consumer.close()
+
+
 def test_what_the_mock_does_not_model(kafka_cluster: KafkaCluster, topic: str) -> None:
     """Pinned as docs/testing.md states it, so that a librdkafka that models more is noticed:
-    a read_committed consumer sees a transaction's records before the commit, and a producer
-    whose transactional id another one initialized again is not fenced."""
+    a read_committed consumer is served a transaction's records before the commit, and a
+    producer whose transactional id another one initialized again is not fenced. The cluster's
+    view (``read(..., isolation_level="read_committed")``) serves what Kafka would."""
     txn_id = f"txn-{uuid.uuid4().hex[:8]}"
     old = _producer(kafka_cluster, **{"transactional.id": txn_id})
     old.init_transactions(10)
     old.begin_transaction()
     _produce(old, topic, 5, prefix=b"open")
     assert old.flush(10) == 0
-    seen = kafka_cluster.read(topic, isolation_level="read_committed")
-    assert sorted(r.value for r in seen) == [b"open-%d" % i for i in range(5)]
+    opened = [b"open-%d" % i for i in range(5)]
+    assert _consume(kafka_cluster, topic, "read_committed") == opened
+    assert kafka_cluster.read(topic, isolation_level="read_committed") == []
     new = _producer(kafka_cluster, **{"transactional.id": txn_id})
     new.init_transactions(10)
     _produce(old, topic, 1, prefix=b"old")
     assert old.flush(10) == 0
     old.commit_transaction(10)  # a real broker fences it: PRODUCER_FENCED
     assert len(kafka_cluster.read(topic)) == 6
+    assert _consume(kafka_cluster, topic, "read_committed") == sorted([*opened, b"old-0"])
+    # Kafka: the re-initialization aborted the open transaction, and fenced "old-0" out.
+    assert kafka_cluster.read(topic, isolation_level="read_committed") == []
+
+
+def test_the_recorder_stands_in_for_every_broker(kafka_cluster: KafkaCluster) -> None:
+    """Clients reach the brokers through the recorders only: the bootstrap and every address
+    Metadata names are theirs, not the mock's own ports; a cluster without recording names
+    the mock's ports and refuses the read_committed view."""
+    mock_ports = kafka_cluster._lib.rd_kafka_mock_cluster_bootstraps(kafka_cluster._mcluster)
+    mock = set(mock_ports.decode().split(","))
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap, "log_level": 3})
+    brokers = admin.list_topics(timeout=10).brokers
+    named = {f"{b.host}:{b.port}" for b in brokers.values()}
+    assert named == set(kafka_cluster.bootstrap.split(","))
+    assert not named & mock
+    with KafkaCluster(brokers=1, record_transactions=False) as plain:
+        assert (
+            plain.bootstrap == plain._lib.rd_kafka_mock_cluster_bootstraps(plain._mcluster).decode()
+        )
+        plain.create_topic("one", partitions=1)
+        with pytest.raises(pk.ConfigurationError, match="record_transactions=False"):
+            plain.read("one", isolation_level="read_committed")
+        with pytest.raises(pk.ConfigurationError, match="record_transactions=False"):
+            _ = plain.transactions
 
 
 def test_without_confluent_kafka_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:

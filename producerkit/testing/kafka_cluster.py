@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self
 from producerkit.errors import ConfigurationError, MissingDependencyError
 
 if TYPE_CHECKING:
+    from producerkit.testing._recorder import Recorder
     from producerkit.testing.proxy import FaultProxy
+    from producerkit.testing.transaction_view import TransactionLog
 
 __all__ = [
     "API_KEYS",
@@ -194,6 +196,7 @@ def _librdkafka() -> ctypes.CDLL:
         ),
         "rd_kafka_mock_clear_request_errors": (None, [vp, i16]),
         "rd_kafka_mock_coordinator_set": (ctypes.c_int, [vp, cp, cp, i32]),
+        "rd_kafka_mock_broker_set_host_port": (None, [vp, i32, cp, ctypes.c_int]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -266,9 +269,17 @@ class KafkaCluster:
     returns once the mock applied it); a blocking one (:meth:`read`, :meth:`partition_leaders`)
     belongs in a thread when called from async code (``anyio.to_thread.run_sync``).
     :meth:`close` (or leaving a ``with`` block) stops it; a closed cluster refuses every call.
+
+    With ``record_transactions`` (the default), each broker is reached through a recorder on a
+    loopback port of its own, which Metadata and FindCoordinator answers name in the broker's
+    place: it forwards every byte untouched and records the transactional requests and their
+    answers (:attr:`transactions`), from which :meth:`read` with
+    ``isolation_level="read_committed"`` serves what Apache Kafka would
+    (:mod:`producerkit.testing.transaction_view`). Without it, clients talk to the mock's own
+    ports and ``read_committed`` is refused.
     """
 
-    def __init__(self, brokers: int = 3) -> None:
+    def __init__(self, brokers: int = 3, *, record_transactions: bool = True) -> None:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ConfigurationError(f"a KafkaCluster needs at least 1 broker, got {brokers!r}")
         self._lib = _librdkafka()
@@ -276,6 +287,8 @@ class KafkaCluster:
         self._failed_apis: set[int] = set()
         self._changed = False  # since the last reset: a broker down, a round trip, errors
         self._faults: FaultProxy | None = None
+        self._recorder: Recorder | None = None
+        self._transactions: TransactionLog | None = None
         self._rk: int | None
         self._mcluster: int | None
         self._rk, self._mcluster = self._start(brokers)
@@ -284,6 +297,33 @@ class KafkaCluster:
         self.bootstrap: str = raw.decode()
         #: The brokers' ids, as librdkafka numbers them: 1..N.
         self.broker_ids: tuple[int, ...] = tuple(range(1, brokers + 1))
+        if record_transactions:
+            try:
+                self.bootstrap = self._record(self.bootstrap)
+            except BaseException:
+                self.close()
+                raise
+
+    def _record(self, direct: str) -> str:
+        """Put a recorder in front of every broker and advertise it in the broker's place:
+        the mock keeps listening on its own port (``rd_kafka_mock_broker_set_host_port``
+        changes only what Metadata, FindCoordinator and leader hints name). Returns the
+        recorders' ``host:port`` list."""
+        from producerkit.testing._recorder import Recorder
+        from producerkit.testing.transaction_view import TransactionLog
+
+        targets = []
+        for address in direct.split(","):
+            host, _, text = address.rpartition(":")
+            targets.append((host, int(text)))
+        self._transactions = TransactionLog()
+        self._recorder = recorder = Recorder(targets, self._transactions).start()
+        addresses = []
+        for index, broker in enumerate(self.broker_ids):
+            port = recorder.port(index)
+            self._call("rd_kafka_mock_broker_set_host_port", broker, recorder.host.encode(), port)
+            addresses.append(f"{recorder.host}:{port}")
+        return ",".join(addresses)
 
     def _start(self, brokers: int) -> tuple[int, int]:
         lib = self._lib
@@ -387,11 +427,15 @@ class KafkaCluster:
         self._check_broker(broker)
         self._changed = True
         self._raise_for(self._call("rd_kafka_mock_broker_set_down", broker), f"broker {broker}")
+        if self._recorder is not None:
+            self._recorder.set_down(broker - 1)
 
     def broker_up(self, broker: int) -> None:
         """Let ``broker`` accept connections again."""
         self._check_broker(broker)
         self._raise_for(self._call("rd_kafka_mock_broker_set_up", broker), f"broker {broker}")
+        if self._recorder is not None:
+            self._recorder.set_up(broker - 1)
 
     def set_rtt(self, broker: int | None, ms: int) -> None:
         """Delay every response of ``broker`` (None: of every broker) by ``ms`` milliseconds,
@@ -472,6 +516,8 @@ class KafkaCluster:
         if changed:
             for broker in self.broker_ids:
                 self._call("rd_kafka_mock_broker_set_up", broker)
+                if self._recorder is not None:
+                    self._recorder.set_up(broker - 1)
             self._call("rd_kafka_mock_broker_set_rtt", -1, 0)
             for key in sorted(apis):
                 self._call("rd_kafka_mock_clear_request_errors", key)
@@ -479,6 +525,19 @@ class KafkaCluster:
             faults.clear()
 
     # ------------------------------------------------------------------ reading back
+
+    @property
+    def transactions(self) -> TransactionLog:
+        """The transactional requests the cluster recorded and their answers (transactional
+        Produce per partition, EndTxn, InitProducerId), and :meth:`TransactionLog.view
+        <producerkit.testing.transaction_view.TransactionLog.view>`, what Kafka would serve a
+        ``read_committed`` consumer. A :class:`~producerkit.errors.ConfigurationError` on a
+        cluster made with ``record_transactions=False``."""
+        if self._transactions is None:
+            raise ConfigurationError(
+                "this KafkaCluster does not record transactions (record_transactions=False)"
+            )
+        return self._transactions
 
     def read(
         self,
@@ -490,7 +549,38 @@ class KafkaCluster:
         """Every record of ``topic`` up to each partition's end as it is now, in partition and
         offset order, read with a plain confluent-kafka consumer (no group: every partition
         assigned from its beginning). Blocks up to ``timeout`` seconds, then
-        :class:`TimeoutError`. An unknown topic is a :class:`KafkaClusterError`."""
+        :class:`TimeoutError`. An unknown topic is a :class:`KafkaClusterError`.
+
+        ``read_uncommitted`` (the default) is the log as the mock stores it: every record
+        written, those of open and aborted transactions too. ``read_committed`` is what Apache
+        Kafka would serve a ``read_committed`` consumer, worked out from the recorded
+        transactional traffic (:attr:`transactions`), since the mock serves everything to
+        every consumer: non-transactional records and those of committed transactions, none
+        of an aborted, fenced or still open transaction; and, as Kafka's last stable offset
+        does, nothing of a partition from the first offset of its first open transaction on,
+        not even committed or non-transactional records written after it (they are served
+        once that transaction ends). What this models and what not:
+        :mod:`producerkit.testing.transaction_view`; a
+        :class:`~producerkit.testing.transaction_view.TransactionViewError` when the recorded
+        traffic cannot tell."""
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ConfigurationError(
+                "isolation_level is 'read_uncommitted' or 'read_committed', "
+                f"not {isolation_level!r}"
+            )
+        transactions = self.transactions if isolation_level == "read_committed" else None
+        deadline = time.monotonic() + timeout
+        records = self._read_log(topic, timeout)
+        if transactions is None:
+            return records
+        # Answers to requests made before the read may still be on their way through the
+        # recorder: let them pass (a moment at most), then ask the view.
+        transactions.settle(max(0.0, min(deadline - time.monotonic(), 2.0)))
+        view = transactions.view(topic)
+        return [record for record in records if view.serves(record.partition, record.offset)]
+
+    def _read_log(self, topic: str, timeout: float) -> list[KafkaRecord]:
+        """:meth:`read` with ``read_uncommitted``: the log as the mock stores it."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         self._check_open()
@@ -501,7 +591,7 @@ class KafkaCluster:
                 "group.id": "producerkit-kafka-cluster-read",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
-                "isolation.level": isolation_level,
+                "isolation.level": "read_uncommitted",
                 "fetch.wait.max.ms": 20,
                 "log_level": 3,
             }
@@ -584,14 +674,17 @@ class KafkaCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Stop the fault proxy, then the cluster (its brokers close every connection). Safe
-        to call again."""
+        """Stop the fault proxy, the recorders, then the cluster (its brokers close every
+        connection). Safe to call again."""
         with self._lock:
             mcluster, rk, faults = self._mcluster, self._rk, self._faults
+            recorder, self._recorder = self._recorder, None
             self._mcluster = self._rk = None
             self._faults = None
         if faults is not None:
             faults.stop()
+        if recorder is not None:
+            recorder.stop()
         if mcluster is not None:
             self._lib.rd_kafka_mock_cluster_destroy(mcluster)
         if rk is not None:

@@ -1,0 +1,412 @@
+"""The transaction recorder of :class:`~producerkit.testing.kafka_cluster.KafkaCluster`: one
+loopback listener per mock broker, advertised in the broker's place, each connection forwarded
+to its broker byte for byte, in one thread with its own event loop.
+
+Every byte is written on as soon as it arrives; on the way, each direction is split into
+Kafka frames by their size prefix, and only the frames of the requests the transaction view
+needs (transactional Produce, EndTxn, InitProducerId: :mod:`producerkit.testing._txn_wire`)
+and their responses, matched by correlation id, are copied and read. Every other frame is
+skipped over by its size, never copied.
+
+A client that closes its connection half-closes the broker's: answers already on their way
+still pass the recorder (a Produce the broker stored counts even when its client is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from producerkit.testing import _txn_wire as wire
+from producerkit.testing._sockets import _listening_socket, _set_nodelay, _stop_listening
+from producerkit.testing.transaction_view import TransactionLog, _Event, _ProduceEvent
+
+_CONTROL_TIMEOUT: Final = 10.0
+_SIZE: Final = struct.Struct(">i")
+_REQUEST_HEAD: Final = 12  # size, api_key, api_version, correlation_id
+_RESPONSE_HEAD: Final = 8  # size, correlation_id
+_UNREADABLE: Final = (ValueError, struct.error, IndexError, UnicodeDecodeError)
+
+
+class _Frames:
+    """Splits one direction of a connection into Kafka frames: ``want`` sees each frame's first
+    ``head`` bytes and says whether to copy the whole frame and hand it to ``handle``."""
+
+    __slots__ = ("buffer", "collect", "handle", "head", "skip", "want")
+
+    def __init__(
+        self, head: int, want: Callable[[bytearray], bool], handle: Callable[[bytes], None]
+    ) -> None:
+        self.head = head
+        self.want = want
+        self.handle = handle
+        self.buffer = bytearray()
+        self.skip = 0  # bytes of the current frame still to pass over
+        self.collect = 0  # the size of the frame being copied (prefix included); 0: none
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        pos, size = 0, len(data)
+        buffer = self.buffer
+        while pos < size:
+            if self.skip:
+                step = min(self.skip, size - pos)
+                self.skip -= step
+                pos += step
+                continue
+            if self.collect:
+                step = min(self.collect - len(buffer), size - pos)
+                buffer += view[pos : pos + step]
+                pos += step
+                if len(buffer) == self.collect:
+                    self._complete()
+                continue
+            step = min(self.head - len(buffer), size - pos)
+            buffer += view[pos : pos + step]
+            pos += step
+            if len(buffer) < self.head:
+                return
+            total = 4 + _SIZE.unpack_from(buffer)[0]
+            if total < self.head:  # not Kafka framing: stop reading this stream
+                self.skip = 1 << 62
+                buffer.clear()
+            elif self.want(buffer):
+                self.collect = total
+                if total == self.head:
+                    self._complete()
+            else:
+                self.skip = total - self.head
+                buffer.clear()
+
+    def _complete(self) -> None:
+        frame = bytes(self.buffer)
+        self.buffer.clear()
+        self.collect = 0
+        self.handle(frame)
+
+
+class _Tap:
+    """Reads one connection's transactional requests and their responses into the log."""
+
+    __slots__ = ("log", "pending", "requests", "responses")
+
+    def __init__(self, log: TransactionLog) -> None:
+        self.log = log
+        #: correlation id -> (api key, version, the events the answer fills in)
+        self.pending: dict[int, tuple[int, int, list[_Event]]] = {}
+        self.requests = _Frames(_REQUEST_HEAD, self._want_request, self._request)
+        self.responses = _Frames(_RESPONSE_HEAD, self._want_response, self._response)
+
+    def _want_request(self, head: bytearray) -> bool:
+        api_key, api_version, _ = wire.request_header(head)
+        return wire.wanted(api_key, api_version)
+
+    def _request(self, frame: bytes) -> None:
+        api_key, version, correlation_id = wire.request_header(frame)
+        log = self.log
+        try:
+            events: list[_Event]
+            if api_key == wire.PRODUCE:
+                produce = wire.produce_request(frame, version)
+                if produce is None:
+                    return
+                events = log._produce(*produce)
+            elif api_key == wire.END_TXN:
+                events = [log._end(*wire.end_txn_request(frame, version))]
+            else:
+                init = wire.init_producer_id_request(frame, version)
+                if init is None:
+                    return
+                events = [log._init(*init)]
+        except _UNREADABLE:
+            log._unreadable(api_key, version)
+            return
+        if events:
+            self.pending[correlation_id] = (api_key, version, events)
+
+    def _want_response(self, head: bytearray) -> bool:
+        return bool(self.pending) and _SIZE.unpack_from(head, 4)[0] in self.pending
+
+    def _response(self, frame: bytes) -> None:
+        (correlation_id,) = _SIZE.unpack_from(frame, 4)
+        api_key, version, events = self.pending.pop(correlation_id)
+        log = self.log
+        answers: list[tuple[_Event, tuple[int, ...] | None]]
+        try:
+            if api_key == wire.PRODUCE:
+                results = wire.produce_response(frame, version)
+                answers = [
+                    (event, results.get((event.batch.topic, event.batch.partition)))
+                    for event in events
+                    if isinstance(event, _ProduceEvent)
+                ]
+            elif api_key == wire.END_TXN:
+                answers = [(events[0], (wire.end_txn_response(frame, version),))]
+            else:
+                answers = [(events[0], wire.init_producer_id_response(frame, version))]
+        except _UNREADABLE:
+            log._unreadable(api_key, version)
+            answers = [(event, None) for event in events]
+        log._answer(answers)
+
+    def close(self) -> None:
+        """The connection is gone: what is still unanswered never will be."""
+        pending = [event for _, _, events in self.pending.values() for event in events]
+        self.pending.clear()
+        if pending:
+            self.log._answer([(event, None) for event in pending])
+
+
+class _ClientSide(asyncio.Protocol):
+    """A client's connection to a recorder listener, and the broker connection made for it."""
+
+    def __init__(self, recorder: Recorder, broker: int) -> None:
+        self.recorder = recorder
+        self.target = recorder.targets[broker]
+        self.broker_index = broker
+        self.tap = _Tap(recorder.log)
+        self.client: asyncio.Transport | None = None
+        self.broker: asyncio.Transport | None = None
+        self.early: list[bytes] = []  # bytes that came before the broker connection was made
+        self.client_done = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.client = transport
+        _set_nodelay(transport)
+        self.recorder._connections.add(self)
+        self.recorder._spawn(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_connection(lambda: _BrokerSide(self), *self.target)
+        except OSError:
+            self.tap.close()
+            self._drop()
+            return
+        assert isinstance(transport, asyncio.Transport)
+        self.broker = transport
+        _set_nodelay(transport)
+        for chunk in self.early:
+            transport.write(chunk)
+        self.early.clear()
+        if self.client_done:
+            self._half_close_broker()
+
+    def data_received(self, data: bytes) -> None:
+        self.tap.requests.feed(data)
+        if self.broker is not None:
+            self.broker.write(data)
+        else:
+            self.early.append(data)
+
+    def eof_received(self) -> bool:
+        self.client_done = True
+        if self.broker is not None:
+            self._half_close_broker()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client = None
+        self.client_done = True
+        if self.broker is not None:
+            self._half_close_broker()
+
+    def _half_close_broker(self) -> None:
+        broker = self.broker
+        if broker is not None and not broker.is_closing() and broker.can_write_eof():
+            broker.write_eof()  # its answers still come through the tap
+
+    def pause_writing(self) -> None:
+        if self.broker is not None:
+            self.broker.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.broker is not None:
+            self.broker.resume_reading()
+
+    def _drop(self) -> None:
+        self.recorder._connections.discard(self)
+        if self.client is not None:
+            self.client.close()
+
+    def abort(self) -> None:
+        for transport in (self.client, self.broker):
+            if transport is not None:
+                transport.abort()
+
+
+class _BrokerSide(asyncio.Protocol):
+    def __init__(self, connection: _ClientSide) -> None:
+        self.connection = connection
+
+    def data_received(self, data: bytes) -> None:
+        connection = self.connection
+        connection.tap.responses.feed(data)
+        client = connection.client
+        if client is not None and not client.is_closing():
+            client.write(data)
+
+    def eof_received(self) -> bool:
+        return False  # close: the client's side closes once what it has queued is written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        connection = self.connection
+        connection.tap.close()
+        connection._drop()
+
+    def pause_writing(self) -> None:
+        if self.connection.client is not None:
+            self.connection.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.connection.client is not None:
+            self.connection.client.resume_reading()
+
+
+class Recorder:
+    """Listeners for ``targets`` (the mock brokers' own addresses, broker id order) on free
+    loopback ports, forwarding to them and recording into ``log``."""
+
+    def __init__(
+        self, targets: Sequence[tuple[str, int]], log: TransactionLog, host: str = "127.0.0.1"
+    ) -> None:
+        self.targets = list(targets)
+        self.log = log
+        self.host = host
+        self._listeners = [_listening_socket(host) for _ in self.targets]
+        self._down: set[int] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[_ClientSide] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def port(self, index: int) -> int:
+        """The port of the listener for ``targets[index]``."""
+        port: int = self._listeners[index].getsockname()[1]
+        return port
+
+    def start(self) -> Recorder:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            for index in range(len(self._listeners)):
+                self._watch(index)
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                self._shutdown(loop)
+                loop.close()
+
+        self._thread = threading.Thread(
+            target=run, name="producerkit-kafka-cluster-recorder", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        return self
+
+    def stop(self) -> None:
+        thread, loop = self._thread, self._loop
+        self._thread = self._loop = None
+        if thread is None or loop is None:
+            for sock in self._listeners:
+                sock.close()
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+    def set_down(self, index: int) -> None:
+        """Refuse new connections for ``targets[index]``, on the same port, until
+        :meth:`set_up` (its broker closes the open ones)."""
+        self._control(lambda: self._set_down(index))
+
+    def set_up(self, index: int) -> None:
+        self._control(lambda: self._set_up(index))
+
+    # ------------------------------------------------------------------ the recorder's thread
+
+    def _control(self, action: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                action()
+            except BaseException as exc:
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        loop.call_soon_threadsafe(run)
+        done.result(_CONTROL_TIMEOUT)
+
+    def _set_down(self, index: int) -> None:
+        assert self._loop is not None
+        if index in self._down:
+            return
+        self._down.add(index)
+        sock = self._listeners[index]
+        self._loop.remove_reader(sock.fileno())
+        _stop_listening(sock)
+        for connection in list(self._connections):
+            if connection.broker_index == index:
+                connection.abort()
+
+    def _set_up(self, index: int) -> None:
+        if index not in self._down:
+            return
+        self._down.discard(index)
+        self._listeners[index].listen(128)
+        self._watch(index)
+
+    def _watch(self, index: int) -> None:
+        assert self._loop is not None
+        sock = self._listeners[index]
+        self._loop.add_reader(sock.fileno(), self._accept, index)
+
+    def _accept(self, index: int) -> None:
+        assert self._loop is not None
+        sock = self._listeners[index]
+        for _ in range(64):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            conn.setblocking(False)
+            self._spawn(self._loop.connect_accepted_socket(lambda: _ClientSide(self, index), conn))
+
+    def _spawn(self, coroutine: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a connection that failed to open is not an error
+
+    def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
+        for index, sock in enumerate(self._listeners):
+            if index not in self._down:
+                loop.remove_reader(sock.fileno())
+            sock.close()
+        for connection in list(self._connections):
+            connection.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            loop.run_until_complete(asyncio.wait(list(self._tasks)))
+        loop.run_until_complete(asyncio.sleep(0))
