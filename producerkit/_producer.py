@@ -221,6 +221,7 @@ class Producer:
             )
             self._submitter.connections = self._connections
             self._submitter.sends = [connection.send for connection in self._connections]
+            self._window.on_full = self._ship_now
             self._submitter.open = True
             self._admission = self._submitter.fused_path(
                 self._rules,
@@ -387,6 +388,11 @@ class Producer:
 
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,
                            topic, self._timeout)  # fmt: skip
+
+    def _ship_now(self) -> None:
+        """The window is full: what lingers for more messages goes now (none will come)."""
+        for connection in self._connections:
+            connection.ship_now()
 
     async def _connect_transactional(self, transactional_id: str, reports: Reports) -> Connection:
         """The connection of this producer's atomic batches (see ``_transaction``)."""

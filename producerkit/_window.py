@@ -78,6 +78,7 @@ class InFlightWindow:
         "failed_count",
         "failures",
         "low_water",
+        "on_full",
         "pending",
         "timer",
         "unkept",
@@ -125,6 +126,9 @@ class InFlightWindow:
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
         self._waiting = False  # either list has a waiter: one check per settled message
+        #: Called when a caller starts waiting for room: what lingers for more messages should
+        #: go now, as none will come until acks free room (the producer's connections').
+        self.on_full: Callable[[], object] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -198,6 +202,8 @@ class InFlightWindow:
                 if not counted:
                     self.waits += 1
                     counted = True
+                    if self.on_full is not None:
+                        self.on_full()
                 waiter: asyncio.Future[None] = loop.create_future()
                 self._room_waiters.append(waiter)
                 self._waiting = True

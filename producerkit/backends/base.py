@@ -163,6 +163,10 @@ class Connection(abc.ABC):
         backends whose spec has no ``atomic_batch_refusal`` have it."""
         raise NotImplementedError
 
+    def ship_now(self) -> None:
+        """Send at once what waits for more messages (a linger): the producer's window is
+        full, so none will come until acks free room. Default: nothing waits."""
+
     async def begin_transaction(self) -> None:
         """Open a transaction (the transactional connection of a spec whose
         ``atomic_batch_is_transaction``). Raises AtomicBatchError."""

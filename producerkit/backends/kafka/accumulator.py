@@ -114,7 +114,8 @@ class PartitionQueue:
     requires, and with ``max_batches_in_flight=1`` keeps per-key order even across retries.
     ``next_sequence`` is the idempotent producer's sequence for the next batch written;
     ``acked_sequence`` the one after the last batch the broker acked (this epoch). ``leader``:
-    the broker its last request went to (the fast path).
+    the broker its last request went to (the fast path). ``opened_at``: with a linger, the
+    ``time.monotonic()`` at which the first of the open records came.
     """
 
     __slots__ = (
@@ -126,6 +127,7 @@ class PartitionQueue:
         "key",
         "leader",
         "next_sequence",
+        "opened_at",
         "partition",
         "records",
         "sealed",
@@ -144,6 +146,7 @@ class PartitionQueue:
         self.failed_seen = 0  # the window's failure count at the last seal
         self.next_sequence = self.acked_sequence = 0
         self.leader: int | None = None  # the broker its last request went to
+        self.opened_at = 0.0  # with a linger: when the first of the open records came
 
     def requeue(self, batch: Batch) -> None:
         """Put a batch back for a retry, ahead of every batch sealed after it."""

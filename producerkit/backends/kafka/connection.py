@@ -7,6 +7,7 @@ import logging
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -94,6 +95,7 @@ class KafkaConnection(Connection):
             retry_backoff=settings.get("retry_backoff_ms", 100) / 1000,
         )
         self._accumulator.batch_ready = self._sender.schedule_ship
+        self._lingers = self._sender.linger > 0
 
     async def connect(self) -> None:
         settings = self._settings
@@ -331,6 +333,8 @@ class KafkaConnection(Connection):
         records = queue.records
         records.append(record)
         gathering = self._gathering
+        if len(records) == 1 and self._lingers:
+            queue.opened_at = time.monotonic()
         if len(records) >= gathering.batch_records:
             # Enough for a full batch: encode it now and let the loop write it (and read acks)
             # at once, not only when the window is full, so the broker works while the caller
@@ -353,6 +357,8 @@ class KafkaConnection(Connection):
         sealed = False
         for run in partition_runs(records):
             queue = accumulator.queue_of(run[0])
+            if not queue.records and self._lingers:
+                queue.opened_at = time.monotonic()
             queue.records += run
             batch_records = gathering.batch_records
             if len(queue.records) >= batch_records:
@@ -364,6 +370,10 @@ class KafkaConnection(Connection):
             return []
         sender.schedule_ship()
         return [(records[-1], asyncio.sleep(0))]  # let the loop write what was sealed
+
+    def ship_now(self) -> None:
+        if self._lingers:
+            self._sender.ship_all(now=True)
 
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them
@@ -384,7 +394,7 @@ class KafkaConnection(Connection):
     async def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
         if any(queue.records or queue.full for queue in self._accumulator.all_queues()):
-            self._sender.ship_all()
+            self._sender.ship_all(now=True)
 
     async def close(self) -> None:
         unsent = self._sender.unwritten_records()

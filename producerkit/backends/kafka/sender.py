@@ -142,9 +142,11 @@ class Sender:
             self._gathering.ship_due = True
             self._linger_timer = self._loop.call_later(delay, self.ship_all)
 
-    def ship_all(self) -> None:
+    def ship_all(self, *, now: bool = False) -> None:
         """Send the next batch of every partition that has one and room in flight
-        (``max_batches_in_flight``), in one request per leader."""
+        (``max_batches_in_flight``), in one request per leader. With a linger, a partition's
+        open records wait until the first of them is ``linger`` old (or a batch is full, or
+        ``now``: a flush), as librdkafka's and the Java client's ``linger.ms`` do."""
         self._ship_soon = self._gathering.ship_due = False
         if self._linger_timer is not None:
             self._linger_timer.cancel()
@@ -154,6 +156,9 @@ class Sender:
         if self._bump_due:
             self._start_bump_when_drained()
             return
+        linger = 0.0 if now else self.linger
+        lingering_since: float | None = None
+        started = _monotonic() if linger else 0.0
         by_leader: dict[int, list[Batch]] = {}
         for queue in self._accumulator.all_queues():
             # One batch per partition per request: a request may name a partition once.
@@ -162,9 +167,15 @@ class Sender:
                 and not queue.backoff
                 and (queue.records or queue.full)
             ):
+                if linger and not queue.full and started - queue.opened_at < linger:
+                    if lingering_since is None or queue.opened_at < lingering_since:
+                        lingering_since = queue.opened_at
+                    continue
                 self._ship_next(queue, by_leader)
         for leader, batches in by_leader.items():
             self._ship_to(leader, batches)
+        if lingering_since is not None:
+            self.schedule_ship(lingering_since + linger - started)
 
     def _ship_next(self, queue: PartitionQueue, by_leader: dict[int, list[Batch]]) -> None:
         accumulator = self._accumulator
