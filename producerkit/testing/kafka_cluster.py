@@ -16,6 +16,12 @@ duplicate or gap is stored as it came), it does not hide a transaction's records
 producer whose transactional id another producer initialized again. A request failed by
 :meth:`KafkaCluster.fail_requests` writes none of its records.
 
+So each broker is reached through a recorder (:mod:`producerkit.testing._recorder`: a loopback
+port advertised in the broker's place, every byte forwarded untouched) that records the
+transactional requests and their answers, and :meth:`KafkaCluster.read` with
+``isolation_level="read_committed"`` serves what Apache Kafka would serve a ``read_committed``
+consumer, worked out from them (:mod:`producerkit.testing.transaction_view`).
+
 Nothing is imported until a cluster is made: confluent-kafka (``pip install
 "producerkit[pytest]"``) is needed then, and its absence is a
 :class:`~producerkit.errors.MissingDependencyError` with that install line.
