@@ -222,8 +222,11 @@ async def run_open_loop(
     # What exists now (imports, numpy's included; the target; the timings) is the harness's and
     # the set-up's: frozen out of the collector's sight, a full collection during the run walks
     # only what the run allocates (with numpy's objects in the heap it took 14 ms on the loop).
-    gc.collect()
-    gc.freeze()
+    # (A process that froze its own heap, as a pre-fork server does, is left as it is.)
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.collect()
+        gc.freeze()
     timings.t0 = t0 = time.perf_counter_ns() + 1_000_000  # the first message is due in 1 ms
 
     reporter = None
@@ -252,7 +255,8 @@ async def run_open_loop(
             await asyncio.wait_for(target.flush(), drain_timeout)
     finally:
         timings.end = time.perf_counter_ns()
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
         if reporter is not None:
             reporter.stop()
         if probe is not None:
