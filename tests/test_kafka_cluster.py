@@ -153,6 +153,29 @@ def test_a_broker_down_holds_its_partitions_until_the_leader_moves(
     )
 
 
+def test_a_broker_down_refuses_connections_on_its_port(kafka_cluster: KafkaCluster) -> None:
+    """Through the recorder as without it: a broker down refuses new connections on the port
+    clients know, closes the open ones, and takes them again once up; reset() brings it up."""
+    import socket
+
+    host, _, port = kafka_cluster.broker_address(2).rpartition(":")
+    open_one = socket.create_connection((host, int(port)), timeout=5)
+    kafka_cluster.broker_down(2)
+    try:
+        open_one.settimeout(5)
+        assert open_one.recv(1) == b""  # closed by the broker
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=5).close()
+        kafka_cluster.broker_up(2)
+        socket.create_connection((host, int(port)), timeout=5).close()
+        kafka_cluster.broker_down(2)
+        kafka_cluster.reset()
+        socket.create_connection((host, int(port)), timeout=5).close()
+    finally:
+        open_one.close()
+        kafka_cluster.broker_up(2)
+
+
 def test_injected_produce_errors_are_retried_and_stored_once(
     kafka_cluster: KafkaCluster, topic: str
 ) -> None:

@@ -167,7 +167,6 @@ class _ClientSide(asyncio.Protocol):
     def __init__(self, recorder: Recorder, broker: int) -> None:
         self.recorder = recorder
         self.target = recorder.targets[broker]
-        self.broker_index = broker
         self.tap = _Tap(recorder.log)
         self.client: asyncio.Transport | None = None
         self.broker: asyncio.Transport | None = None
@@ -325,7 +324,7 @@ class Recorder:
 
     def set_down(self, index: int) -> None:
         """Refuse new connections for ``targets[index]``, on the same port, until
-        :meth:`set_up` (its broker closes the open ones)."""
+        :meth:`set_up` (the broker, down, closes the open ones: so do their clients' sides)."""
         self._control(lambda: self._set_down(index))
 
     def set_up(self, index: int) -> None:
@@ -358,9 +357,8 @@ class Recorder:
         sock = self._listeners[index]
         self._loop.remove_reader(sock.fileno())
         _stop_listening(sock)
-        for connection in list(self._connections):
-            if connection.broker_index == index:
-                connection.abort()
+        # The open connections close as their broker closes its side: answers it sent before
+        # going down still pass the tap.
 
     def _set_up(self, index: int) -> None:
         if index not in self._down:
