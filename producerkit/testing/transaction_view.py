@@ -53,7 +53,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from producerkit.errors import ProducerkitError
@@ -334,7 +334,8 @@ class TransactionView:
     topic: str
     batches: tuple[tuple[TransactionalProduce, BatchState], ...]
     last_stable_offsets: dict[int, int]
-    _hidden: dict[int, tuple[list[int], list[int]]]  # partition -> (starts, ends), sorted
+    #: partition -> (starts, ends) of the hidden batches' offsets, sorted
+    _hidden: dict[int, tuple[list[int], list[int]]] = field(repr=False)
 
     def serves(self, partition: int, offset: int) -> bool:
         """Whether a ``read_committed`` consumer is served the record at ``offset`` of
@@ -348,13 +349,6 @@ class TransactionView:
         starts, ends = ranges
         index = bisect.bisect_right(starts, offset) - 1
         return index < 0 or offset >= ends[index]
-
-    def state(self, batch: TransactionalProduce) -> BatchState:
-        """The state of one of :attr:`batches`."""
-        for candidate, state in self.batches:
-            if candidate == batch:
-                return state
-        raise KeyError(batch)
 
 
 def _replay(topic: str, events: list[tuple[_Event, tuple[int, ...] | None]]) -> TransactionView:
