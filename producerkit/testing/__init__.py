@@ -8,6 +8,11 @@
 - :mod:`producerkit.testing.proxy`: :class:`~producerkit.testing.proxy.FaultProxy`, a TCP proxy
   between a client and a broker that adds a round trip (a WAN on loopback) and injects faults:
   stall, blackhole, refuse, slow, reset.
+- :mod:`producerkit.testing.kafka_cluster`: ``KafkaCluster``, a Kafka cluster of several
+  brokers in the test process (librdkafka's mock, from the confluent-kafka wheel): leaders
+  that move, brokers that go down, request errors on demand; with
+  :mod:`producerkit.testing.transaction_view`, what a ``read_committed`` consumer would be
+  served, worked out from the transactional traffic it records.
 - :mod:`producerkit.testing.pytest_plugin`: the pytest plugin (``producerkit[pytest]``): these
   brokers as fixtures, with their faults, and ``produce_benchmark``.
 """

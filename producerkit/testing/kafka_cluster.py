@@ -16,7 +16,7 @@ duplicate or gap is stored as it came), it does not hide a transaction's records
 producer whose transactional id another producer initialized again. A request failed by
 :meth:`KafkaCluster.fail_requests` writes none of its records.
 
-So each broker is reached through a recorder (:mod:`producerkit.testing._recorder`: a loopback
+So each broker is reached through a recorder (``producerkit.testing._recorder``: a loopback
 port advertised in the broker's place, every byte forwarded untouched) that records the
 transactional requests and their answers, and :meth:`KafkaCluster.read` with
 ``isolation_level="read_committed"`` serves what Apache Kafka would serve a ``read_committed``
@@ -555,7 +555,7 @@ class KafkaCluster:
         """Every record of ``topic`` up to each partition's end as it is now, in partition and
         offset order, read with a plain confluent-kafka consumer (no group: every partition
         assigned from its beginning). Blocks up to ``timeout`` seconds, then
-        :class:`TimeoutError`. An unknown topic is a :class:`KafkaClusterError`.
+        ``TimeoutError``. An unknown topic is a :class:`KafkaClusterError`.
 
         ``read_uncommitted`` (the default) is the log as the mock stores it: every record
         written, those of open and aborted transactions too. ``read_committed`` is what Apache
