@@ -47,10 +47,11 @@ import sys
 import time
 from typing import Any
 
+import _brokers
 import psutil
 
 import producerkit as pk
-from producerkit.testing.brokers import create_kafka_topic, start_kafka
+from producerkit.testing.brokers import create_kafka_topic
 
 _SPARK_RUN = """
 import json, os, sys, time
@@ -245,6 +246,10 @@ def _spark(master: str, url: str, args: argparse.Namespace) -> dict[str, dict[st
     raise SystemExit(f"{master} run failed:\n{done.stderr[-4000:]}")
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -257,24 +262,24 @@ def main(argv: list[str] | None = None) -> int:
         "--masters", default="local[1],local[2]", help="Spark masters to run, comma-separated"
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    _brokers.add_broker_flags(parser, nats=False)
     args = parser.parse_args(argv)
 
     runs: dict[str, dict[str, float]] = {}
-    with start_kafka(storage="null://sink") as broker:
-        for name in ("bench-single", "bench-spark"):
-            asyncio.run(create_kafka_topic(broker.url, name, args.topic_partitions))
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as broker:
+        url = broker.kafka_url
+        for name in ("bench-single", "bench-spark"):  # a broker named by URL may have them
+            asyncio.run(create_kafka_topic(url, name, args.topic_partitions, exist_ok=True))
         singles, confluents = [], []
         for _ in range(args.repeat):  # interleaved, each kept at its best
-            singles.append(
-                asyncio.run(_single_process(broker.url, args.rows, args.size, args.limit))
-            )
-            confluents.append(_confluent_process(broker.url, args.rows, args.size))
+            singles.append(asyncio.run(_single_process(url, args.rows, args.size, args.limit)))
+            confluents.append(_confluent_process(url, args.rows, args.size))
         runs["single process"] = {k: min(one[k] for one in singles) for k in singles[0]}
         runs["single process, confluent-kafka"] = {
             k: min(one[k] for one in confluents) for k in confluents[0]
         }
         for master in args.masters.split(","):
-            for way, measured in _spark(master, broker.url, args).items():
+            for way, measured in _spark(master, url, args).items():
                 runs[f"{master} {way}"] = measured
 
     baseline = runs["single process"]["worker"] / args.rows
@@ -282,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         name: {
             "rows_per_second": args.rows / run["seconds"],
             "python_cpu_us_per_row": run["worker"] / args.rows * 1e6,
-            "python_cpu_over_single": run["worker"] / args.rows / baseline,
+            # None where the single process used no CPU a clock tick could see (a few rows)
+            "python_cpu_over_single": run["worker"] / args.rows / baseline if baseline else None,
             "jvm_cpu_us_per_row": run["jvm"] / args.rows * 1e6 if "jvm" in run else None,
         }
         for name, run in runs.items()
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         jvm = row["jvm_cpu_us_per_row"]
         print(
             f"  {name:<36} {row['rows_per_second']:>10,.0f} "
-            f"{row['python_cpu_us_per_row']:>18.2f} {row['python_cpu_over_single']:>9.2f} "
+            f"{row['python_cpu_us_per_row']:>18.2f} {_ratio(row['python_cpu_over_single']):>9} "
             f"{'' if jvm is None else f'{jvm:.2f}':>11}"
         )
     if "local2_over_local1" in figures:

@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _brokers
 from throughput import (
     KAFKA_SETTINGS,
     Messages,
@@ -36,7 +37,7 @@ from throughput import (
 )
 
 import producerkit as pk
-from producerkit.testing.brokers import create_kafka_topic, start_kafka
+from producerkit.testing.brokers import create_kafka_topic
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -45,6 +46,11 @@ def process_cpu(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def broker_cpu(pid: int | None) -> float:
+    """The broker's CPU seconds so far; 0 for a broker not started here (``--kafka-url``)."""
+    return 0.0 if pid is None else process_cpu(pid)
 
 
 def own_cpu() -> float:
@@ -68,11 +74,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=600_000)
     parser.add_argument("--repeat", type=int, default=3)
+    _brokers.add_broker_flags(parser, nats=False)
     args = parser.parse_args()
     messages = make_messages(args.messages, True)
     cores = os.cpu_count() or 1
-    with start_kafka(storage="null://sink") as kafka:
-        url = kafka.url
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
+        url = kafka.kafka_url
         runs: dict[str, Callable[[str], Any]] = {
             'producerkit produce(), preset="throughput"': lambda topic: asyncio.run(
                 producerkit_run(url, topic, messages, **KAFKA_SETTINGS)
@@ -90,17 +97,19 @@ def main() -> int:
             for name, run in runs.items():
                 topic = f"cpu-{time.monotonic_ns()}"
                 asyncio.run(create_kafka_topic(url, topic, 4))
-                broker_before, client_before = process_cpu(kafka.process.pid), own_cpu()
+                broker_before, client_before = broker_cpu(kafka.pid), own_cpu()
                 started = time.perf_counter()
                 rate = run(topic)
                 wall = time.perf_counter() - started
-                broker = process_cpu(kafka.process.pid) - broker_before
+                broker = broker_cpu(kafka.pid) - broker_before
                 client = own_cpu() - client_before
                 count = len(messages)
+                measured = kafka.pid is not None  # a broker named by --kafka-url: not measured
                 print(
                     f"| {round_number} | {name} | {rate:,} | {client / count * 1e6:.2f} "
-                    f"({client / wall:.2f}) | {broker / count * 1e6:.2f} ({broker / wall:.2f}) "
-                    f"| {cores / ((client + broker) / count):,.0f} |",
+                    f"({client / wall:.2f}) | "
+                    + (f"{broker / count * 1e6:.2f} ({broker / wall:.2f})" if measured else "-")
+                    + f" | {cores / ((client + broker) / count):,.0f} |",
                     flush=True,
                 )
     return 0

@@ -21,8 +21,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _brokers
+
 import producerkit as pk
-from producerkit.testing.brokers import create_kafka_topic, start_kafka
+from producerkit.testing.brokers import create_kafka_topic
 
 VALUE = b"x" * 512
 
@@ -49,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    _brokers.add_broker_flags(parser, nats=False)
     args = parser.parse_args(argv)
     keys = [b"user-%d" % (i % 10_000) for i in range(args.messages)]
     results: dict[str, dict[str, list[float]]] = {}
-    with start_kafka(storage="null://sink") as kafka:
-        for name, url in (("null", "null://"), ("kafka", kafka.url)):
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
+        for name, url in (("null", "null://"), ("kafka", kafka.kafka_url)):
             rates: dict[str, list[float]] = {"fused": [], "python": []}
             for number in range(args.rounds):
                 order = ["fused", "python"] if number % 2 == 0 else ["python", "fused"]

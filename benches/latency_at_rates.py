@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import _brokers
+
 from producerkit.bench.plot import plot_results
 from producerkit.cli.bench import measure
-from producerkit.testing.brokers import start_kafka, start_nats
 from producerkit.testing.proxy import FaultProxy
 
 FRACTIONS = (0.25, 0.50, 0.75)
@@ -33,7 +34,7 @@ async def run(url: str, args: argparse.Namespace, options: dict[str, Any]) -> li
         topic,
         rate=0,
         duration=min(args.seconds, 5),
-        warmup=1000,
+        warmup=args.warmup,
         record_size=args.record_size,
         **options,
     )
@@ -47,7 +48,7 @@ async def run(url: str, args: argparse.Namespace, options: dict[str, Any]) -> li
             topic,
             rate=rate,
             duration=args.seconds,
-            warmup=1000,
+            warmup=args.warmup,
             record_size=args.record_size,
             **options,
         )
@@ -62,13 +63,17 @@ def main() -> int:
     parser.add_argument("--record-size", type=int, default=100)
     parser.add_argument("--rtt-ms", type=float, default=0.0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench-out"))
+    parser.add_argument(
+        "--warmup", type=int, default=1000, help="untimed messages before each run (1000)"
+    )
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if args.backend == "kafka":
-            url, options = stack.enter_context(start_kafka()).url, {}
+            url, options = stack.enter_context(_brokers.kafka(args.kafka_url)).kafka_url, {}
         else:
-            url = stack.enter_context(start_nats(jetstream=True)).url
+            url = stack.enter_context(_brokers.nats(args.nats_url)).jetstream_url
             options = {"create_stream": True}
         if args.rtt_ms:
             url = stack.enter_context(FaultProxy.for_url(url, args.rtt_ms)).url

@@ -40,10 +40,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import _brokers
 from throughput import KAFKA_SETTINGS, delete_topic, make_messages
 
 import producerkit as pk
-from producerkit.testing.brokers import create_kafka_topic, start_kafka, start_nats
+from producerkit.testing.brokers import create_kafka_topic
 
 Runner = Callable[[], Awaitable[int]]
 Messages = list[tuple[bytes | None, bytes]]
@@ -233,24 +234,29 @@ def main() -> None:
     parser.add_argument("--kafka-messages", type=int, default=100_000, help="per Kafka run")
     parser.add_argument("--jetstream-messages", type=int, default=100_000, help="per run")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--calls", type=int, default=50_000, help="calls per piece timed alone (50000)"
+    )
     parser.add_argument("--skip-kafka", action="store_true")
     parser.add_argument("--skip-jetstream", action="store_true")
     parser.add_argument("--json", type=Path)
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args()
 
-    results: dict[str, Any] = {"pieces (ns per message)": pieces()}
+    results: dict[str, Any] = {"pieces (ns per message)": pieces(args.calls)}
     for name, ns in results["pieces (ns per message)"].items():
         print(f"{name:<46} {ns:>8,.0f} ns")
     print(f"null:// ({args.messages:,} keyed messages, best of {args.repeat})")
     results["null"] = best_of(null_runners(args.messages), args.repeat)
     if not args.skip_kafka:
         print(f"Kafka, Tansu null storage ({args.kafka_messages:,} keyed messages)")
-        with start_kafka(storage="null://sink") as broker:
-            results["kafka"] = best_of(kafka_runners(broker.url, args.kafka_messages), args.repeat)
+        with _brokers.kafka(args.kafka_url, storage="null://sink") as broker:
+            runners = kafka_runners(broker.kafka_url, args.kafka_messages)
+            results["kafka"] = best_of(runners, args.repeat)
     if not args.skip_jetstream:
         print(f"JetStream, memory streams ({args.jetstream_messages:,} keyed messages)")
-        with start_nats(jetstream=True) as broker:
-            runners = jetstream_runners(broker.url, args.jetstream_messages)
+        with _brokers.nats(args.nats_url) as broker:
+            runners = jetstream_runners(broker.jetstream_url, args.jetstream_messages)
             results["jetstream"] = best_of(runners, args.repeat)
 
     print("\nratio to off, and ns per message over off")

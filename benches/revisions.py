@@ -31,7 +31,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from producerkit.testing.brokers import create_kafka_topic, start_kafka, start_nats
+import _brokers
+
+from producerkit.testing.brokers import create_kafka_topic
 
 CASES = ("null", "kafka", "kafka-preset", "jetstream", "sync-null", "sync-kafka")
 
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--json", type=Path)
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args(argv)
     cases = [case for case in args.cases.split(",") if case]
     unknown = set(cases) - set(CASES)
@@ -124,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rates: dict[str, dict[str, list[int]]] = {case: {"before": [], "after": []} for case in cases}
     with (
-        start_kafka(storage="null://sink") as kafka,
-        start_nats(jetstream=True) as nats,
+        _brokers.kafka(args.kafka_url, storage="null://sink") as kafka,
+        _brokers.nats(args.nats_url) as nats,
     ):
-        kafka_url = f"kafka://{kafka.host_port}"
+        kafka_url = kafka.kafka_url
         for number in range(args.rounds):
             order = ["before", "after"] if number % 2 == 0 else ["after", "before"]
             for case in cases:

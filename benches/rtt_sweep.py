@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _brokers
+
 from producerkit.cli.bench import measure
-from producerkit.testing.brokers import start_kafka, start_nats
 from producerkit.testing.proxy import FaultProxy
 
 #: The size of the RTT-0 runs, which have no model yet to be sized by.
@@ -70,8 +71,11 @@ def cases_for(backend: str, args: argparse.Namespace) -> list[Case]:
 async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     rtts = [0.0] + [rtt for rtt in args.rtts if rtt > 0]  # RTT 0 first: the models' cap
-    with start_kafka() as kafka, start_nats(jetstream=True) as nats:
-        brokers = [("kafka", kafka.url, {}), ("jetstream", nats.url, {"create_stream": True})]
+    with _brokers.kafka(args.kafka_url) as kafka, _brokers.nats(args.nats_url) as nats:
+        brokers = [
+            ("kafka", kafka.kafka_url, {}),
+            ("jetstream", nats.jetstream_url, {"create_stream": True}),
+        ]
         for backend, url, options in brokers:
             ceilings: dict[Case, float] = {}
             with FaultProxy.for_url(url, 0) as proxy:
@@ -97,7 +101,7 @@ async def _run_case(
     ceilings: dict[Case, float],
 ) -> dict[str, Any]:
     if rtt <= 0:
-        count = BASELINE_MESSAGES[case.mode]
+        count = args.baseline_messages or BASELINE_MESSAGES[case.mode]
     else:
         count = int(min(max(expected_rate(case, rtt, ceilings[case]) * args.seconds, 50), 200_000))
     result = await measure(
@@ -182,8 +186,14 @@ def main() -> int:
         help="sets of Kafka backend options, ';' between sets, ',' between name=value pairs",
     )
     parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument(
+        "--baseline-messages",
+        type=int,
+        help="messages of each RTT-0 run (default: 2000 sync, 40000 nonblocking)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args()
     print(HEADER, flush=True)
     rows = asyncio.run(sweep(args))

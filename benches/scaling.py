@@ -40,8 +40,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _brokers
+
 import producerkit as pk
-from producerkit.testing.brokers import LocalBroker, create_kafka_topic, start_kafka, start_nats
+from producerkit.testing.brokers import create_kafka_topic
 
 CONNECTIONS = (1, 2, 4)
 PARTITIONS = (1, 2, 4)
@@ -115,7 +117,7 @@ async def delete_jetstream_stream(broker_url: str, topic: str) -> None:
 async def run_cell(
     backend: str,
     url: str,
-    broker: LocalBroker,
+    broker: _brokers.Broker,
     proxy: ProxyProcess,
     partitions: int,
     connections: int,
@@ -128,16 +130,17 @@ async def run_cell(
     topic = f"scaling-{backend}-p{partitions}-c{connections}-{uuid.uuid4().hex[:6]}"
     options: dict[str, Any] = dict(args.kafka_options if backend == "kafka" else {})
     if backend == "kafka":
-        await create_kafka_topic(broker.url, topic, partitions)
+        await create_kafka_topic(broker.kafka_url, topic, partitions)
     else:
         options.update(partitions=partitions, create_stream=True)
     keys = [b"key-%d" % i for i in range(args.keys)]
     value = os.urandom(args.record_size)
-    assert broker.process is not None
-    pids = {"client": os.getpid(), "proxy": proxy.process.pid, "broker": broker.process.pid}
+    pids = {"client": os.getpid(), "proxy": proxy.process.pid}
+    if broker.pid is not None:  # a broker named by URL is not measured
+        pids["broker"] = broker.pid
     async with contextlib.AsyncExitStack() as stack:
         if backend == "jetstream":  # runs last, once the producers have closed
-            stack.push_async_callback(delete_jetstream_stream, broker.url, topic)
+            stack.push_async_callback(delete_jetstream_stream, broker.jetstream_url, topic)
         group = [
             await stack.enter_async_context(
                 pk.Producer(
@@ -206,19 +209,33 @@ async def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         cells.append((max(PARTITIONS), 1, args.producers))
     for backend in args.backends:
         if backend == "kafka":
-            broker = start_kafka(storage=args.kafka_storage)
+            started = _brokers.kafka(args.kafka_url, storage=args.kafka_storage)
         else:
-            broker = start_nats(jetstream=True)
-        with broker, ProxyProcess(broker.url, args.rtt_ms) as proxy:
-            base: float | None = None
-            for partitions, connections, producers in cells:
-                row = await run_cell(
-                    backend, proxy.url, broker, proxy, partitions, connections, args, producers
-                )
-                base = base or row["msgs_per_s"]
-                row["speedup"] = row["msgs_per_s"] / base
-                rows.append(row)
-                print(format_row(row), flush=True)
+            started = _brokers.nats(args.nats_url)
+        with started as broker:
+            url = broker.kafka_url if backend == "kafka" else broker.jetstream_url
+            rows += await _sweep_backend(args, backend, url, broker, cells)
+    return rows
+
+
+async def _sweep_backend(
+    args: argparse.Namespace,
+    backend: str,
+    url: str,
+    broker: _brokers.Broker,
+    cells: list[tuple[int, int, int]],
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(url, args.rtt_ms) as proxy:
+        base: float | None = None
+        for partitions, connections, producers in cells:
+            row = await run_cell(
+                backend, proxy.url, broker, proxy, partitions, connections, args, producers
+            )
+            base = base or row["msgs_per_s"]
+            row["speedup"] = row["msgs_per_s"] / base
+            rows.append(row)
+            print(format_row(row), flush=True)
     return rows
 
 
@@ -235,7 +252,9 @@ def format_row(row: dict[str, Any]) -> str:
     return (
         f"| {row['backend']} | {row['partitions']} | {row['connections']} | {row['producers']} "
         f"| {row['msgs_per_s']:,.0f} | {row['speedup']:.2f}x | {spread} | {row['window_waits']} "
-        f"| {cpu['client']:.0f} | {cpu['proxy']:.0f} | {cpu['broker']:.0f} |"
+        f"| {cpu['client']:.0f} | {cpu['proxy']:.0f} | "
+        + (f"{cpu['broker']:.0f}" if "broker" in cpu else "-")
+        + " |"
     )
 
 
@@ -293,6 +312,7 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=Path("results/scaling.json"))
     parser.add_argument("--markdown", type=Path)
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args()
     args.kafka_options = dict(pair.split("=", 1) for pair in args.kafka_option)
     print(

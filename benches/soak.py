@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -31,8 +32,9 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import _brokers
+
 import producerkit as pk
-from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
 
 RSS_LIMIT_MB = 50.0
 TRACED_LIMIT_MB = 1.0
@@ -94,12 +96,12 @@ async def soak(
             await produce(VALUE, key=b"user-%d" % (i % 10_000), nonblocking=True)
             if i % 1000 == 0:
                 progress[0] = i
-                if i == warm_up:
-                    await producer.flush()  # settled, so both snapshots see an empty window
-                    marks["rss_warm"] = rss_mb()
-                    marks["traced_warm"] = tracemalloc.get_traced_memory()[0] / 1e6
-                    snapshots.append(tracemalloc.take_snapshot())
-                    marks["warm_at"] = time.monotonic()
+            if i == warm_up:  # whatever the count (it was only seen at a multiple of 1000)
+                await producer.flush()  # settled, so both snapshots see an empty window
+                marks["rss_warm"] = rss_mb()
+                marks["traced_warm"] = tracemalloc.get_traced_memory()[0] / 1e6
+                snapshots.append(tracemalloc.take_snapshot())
+                marks["warm_at"] = time.monotonic()
         await producer.flush()
         elapsed = time.perf_counter() - started
         progress[0] = count
@@ -150,17 +152,19 @@ async def soak(
     return result
 
 
-def run_backend(name: str, count: int, limit: int, workdir: Path) -> dict[str, Any]:
-    broker: LocalBroker | None = None
+def run_backend(
+    name: str, count: int, limit: int, workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    try:
+    with contextlib.ExitStack() as stack:
         if name == "null":
             url = "null://"
         elif name == "kafka":
-            broker = start_kafka(workdir=workdir / "kafka")
-            url = broker.url
+            url = stack.enter_context(
+                _brokers.kafka(args.kafka_url, workdir=workdir / "kafka")
+            ).kafka_url
         else:
-            broker = start_nats(jetstream=name == "jetstream", workdir=workdir / name)
+            broker = stack.enter_context(_brokers.nats(args.nats_url, workdir=workdir / name))
             url = f"{name}://{broker.host_port}"
             if name == "jetstream":
                 options = {"create_stream": True, "stream_storage": "file"}
@@ -169,9 +173,6 @@ def run_backend(name: str, count: int, limit: int, workdir: Path) -> dict[str, A
             return asyncio.run(soak(name, url, count, limit, options))
         finally:
             tracemalloc.stop()
-    finally:
-        if broker is not None:
-            broker.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=10_000, help="max_in_flight_messages")
     parser.add_argument("--backends", default="null,kafka,jetstream,nats")
     parser.add_argument("--json", default="soak.json", help="where to write the results")
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args(argv)
 
     import tempfile
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.backends.split(","):
             count = args.null if name == "null" else args.real
             print(f"soaking {name}: {count:,} messages, limit {args.limit:,} ...", flush=True)
-            results.append(run_backend(name, count, args.limit, Path(tmp)))
+            results.append(run_backend(name, count, args.limit, Path(tmp), args))
 
     header = (
         f"{'backend':<10}{'messages':>11}{'s':>7}{'msg/s':>9}{'acked':>11}{'failed':>7}"

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _brokers
 from throughput import (
     KAFKA_SETTINGS,
     confluent_kafka,
@@ -35,7 +36,7 @@ from throughput import (
 )
 
 import producerkit as pk
-from producerkit.testing.brokers import create_kafka_topic, start_kafka
+from producerkit.testing.brokers import create_kafka_topic
 
 Messages = list[tuple[bytes | None, bytes]]
 Runner = Callable[[], float]
@@ -125,11 +126,12 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    _brokers.add_broker_flags(parser, nats=False)
     args = parser.parse_args()
 
     best: dict[str, float] = {}
-    with start_kafka(storage="null://sink") as broker:
-        table = runners(broker.url, args.messages)
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as broker:
+        table = runners(broker.kafka_url, args.messages)
         for round_number in range(1, args.repeat + 1):
             for name, run in table.items():
                 rate = run()

@@ -60,8 +60,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import _brokers
+
 import producerkit as pk
-from producerkit.testing.brokers import create_kafka_topic, start_kafka, start_nats
+from producerkit.testing.brokers import create_kafka_topic
 
 VALUE = b"x" * 512
 #: producerkit's settings on Kafka here, next to librdkafka's defaults that confluent-kafka runs
@@ -336,15 +338,21 @@ def _rate(count: int, elapsed: float) -> int:
 Runner = Callable[[], Coroutine[Any, Any, int]]
 
 
+#: The runners that raised (see :func:`best_of`): main() exits 1 if there is any.
+FAILED_RUNNERS: list[str] = []
+
+
 def best_of(runners: dict[str, Runner], repeat: int) -> dict[str, int]:
-    """Run every runner ``repeat`` times, interleaved, and keep each one's best rate."""
+    """Run every runner ``repeat`` times, interleaved, and keep each one's best rate. A runner
+    that raises is reported and left out, the others go on; the exit code is then 1."""
     best: dict[str, int] = {}
     for round_number in range(repeat):
         for name, runner in runners.items():
             try:
                 rate = asyncio.run(runner())
-            except Exception as exc:  # a peer that cannot run here is reported, not fatal
+            except Exception as exc:  # the rest of the table is still worth having
                 print(f"  {name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                FAILED_RUNNERS.append(name)
                 continue
             best[name] = max(best.get(name, 0), rate)
             print(f"  round {round_number + 1} {name:<44} {rate:>10,} msg/s", flush=True)
@@ -534,16 +542,15 @@ async def in_flight_memory(url: str, count: int, window: int) -> dict[str, float
     }
 
 
-async def purge_streams(url: str) -> None:
-    """Empty every JetStream stream on the server."""
+async def purge_streams(url: str, subject: str = "bench") -> None:
+    """Empty the JetStream stream that stores ``subject`` (the bench's own: a server named by
+    ``--nats-url`` may hold others)."""
     import nats
 
     nc = await nats.connect(_nats(url))
     try:
-        manager = nc.jsm()
-        for stream in await manager.streams_info():
-            if stream.config.name is not None:
-                await manager.purge_stream(stream.config.name)
+        name = await nc.jetstream().find_stream_name_by_subject(subject)
+        await nc.jsm().purge_stream(name)
     finally:
         await nc.close()
 
@@ -695,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         "--distinct-values", type=int, default=1000, help="--only compression: how many values"
     )
     parser.add_argument("--json", type=Path, default=Path("results/throughput.json"))
+    _brokers.add_broker_flags(parser)
     args = parser.parse_args(argv)
     only = set(args.only or ["null", "kafka", "jetstream"])
     from producerkit._fast import SPEEDUPS
@@ -713,23 +721,21 @@ def main(argv: list[str] | None = None) -> int:
         print("null:// (no I/O: producerkit's own overhead)", flush=True)
         results["null"] = best_of(null_runners(args.messages * 3), args.repeat)
     if "kafka" in only:
-        for storage, engine in (("tansu null", "null://sink"), ("tansu memory", "memory://tansu/")):
-            with start_kafka(storage=engine) as kafka:
-                print(f"Kafka: {storage} storage at {kafka.url}", flush=True)
+        storages = (("tansu null", "null://sink"), ("tansu memory", "memory://tansu/"))
+        if args.kafka_url:
+            storages = (("kafka given", ""),)
+        for storage, engine in storages:
+            with _brokers.kafka(args.kafka_url, storage=engine) as kafka:
+                print(f"Kafka: {storage} storage at {kafka.kafka_url}", flush=True)
                 results[storage] = best_of(
-                    kafka_runners(kafka.url, args.messages, storage.split()[1]), args.repeat
+                    kafka_runners(kafka.kafka_url, args.messages, storage.split()[1]), args.repeat
                 )
     if "jetstream" in only:
-        with start_nats(jetstream=True) as nats:
-
-            async def create_stream() -> None:
-                async with pk.Producer(nats.url, topic="bench", create_stream=True) as producer:
-                    await producer.produce(b"create")
-
-            asyncio.run(create_stream())
-            print(f"JetStream (memory storage) at {nats.url}", flush=True)
+        with _brokers.nats(args.nats_url) as nats:
+            asyncio.run(create_stream(nats.jetstream_url))
+            print(f"JetStream (memory storage) at {nats.jetstream_url}", flush=True)
             results["jetstream memory"] = best_of(
-                nats_runners(nats.url, args.messages // 2), args.repeat
+                nats_runners(nats.jetstream_url, args.messages // 2), args.repeat
             )
 
     print(f"\n{'broker':<18} {'runner':<44} {'msg/s':>12}")
@@ -749,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         overhead_ns = 1e9 / keyed_null - 1e9 / floor
         per_message = 1e9 / keyed_null
         print(f"null:// keyed: {per_message:.0f} ns/message, {overhead_ns:.0f} beyond the floor")
+    if FAILED_RUNNERS:
+        print(f"\nfailed: {', '.join(sorted(set(FAILED_RUNNERS)))}", file=sys.stderr)
     save_report(
         args.json,
         {
@@ -761,19 +769,27 @@ def main(argv: list[str] | None = None) -> int:
             "kafka_settings": KAFKA_SETTINGS,
             "results": results,
             "ratios": [{"claim": c, "measured": m, "target": t} for c, m, t in claims],
+            "failed_runners": sorted(set(FAILED_RUNNERS)),
         },
     )
-    return 0
+    return 1 if FAILED_RUNNERS else 0
+
+
+async def create_stream(url: str) -> None:
+    """The memory stream of subject ``bench`` (the JetStream runners' topic), if there is none."""
+    async with pk.Producer(url, topic="bench", create_stream=True) as producer:
+        await producer.produce(b"create")
 
 
 def defaults_main(args: argparse.Namespace, only: set[str]) -> int:
     """``--only defaults`` and ``--only memory``: see the module docstring."""
     report: dict[str, Any] = {"messages": args.messages, "repeat": args.repeat}
-    with start_kafka(storage="null://sink") as kafka:
-        print(f"Kafka: tansu null storage at {kafka.url}", flush=True)
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
+        url = kafka.kafka_url
+        print(f"Kafka: tansu null storage at {url}", flush=True)
         if "memory" in only:
             for window in (1000, 10_000):
-                cost = asyncio.run(in_flight_memory(kafka.url, window, window))
+                cost = asyncio.run(in_flight_memory(url, window, window))
                 report[f"in_flight_memory_{window}"] = cost
                 print(
                     f"window {window}: {cost['records_in_flight']} records in flight, "
@@ -782,7 +798,7 @@ def defaults_main(args: argparse.Namespace, only: set[str]) -> int:
                     flush=True,
                 )
         if "defaults" in only:
-            runners = defaults_runners(kafka.url, args.messages, args.windows, args.linger_ms)
+            runners = defaults_runners(url, args.messages, args.windows, args.linger_ms)
             rounds = rounds_of(runners, args.repeat)
             rows = defaults_table(rounds)
             report.update(rounds=rounds, table=rows)
@@ -822,8 +838,8 @@ def compression_main(args: argparse.Namespace) -> int:
         "distinct_values": args.distinct_values,
     }
     settings = {name: v for name, v in KAFKA_SETTINGS.items() if name != "max_batch_size"}
-    with start_kafka(storage="null://sink") as kafka:
-        url = kafka.url
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
+        url = kafka.kafka_url
         runners: dict[str, Runner] = {}
         for codec in CODECS:
             runners[f"producerkit {codec}"] = on_new_topic_of(
@@ -945,9 +961,9 @@ def batch_main(args: argparse.Namespace) -> int:
         "chunk": BATCH_CHUNK,
         "value_bytes": len(VALUE),
     }
-    with start_kafka(storage="null://sink") as kafka:
-        print(f"Kafka: tansu null storage at {kafka.url}", flush=True)
-        rounds = rounds_of(batch_runners(kafka.url, args.messages), args.repeat)
+    with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
+        print(f"Kafka: tansu null storage at {kafka.kafka_url}", flush=True)
+        rounds = rounds_of(batch_runners(kafka.kafka_url, args.messages), args.repeat)
     report["rounds"] = rounds
     rows = []
     print(
@@ -1102,16 +1118,14 @@ def production_main(args: argparse.Namespace) -> int:
     print(
         "\n| broker | runner | best msg/s | median ratio to bytes (baseline) |\n|---|---|---:|---:|"
     )
-    with start_kafka(storage="null://sink") as kafka, start_nats(jetstream=True) as nats:
-
-        async def create_stream() -> None:
-            async with pk.Producer(nats.url, topic="bench", create_stream=True) as producer:
-                await producer.produce(b"create")
-
-        asyncio.run(create_stream())
+    with (
+        _brokers.kafka(args.kafka_url, storage="null://sink") as kafka,
+        _brokers.nats(args.nats_url) as nats,
+    ):
+        asyncio.run(create_stream(nats.jetstream_url))
         for broker, runners in (
-            ("kafka (tansu null)", production_runners(kafka.url, args.messages, kafka=True)),
-            ("jetstream", production_runners(nats.url, args.messages // 3, kafka=False)),
+            ("kafka (tansu null)", production_runners(kafka.kafka_url, args.messages, kafka=True)),
+            ("jetstream", production_runners(nats.jetstream_url, args.messages // 3, kafka=False)),
         ):
             rounds = rounds_of(runners, args.repeat)
             report[broker] = rounds

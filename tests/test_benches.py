@@ -1,0 +1,188 @@
+"""Every bench in benches/ runs here with a tiny workload, so that a broken import, a renamed
+option or a removed helper fails the suite, not the next measurement (issue 40: three benches
+had failed at import unseen).
+
+Each run is the bench as its docstring gives it, ``python benches/NAME.py ...``, in a fresh
+interpreter whose working directory is the test's temp dir (for what it writes), with a few
+hundred or thousand messages, against the session brokers (``--kafka-url``/``--nats-url``, see
+``benches/_brokers.py``) or ``null://``. ``chaos.py`` starts its own Tansu: its faults run
+through a proxy in front of a broker it owns (and may kill). The pytest-benchmark files run
+under pytest with ``--benchmark-disable`` (each case once). A bench that needs what this
+install lacks (a peer client, pyspark, Java) is skipped, naming it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from producerkit.testing.pytest_plugin import SessionBroker
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHES = REPO / "benches"
+
+#: Every bench's tiny runs: the arguments after ``python benches/NAME`` (or after ``python``
+#: for the pytest-benchmark files), ``{kafka}``, ``{nats}``, ``{tmp}`` and ``{repo}`` filled in.
+#: A bench added to benches/ without an entry here fails test_every_bench_has_a_tiny_run.
+BROKERS = ["--kafka-url", "{kafka}", "--nats-url", "{nats}"]
+KAFKA = ["--kafka-url", "{kafka}"]
+PYTEST = ["-m", "pytest", "--benchmark-disable", "-q", "-n", "0", "-p", "no:cacheprovider"]
+TINY: dict[str, dict[str, list[str]]] = {
+    "allocations.py": {
+        "": ["--messages", "2000", "--growth-messages", "2000", "--json", "{tmp}/a.json"],
+    },
+    "bench_partitioners.py": {
+        "script": ["--keys", "2000", "--repeats", "1", "--json", "{tmp}/p.json"],
+        "pytest": [*PYTEST, "{repo}/benches/bench_partitioners.py"],
+    },
+    "bench_spark.py": {
+        "": [
+            *["--rows", "200", "--repeat", "1", "--masters", "local[1]", "--partitions", "1"],
+            *["--topic-partitions", "2", "--limit", "100", *KAFKA],
+        ],
+    },
+    "chaos.py": {
+        "kafka": [
+            *["--minutes", "0.01", "--backend", "kafka", "--rate", "300", "--timeout", "1"],
+            *["--keys", "20", "--partitions", "2", "--json", "{tmp}/c.json"],
+            *["--plot", "{tmp}/c.png"],
+        ],
+    },
+    "cpu_per_message.py": {"": ["--messages", "500", "--repeat", "1", *KAFKA]},
+    "fused_path.py": {"": ["--messages", "500", "--rounds", "1", *KAFKA]},
+    "latency_at_rates.py": {
+        "": [
+            *["--seconds", "0.2", "--warmup", "50", "--rtt-ms", "1"],
+            *["--out-dir", "{tmp}", *BROKERS],
+        ],
+    },
+    "observability.py": {
+        "": [
+            *["--messages", "500", "--kafka-messages", "500", "--jetstream-messages", "200"],
+            *["--repeat", "1", "--calls", "200", *BROKERS],
+        ],
+    },
+    "revisions.py": {
+        "": [
+            *["--before", "{repo}", "--after", "{repo}", "--rounds", "1"],
+            *["--messages", "300", *BROKERS],
+        ],
+    },
+    "rtt_sweep.py": {
+        "": [
+            *["--rtts", "0,2", "--limits", "10", "--resume-ats", "0.5", "--seconds", "0.02"],
+            *["--kafka-settings", "none;preset=throughput", "--baseline-messages", "100"],
+            *["--json", "{tmp}/r.json", "--markdown", "{tmp}/r.md", *BROKERS],
+        ],
+    },
+    "scaling.py": {
+        "": [
+            *["--rtt-ms", "1", "--seconds", "0.05", "--keys", "16", "--producers", "2"],
+            *["--json", "{tmp}/s.json", "--markdown", "{tmp}/s.md", *BROKERS],
+        ],
+    },
+    "soak.py": {
+        "": [
+            *["--null", "3000", "--real", "1000", "--limit", "100"],
+            *["--json", "{tmp}/soak.json", *BROKERS],
+        ],
+    },
+    "sync_throughput.py": {"": ["--messages", "500", "--repeat", "1", *KAFKA]},
+    "test_bench_hotpaths.py": {"": [*PYTEST, "{repo}/benches/test_bench_hotpaths.py"]},
+    "throughput.py": {
+        "null,kafka,jetstream": ["--messages", "300", "--repeat", "1", *BROKERS],
+        "defaults,memory": [
+            *["--only", "defaults", "--only", "memory", "--windows", "100"],
+            *["--messages", "300", "--repeat", "1", *KAFKA],
+        ],
+        "production": ["--only", "production", "--messages", "300", "--repeat", "1", *BROKERS],
+        "compression": [
+            *["--only", "compression", "--distinct-values", "10"],
+            *["--messages", "300", "--repeat", "1", *KAFKA],
+        ],
+        "batch": ["--only", "batch", "--messages", "300", "--repeat", "1", *KAFKA],
+    },
+}
+
+#: What a bench needs beyond producerkit's own dependencies and the brokers' wheels (which the
+#: session fixtures check): modules, and ``java`` (a command).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "bench_partitioners.py": ("pytest_benchmark",),
+    "bench_spark.py": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java"),
+    "chaos.py": ("numpy", "matplotlib", "psutil"),
+    "cpu_per_message.py": ("confluent_kafka",),
+    "latency_at_rates.py": ("matplotlib",),
+    "observability.py": ("opentelemetry.sdk",),
+    "sync_throughput.py": ("confluent_kafka",),
+    "test_bench_hotpaths.py": ("pytest_benchmark",),
+    "throughput.py": ("confluent_kafka",),
+}
+
+#: Most seconds one tiny run may take (Spark's JVM start is most of bench_spark.py's ~20 s).
+TIMEOUT = 180
+
+
+def test_every_bench_has_a_tiny_run() -> None:
+    """Each script in benches/ (its helper modules, ``_*.py``, apart) is run below."""
+    scripts = {path.name for path in BENCHES.glob("*.py") if not path.name.startswith("_")}
+    assert scripts == set(TINY)
+
+
+def _missing(needs: tuple[str, ...]) -> str | None:
+    for need in needs:
+        found = shutil.which(need) if need == "java" else _importable(need)
+        if not found:
+            return need
+    return None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+@pytest.mark.parametrize(
+    ("bench", "run"),
+    [
+        pytest.param(bench, run, id=f"{bench}[{run}]" if run else bench)
+        for bench, runs in TINY.items()
+        for run in runs
+    ],
+)
+def test_bench_runs_with_a_tiny_workload(
+    bench: str,
+    run: str,
+    kafka_broker: SessionBroker,
+    nats_broker: SessionBroker,
+    tmp_path: Path,
+) -> None:
+    missing = _missing(NEEDS.get(bench, ()))
+    if missing is not None:
+        pytest.skip(f"benches/{bench} needs {missing}, which this environment lacks")
+    fill = {
+        "kafka": kafka_broker.url,
+        "nats": f"nats://{nats_broker.host_port}",
+        "tmp": str(tmp_path),
+        "repo": str(REPO),
+    }
+    argv = [arg.format(**fill) for arg in TINY[bench][run]]
+    if argv[:2] != ["-m", "pytest"]:
+        argv.insert(0, str(BENCHES / bench))
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, (
+        f"benches/{bench} {' '.join(argv)} exited {done.returncode}:\n"
+        f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    )
