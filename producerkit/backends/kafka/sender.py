@@ -303,7 +303,7 @@ class Sender:
         response.add_done_callback(functools.partial(self._request_done, batches))
 
     def restart_sequences(self, producer_id: idempotence.ProducerId) -> None:
-        """Number from 0 under ``producer_id`` (a transactional producer's new epoch)."""
+        """Number every partition from 0 under ``producer_id`` (a new epoch)."""
         self.producer_id = producer_id
         for queue in self._accumulator.all_queues():
             queue.next_sequence = queue.acked_sequence = 0
@@ -420,13 +420,12 @@ class Sender:
             self._bumping = False
             self._loop.call_later(self._retry_backoff, self.schedule_ship)
             return
-        self.producer_id = renewed
+        self.restart_sequences(renewed)
         error = BrokerUnavailable(
             "this message's request went unanswered, and the producer epoch was bumped since: "
             "it may be stored, and sending it again under the new epoch could store it twice"
         )
         for queue in self._accumulator.all_queues():
-            queue.next_sequence = queue.acked_sequence = 0
             for waiting in [batch for batch in queue.full if batch.unanswered]:
                 queue.full.remove(waiting)
                 self.fail(waiting.records, error)
