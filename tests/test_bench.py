@@ -136,6 +136,44 @@ async def test_progress_is_reported_off_the_measured_loop() -> None:
     assert all(thread != loop_thread for thread, _ in calls)
 
 
+NO_IMPORT_DURING_THE_RUN = """
+import sys
+from producerkit.bench import openloop
+from producerkit.cli import bench
+
+started, stopped = openloop.ProgressThread.start, openloop.ProgressThread.stop
+seen = {}
+def start(self):
+    seen["start"] = set(sys.modules)
+    started(self)
+def stop(self):
+    stopped(self)
+    seen["stop"] = set(sys.modules)
+openloop.ProgressThread.start, openloop.ProgressThread.stop = start, stop
+code = bench.main(sys.argv[1:])
+print("IMPORTED", sorted(seen["stop"] - seen["start"]))
+sys.exit(code)
+"""
+
+
+def test_nothing_is_imported_while_the_clock_runs() -> None:
+    """In a fresh process, with progress lines (every 0.2 s), no module is imported between the
+    clock's start and its end: not on the loop, nor in the progress thread (an import holds the
+    GIL: numpy's first import took 44-70 ms)."""
+    args = ["--url", "null://", "--topic", "t", "--rate", "1000", "--duration", "1"]
+    args += ["--progress-interval", "0.2", "--warmup-records", "50"]
+    done = subprocess.run(
+        [sys.executable, "-c", NO_IMPORT_DURING_THE_RUN, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("records/sec") >= 4, done.stdout
+    assert "IMPORTED []" in done.stdout, done.stdout
+
+
 async def test_the_heap_built_before_the_clock_is_frozen_during_the_run() -> None:
     """What exists when the clock starts (imports, numpy's among them) is frozen out of the
     collector's sight for the run, so that a full collection on the loop walks only what the
