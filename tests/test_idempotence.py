@@ -203,7 +203,7 @@ async def test_a_broker_down_then_its_partitions_moved_recovers_within_5s(
             await producer.flush()
         stats = producer.stats
     assert stats.acked + stats.failed == stats.produced == count
-    assert all(isinstance(f.exception, pk.ProducerError) for f in failures)
+    assert all(isinstance(f.exception, pk.ProducerkitError) for f in failures)
     after_move = [t for t in ack_times if t >= moved_at[0]]
     if stats.acked < count:  # some waited for the move: the first ack after it came soon
         assert after_move and after_move[0] - moved_at[0] < 5.0
