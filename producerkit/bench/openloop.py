@@ -227,12 +227,13 @@ async def run_open_loop(
     if freeze:
         gc.collect()
         gc.freeze()
-    timings.t0 = t0 = time.perf_counter_ns() + 1_000_000  # the first message is due in 1 ms
-
     reporter = None
     if progress is not None:
+        # Started before the clock: Thread.start() waits until the new thread has run, which on
+        # a busy machine can take milliseconds.
         reporter = ProgressThread(timings, progress, progress_interval)
         reporter.start()
+    timings.t0 = t0 = time.perf_counter_ns() + 1_000_000  # the first message is due in 1 ms
     probe = LoopLagProbe(loop_lag_interval) if loop_lag_interval else None
     if probe is not None:
         timings.loop_lag = probe
