@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime
 import functools
 import logging
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from producerkit import _fork
 from producerkit._message import HeadersArgument, check_partition
@@ -51,7 +52,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from anyio.from_thread import BlockingPortal
+    from anyio.streams.memory import MemoryObjectReceiveStream
 
+    from producerkit._transaction import PreparedTransaction
     from producerkit.jetstream import Expect
 
 __all__ = ["SyncProducer"]
@@ -211,6 +214,49 @@ class SyncProducer:
             # No limit: each message in flight ends by its deadline, so room always comes.
             wait=None,
         )
+
+    def prepare_transaction(
+        self, batches: Iterable[Mapping[str, Any]], *, topic: str | None = None
+    ) -> PreparedTransaction | None:
+        """Write every batch of ``batches`` in one Kafka transaction and leave it open, as
+        ``Producer.atomic_batch(topic, prepare=True)`` does: its handle, for another process to
+        commit (:func:`producerkit.transactions.commit_prepared`), or None if there was no
+        message. Each batch holds ``KafkaAtomicBatch.produce_batch``'s arguments (``values``,
+        ``keys``, ``headers``, ``topic``). The calling thread draws the next batch while the
+        loop writes the one before. If drawing a batch raises, the transaction is aborted and
+        that error raised here; an AtomicBatchError says why the transaction was not prepared.
+        """
+        import anyio
+
+        loop = self._loop
+        if _get_ident() == loop.thread_id:
+            raise LoopThreadError(_on_loop_thread("prepare_transaction()"))
+        if loop.stopped:
+            loop.check_not_forked()
+            raise ProducerClosed("prepare_transaction() after close(): create a new SyncProducer")
+        send, receive = anyio.create_memory_object_stream[Any](1)
+        future = loop.portal.start_task_soon(_write_prepared, self._producer, receive, topic)
+        failure: BaseException | None = None
+        try:
+            for batch in batches:
+                try:
+                    loop.portal.call(send.send, batch)
+                except anyio.BrokenResourceError:
+                    break  # the transaction ended early: its error comes with the result
+        except BaseException as exc:  # drawing a batch raised: abort, then raise it
+            failure = exc
+            with contextlib.suppress(anyio.BrokenResourceError):
+                loop.portal.call(send.send, _Abort(exc))
+        finally:
+            loop.portal.call(send.aclose)
+        try:
+            prepared: PreparedTransaction | None = future.result()
+        except BaseException:
+            if failure is None:
+                raise
+        if failure is not None:
+            raise failure
+        return prepared
 
     def _learn(self, topic: str) -> int | None:
         """The topic's partition count, asked of the producer on its loop (which starts the
@@ -421,3 +467,27 @@ def _adopt_loop_thread() -> tuple[asyncio.AbstractEventLoop, int, frozenset[asyn
     """On the portal's thread: its loop, its thread id, and the portal's own tasks."""
     threading.current_thread().name = "producerkit-loop"
     return asyncio.get_running_loop(), _get_ident(), frozenset(asyncio.all_tasks())
+
+
+class _Abort(NamedTuple):
+    """What ``prepare_transaction`` sends the loop when drawing a batch raised."""
+
+    error: BaseException
+
+
+async def _write_prepared(
+    producer: Producer, receive: MemoryObjectReceiveStream[Any], topic: str | None
+) -> PreparedTransaction | None:
+    """``SyncProducer.prepare_transaction`` on the loop: one task holds the transaction open
+    (its lock is this task's) and writes each batch the calling thread sends."""
+    from producerkit._transaction import KafkaAtomicBatch
+
+    async with receive:
+        async with producer.atomic_batch(topic, prepare=True) as batch:
+            assert isinstance(batch, KafkaAtomicBatch)
+            async for item in receive:
+                if isinstance(item, _Abort):
+                    raise item.error
+                await batch.produce_batch(**item)
+        prepared: PreparedTransaction | None = batch.prepared
+        return prepared
