@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -33,6 +33,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from producerkit.errors import ConfigurationError
+from producerkit.spark import _exactly_once as exactly
 from producerkit.spark._publish import (
     SINK_KEYWORDS,
     PublishReport,
@@ -46,6 +47,7 @@ from producerkit.spark._worker import (
     chunks_from_rows,
     publish_task,
 )
+from producerkit.transactions import PreparedTransaction
 
 try:  # Arrow writers: Spark 4.0 (batch) and 4.1 (streaming); rows before that
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchBase
@@ -74,7 +76,8 @@ _COLUMN_OPTIONS = tuple(name for name in SINK_KEYWORDS if name.endswith("_col"))
 
 @dataclass
 class ProducerkitCommit(WriterCommitMessage):
-    """One task's counts, sent back to the driver's ``commit()``."""
+    """One task's counts, sent back to the driver's ``commit()``; with ``exactly_once`` on
+    Kafka, the transaction it prepared for the driver to commit."""
 
     partition: int
     attempt: int
@@ -83,6 +86,7 @@ class ProducerkitCommit(WriterCommitMessage):
     failed: int
     errors: dict[str, int] = field(default_factory=dict)
     first_error: str | None = None
+    prepared: PreparedTransaction | None = None
 
 
 class ProducerkitDataSource(DataSource):
@@ -93,10 +97,20 @@ class ProducerkitDataSource(DataSource):
         return "producerkit"
 
     def writer(self, schema: StructType, overwrite: bool) -> ProducerkitWriter:
-        return ProducerkitWriter(self._config(schema, overwrite))
+        config = self._config(schema, overwrite)
+        if config.sink.exactly_once:
+            config = replace(config, job=exactly.new_job())
+        return ProducerkitWriter(config)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ProducerkitStreamWriter:
-        return ProducerkitStreamWriter(self._config(schema, overwrite))
+        """Spark asks for one on the driver before each micro-batch (and again to commit it):
+        with ``exactly_once``, what the commit log holds as an intent is committed first."""
+        config = self._config(schema, overwrite)
+        if config.sink.exactly_once:
+            log = exactly.CommitLog(exactly.log_directory(self.options, config.log))
+            job = exactly.recover(config.sink, log)
+            config = replace(config, job=job, log=str(log.directory))
+        return ProducerkitStreamWriter(config)
 
     def _config(self, schema: StructType, overwrite: bool) -> _WriteConfig:
         if overwrite:
@@ -122,11 +136,26 @@ class ProducerkitDataSource(DataSource):
             if name in options:
                 options[name] = options[name] or None
         report_path = options.pop("report_path", None)
-        # the rest: the sink's own (on_error, idle_timeout), Producer settings as text (the
-        # worker converts them, ProducerOptions' "text" type) and backend options
+        log = options.pop("exactly_once_log", None) or None
+        # the rest: the sink's own (on_error, idle_timeout, exactly_once), Producer settings as
+        # text (the worker converts them, ProducerOptions' "text" type) and backend options
         config = make_config(url, **options, **columns)
         config = check_columns(types, config, key_given=True)
-        return _WriteConfig(config, report_path, structured_roles(types, config))
+        if config.exactly_once:
+            _check_once(config)
+        return _WriteConfig(config, report_path, structured_roles(types, config), log=log)
+
+
+#: The exactly-once configurations this process checked (``streamWriter()`` is called twice
+#: per micro-batch: the check, and its warning, once).
+_checked: set[str] = set()
+
+
+def _check_once(config: SinkConfig) -> None:
+    key = config.cache_key()
+    if key not in _checked:
+        exactly.check_job(config)
+        _checked.add(key)
 
 
 @dataclass(frozen=True)
@@ -135,6 +164,11 @@ class _WriteConfig:
     report_path: str | None
     #: Value/key roles holding structs: the row-based writers turn their Rows into dicts.
     structured: tuple[str, ...] = ()
+    #: The commit log's directory (streaming ``exactly_once``): the ``exactly_once_log``
+    #: option as given, then as ``streamWriter()`` resolved it (else under the checkpoint).
+    log: str | None = None
+    #: With ``exactly_once``: the write's id (batch), or what the commit log says (streaming).
+    job: exactly.Job | None = None
 
 
 def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> ProducerkitCommit:
@@ -148,7 +182,11 @@ def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> Producerki
         chunks = chunks_from_rows(
             data, columns, structured=config.structured, as_bytes=text_as_bytes
         )
-    counts = publish_task(config.sink, chunks)
+    prepared = None
+    if config.job is None:
+        counts = publish_task(config.sink, chunks)
+    else:
+        counts, prepared = exactly.write_task(config.sink, chunks, config.job)
     context = TaskContext.get()
     return ProducerkitCommit(
         partition=context.partitionId() if context is not None else -1,
@@ -158,7 +196,17 @@ def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> Producerki
         failed=counts.failed,
         errors=dict(counts.errors),
         first_error=counts.first_error,
+        prepared=prepared,
     )
+
+
+def _handles(messages: list[Any]) -> list[PreparedTransaction]:
+    """The transactions the tasks prepared (exactly_once on Kafka)."""
+    return [
+        message.prepared
+        for message in messages
+        if isinstance(message, ProducerkitCommit) and message.prepared is not None
+    ]
 
 
 def _commit(
@@ -186,11 +234,17 @@ class ProducerkitWriter(_BatchBase):
         return _write(self.config, iterator, arrow=_BatchBase is not DataSourceWriter)
 
     def commit(self, messages: list[Any]) -> None:
+        if self.config.job is not None:
+            exactly.commit_job(self.config.sink, _handles(messages))
         _commit(self.config, messages, self.started, None)
 
     def abort(self, messages: list[Any]) -> None:
         done = sum(1 for message in messages if message is not None)
         logger.warning("format('producerkit') write aborted after %d task(s) finished", done)
+        job = self.config.job
+        if job is not None and job.prefix is not None:
+            ids = exactly.transactional_ids(job.prefix, len(messages))
+            exactly.abort_job(self.config.sink, _handles(messages), ids)
 
 
 class ProducerkitStreamWriter(_StreamBase):
@@ -203,10 +257,21 @@ class ProducerkitStreamWriter(_StreamBase):
         return _write(self.config, iterator, arrow=_StreamBase is not DataSourceStreamWriter)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
+        if self.config.job is not None:
+            assert self.config.log is not None  # streamWriter() resolved it
+            log = exactly.CommitLog(self.config.log)
+            exactly.commit_batch(self.config.sink, log, batchId, _handles(messages))
         _commit(self.config, messages, None, batchId)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
         logger.warning("format('producerkit') micro-batch %d aborted", batchId)
+        handles = _handles(messages)
+        if self.config.job is not None and handles:
+            # the batch's prefix from a task's id: every partition's id, to abort what the
+            # failed attempts left open (a replay's tasks would fence them too)
+            prefix = handles[0].transactional_id.rsplit("-", 1)[0]
+            ids = exactly.transactional_ids(prefix, len(messages))
+            exactly.abort_job(self.config.sink, handles, ids)
 
 
 def register(spark: Any) -> None:

@@ -16,12 +16,16 @@ from typing import Any
 #: mapInArrow output: one row per task, collected by the driver (never accumulators).
 RESULT_SCHEMA = (
     "partition int, attempt int, rows long, delivered long, failed long, "
-    "errors string, first_error string"
+    "errors string, first_error string, prepared string"
 )
 
 
-def make_partition_function(config: dict[str, Any], driver: str) -> Any:
-    """The mapInArrow function for one publish: plain data in, a closure out."""
+def make_partition_function(
+    config: dict[str, Any], driver: str, job: dict[str, Any] | None = None
+) -> Any:
+    """The mapInArrow function for one publish: plain data in, a closure out. With ``job``
+    (exactly_once), each task writes through ``_exactly_once`` and returns its prepared
+    transaction (Kafka) as JSON in ``prepared``."""
 
     def publish_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import json
@@ -32,7 +36,12 @@ def make_partition_function(config: dict[str, Any], driver: str) -> Any:
 
         sink = worker.SinkConfig.from_dict(config)
         chunks = worker.chunks_from_arrow(batches, sink.columns(), sink.byte_roles())
-        counts = worker.publish_task(sink, chunks)
+        prepared = None
+        if job is None:
+            counts = worker.publish_task(sink, chunks)
+        else:
+            exactly = _import_producerkit("producerkit.spark._exactly_once", driver)
+            counts, prepared = exactly.write_task(sink, chunks, exactly.Job.from_dict(job))
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else -1
         attempt = context.attemptNumber() if context is not None else 0
@@ -46,6 +55,7 @@ def make_partition_function(config: dict[str, Any], driver: str) -> Any:
                     "failed": counts.failed,
                     "errors": json.dumps(dict(counts.errors)),
                     "first_error": counts.first_error,
+                    "prepared": None if prepared is None else json.dumps(list(prepared)),
                 }
             ],
             schema=pa.schema(
@@ -57,6 +67,7 @@ def make_partition_function(config: dict[str, Any], driver: str) -> Any:
                     ("failed", pa.int64()),
                     ("errors", pa.string()),
                     ("first_error", pa.string()),
+                    ("prepared", pa.string()),
                 ]
             ),
         )

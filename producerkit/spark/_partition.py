@@ -86,6 +86,8 @@ def partition_writer(
     id_col: Column | None = None,
     on_error: Literal["fail", "count"] = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    exactly_once: bool = False,
+    exactly_once_timeout: float | None = None,
     counters: PartitionCounters | None = None,
     report_path: str | None = None,
     **options: Any,
@@ -105,6 +107,7 @@ def partition_writer(
 
     Args:
         counters: a :class:`PartitionCounters` the successful tasks add their counts to.
+        exactly_once: refused (ConfigurationError): see :func:`~producerkit.spark.publish`.
         report_path: a file each successful task appends its counts to, as one JSON line
             (a path every executor can write, e.g. a shared filesystem; local modes share the
             driver's); :func:`read_report` sums it.
@@ -115,6 +118,12 @@ def partition_writer(
             here, so a job of fewer partitions than slots runs below it). Needs an active
             SparkSession. ``max_bytes_rate``: likewise in bytes per second.
     """
+    if exactly_once:
+        raise ConfigurationError(
+            "partition_writer does not take exactly_once: foreachPartition has no driver step "
+            "to commit the tasks' transactions; use publish(..., exactly_once=True)"
+        )
+    del exactly_once_timeout  # declared as every way into the sink declares it
     spark = _active_session()
     if spark is not None:
         check_python(spark)

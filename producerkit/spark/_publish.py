@@ -195,6 +195,10 @@ def make_config(url: str, **options: Any) -> SinkConfig:
         raise ConfigurationError('the Spark sink takes on_error="fail" or "count", not a callback')
     if "idle_timeout" in sink:
         sink["idle_timeout"] = float(sink["idle_timeout"])
+    if sink.get("exactly_once_timeout") is not None:
+        sink["exactly_once_timeout"] = _seconds(sink["exactly_once_timeout"])
+    if "exactly_once" in sink:
+        sink["exactly_once"] = _flag(sink["exactly_once"], "exactly_once")
     settings = {**SPARK_DEFAULTS, **options}
     kwargs = {name: value for name, value in settings.items() if value is not None}
     if callable(kwargs.get("partitioner")):
@@ -212,6 +216,28 @@ def make_config(url: str, **options: Any) -> SinkConfig:
     )
     config.check()
     return config
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A bool, or its text as format("producerkit") options give it."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ConfigurationError(f"{name} is true or false, not {value!r}")
+
+
+def _seconds(value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0 or isinstance(value, bool):
+        raise ConfigurationError(f"exactly_once_timeout is seconds > 0, not {value!r}")
+    return seconds
 
 
 def ship_serializer(serializer: str | Serializer | None, what: str) -> str | bytes | None:
@@ -378,6 +404,8 @@ def publish(
     id_col: str | None = None,
     on_error: Literal["fail", "count"] = "fail",
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    exactly_once: bool = False,
+    exactly_once_timeout: float | None = None,
     **options: Any,
 ) -> PublishReport:
     """Publish every row of ``df`` from the executors and return the counts.
@@ -402,6 +430,18 @@ def publish(
             exactly-once within the stream's duplicate window. Kafka and NATS: at-least-once.
         on_error: ``"fail"`` or ``"count"`` (above).
         idle_timeout: seconds a worker keeps an unused producer before closing it.
+        exactly_once: store each row once, whatever Spark retries (docs/spark.md, "Delivery
+            guarantees"). ``kafka://``: each task writes its rows in a Kafka transaction with
+            the transactional id ``{job}-{partition}`` (a retried or speculative attempt fences
+            the earlier one) and leaves it open; this function commits them all once every
+            task succeeded, and aborts them if the job fails. ``jetstream://``: without
+            ``id_col``, each row's message id is ``{job}-{partition}-{row}``. Other backends
+            are refused.
+        exactly_once_timeout: the longest the job may take, retries included, in seconds
+            (default 900, Kafka brokers' default most): on Kafka the transactions' timeout
+            (the broker aborts a transaction open longer) and each task's message deadline;
+            on JetStream it must not exceed the stream's duplicate window (checked here; not
+            given, a warning names the window).
         **options: every setting of :class:`producerkit.Producer` for the executors'
             producers (``topic``, ``max_in_flight_messages``, ``timeout``, ``partitioner``,
             ...: :class:`~producerkit._options.ProducerOptions`), with the Producer's defaults
@@ -440,6 +480,8 @@ def publish(
         id_col=id_col,
         on_error=on_error,
         idle_timeout=idle_timeout,
+        exactly_once=exactly_once,
+        exactly_once_timeout=exactly_once_timeout,
         **options,
         **rates,
     )
@@ -457,12 +499,19 @@ def _task_rates_of(
 
 
 def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
-    """Run the publish job for a checked config: the one place a Spark job is started."""
+    """Run the publish job for a checked config: the one place a Spark job is started. With
+    ``exactly_once``, the driver's step around it too (``_exactly_once``)."""
     from pyspark.sql import functions as F
 
+    from producerkit.spark import _exactly_once as exactly
     from producerkit.spark._entry import RESULT_SCHEMA, make_partition_function
+    from producerkit.transactions import PreparedTransaction
 
     check_python(df.sparkSession)
+    job, window = None, None
+    if config.exactly_once:
+        window = exactly.check_job(config)
+        job = exactly.new_job()
     register_entry_by_value()
     selected = []
     for role, column in config.columns().items():
@@ -470,11 +519,31 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
         if role == "id":
             expression = expression.cast("string")  # ids travel as str whatever their type
         selected.append(expression.alias(str(column)))
-    function = make_partition_function(config.to_dict(), driver_python())
+    function = make_partition_function(
+        config.to_dict(), driver_python(), None if job is None else job.to_dict()
+    )
+    job_df = df.select(*selected).mapInArrow(function, RESULT_SCHEMA)
     started = time.perf_counter()
-    rows = df.select(*selected).mapInArrow(function, RESULT_SCHEMA).collect()
+    if job is None or exactly.backend_of(config) != "kafka":
+        rows = job_df.collect()
+    else:
+        assert job.prefix is not None
+        try:
+            rows = job_df.collect()
+        except BaseException:
+            partitions = df.rdd.getNumPartitions()  # at least the tasks' partition ids
+            exactly.abort_job(config, [], exactly.transactional_ids(job.prefix, partitions))
+            raise
+        handles = [
+            PreparedTransaction(*json.loads(row.prepared))
+            for row in rows
+            if row.prepared is not None
+        ]
+        exactly.commit_job(config, handles)
     seconds = time.perf_counter() - started
     report = PublishReport.from_rows((row.asDict() for row in rows), seconds)
+    if job is not None:
+        exactly.check_duration(config, window, report)
     logger.info("published %s", report)
     return report
 
@@ -492,7 +561,12 @@ def batch_publisher(
     micro-batch's report. A micro-batch replayed after a restart publishes again: use ``id_col``
     on JetStream for exactly-once.
     """
-    make_config(url, **publish_kwargs)  # a bad URL or option fails now, not per batch
+    if make_config(url, **publish_kwargs).exactly_once:  # a bad option fails now, not per batch
+        raise ConfigurationError(
+            "batch_publisher does not take exactly_once: a micro-batch replayed after a restart "
+            'would be published again; use df.writeStream.format("producerkit") with '
+            '.option("exactly_once", "true")'
+        )
 
     def publish_batch(batch_df: DataFrame, batch_id: int) -> None:
         report = publish(batch_df, url, **publish_kwargs)

@@ -64,6 +64,11 @@ class SinkConfig:
     id_col: Column | None = None
     on_error: Literal["fail", "count"] = "fail"
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    #: Each row stored once, whatever Spark retries (``producerkit.spark._exactly_once``):
+    #: Kafka transactions the driver commits, or JetStream message ids from each row's place.
+    exactly_once: bool = False
+    #: The longest an exactly-once job (or micro-batch) may take, in seconds (None: 900).
+    exactly_once_timeout: float | None = None
     #: Producer keyword arguments (settings and backend options), sorted by name.
     producer_kwargs: tuple[tuple[str, Any], ...] = ()
     #: A built-in serializer's name ("json", "str", "bytes"), or a callable as the bytes the
