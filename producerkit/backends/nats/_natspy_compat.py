@@ -114,6 +114,23 @@ class DirectWriter:
             self._loop.call_soon(self._wake_flusher)
         return None
 
+    def write_many(self, data: bytes, messages: int, payload_bytes: int) -> Awaitable[None] | None:
+        """Append ``data``: ``messages`` whole PUB/HPUB commands with their payloads (of
+        ``payload_bytes`` together), as :meth:`write` would each."""
+        client = self._client
+        client._pending.append(data)
+        client._pending_data_size += len(data)
+        stats = self._stats
+        stats["out_msgs"] += messages
+        stats["out_bytes"] += payload_bytes
+        if 0 < client._max_pending_size < client._pending_data_size:
+            flushed: Awaitable[None] = client._flush_pending(force_flush=True)
+            return flushed
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            self._loop.call_soon(self._wake_flusher)
+        return None
+
     def _wake_flusher(self) -> None:
         self._wake_scheduled = False
         client = self._client

@@ -124,19 +124,26 @@ class NatsClientConnection(Connection):
         value: bytes = record.value  # type: ignore[assignment]
         if writer is None or not client.is_connected:
             return client.publish(self.subject(record), value, reply, self.nats_headers(record))
-        if record.headers is None and record.msg_id is None:
+        block = self.header_block(record)
+        if block is None:
             command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:
-            headers = record.headers
-            if headers is not self._block_headers:
-                self._block_headers, self._block_lines = headers, header_lines(headers)
-            block = self._block_lines + msg_id_line(record.msg_id)
             command = (
                 f"HPUB {self.subject(record)} {reply} {len(block)} "
                 f"{len(block) + len(value)}\r\n".encode()
                 + block
             )
         return writer.write(command, value)
+
+    def header_block(self, record: Record) -> bytes | None:
+        """The record's NATS/1.0 header block (its headers and msg id), or None if it has
+        neither."""
+        if record.headers is None and record.msg_id is None:
+            return None
+        headers = record.headers
+        if headers is not self._block_headers:
+            self._block_headers, self._block_lines = headers, header_lines(headers)
+        return self._block_lines + msg_id_line(record.msg_id)
 
     async def _connect_client(self, client: Client, settings: dict[str, Any]) -> None:
         """``client.connect()``, but a refusal (credentials, TLS) reported to ``_on_error`` ends

@@ -9,6 +9,12 @@ error code (``ExpectationFailed`` for a ``Nats-Expected-*`` header that did not 
 The plain PubAcks that arrive together (one socket read on the fast path, one turn of the event
 loop on the public path) are reported together, one ``acked_each`` per subject, so an
 ``on_outcome`` hook is called once per read rather than once per message.
+
+A topic whose stream allows fast batches (``allow_batched``, nats-server 2.14+; asked when the
+topic's first message is produced, and set on the streams ``create_stream`` makes) goes through
+a :class:`~producerkit.backends.nats.fast_ingest.Lane` instead, on the fast client path unless
+``fast_ingest=False``: its records are written in fast batches, acked a batch at a time; the
+replies to them come on the same subscription (``<inbox>.<id>.<flow>.fail.<n>.<op>.$FI``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
 import nats.js.errors
@@ -29,7 +35,9 @@ from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import NatsClientConnection
 from producerkit.backends.nats.errors import translate
+from producerkit.backends.nats.fast_ingest import APPEND, START, Chunk, Lane, fast_reply
 from producerkit.backends.nats.pubacks import (
+    batch_puback,
     is_plain,
     puback_duplicate,
     puback_error,
@@ -50,6 +58,10 @@ _STREAM_WAIT = 0.5
 _STREAM_WAIT_MAX = 4.0
 #: Pause before asking again after an attempt that failed at once (doubled, same cap).
 _STREAM_PAUSE = 0.1
+#: Seconds the stream info that tells whether a topic takes fast batches waits for its answer.
+_LANE_WAIT = 2.0
+#: The first nats-server with fast batches.
+_FAST_INGEST_SERVER = (2, 14)
 
 
 class JetStreamConnection(NatsClientConnection):
@@ -63,13 +75,20 @@ class JetStreamConnection(NatsClientConnection):
         self._next_token = 0
         self._gathered: list[tuple[Record, bytes]] = []  # the public path's PubAcks of one read
         self._last_sweep = time.monotonic()
+        # Fast ingest: each topic's lane (topics of one stream share it), and every unsettled
+        # chunk of those lanes by id, where the replies find it.
+        self._lanes: dict[str, Lane] = {}
+        self._stream_lanes: dict[str, Lane] = {}
+        self.chunks: dict[bytes, Chunk] = {}
+        self._drain_scheduled = False
+        self._spawned: set[asyncio.Future[None]] = set()
 
     async def connect(self) -> None:
         await super().connect()
         self._inbox = self._nc.new_inbox()
         self._inbox_prefix_length = len(self._inbox) + 1
         subscription = await self._nc.subscribe(
-            self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1, pending_bytes_limit=0
+            self._inbox + ".>", cb=self._on_ack, pending_msgs_limit=-1, pending_bytes_limit=0
         )
         if self.client_path == _clients.FAST:
             _natspy_compat.deliver_pubacks_directly(
@@ -77,11 +96,64 @@ class JetStreamConnection(NatsClientConnection):
             )
 
     async def prepare_topic(self, topic: str) -> int | None:
+        stream = None
         if self.options.get("create_stream"):
-            await self._ensure_stream(topic)
+            stream = await self._ensure_stream(topic)
+        if self._fast_ingest_possible():
+            await self._learn_lane(topic, stream)
         return self._partitions
 
-    async def _ensure_stream(self, topic: str) -> None:
+    @property
+    def fast_ingest_topics(self) -> dict[str, str]:
+        """The topics this connection writes in fast batches, with their streams' names."""
+        return {topic: lane.stream for topic, lane in self._lanes.items() if lane.fast}
+
+    @property
+    def fast_ingest_acked(self) -> int:
+        """Messages acked through fast batches on this connection so far."""
+        return sum(lane.acked_count for lane in self._stream_lanes.values())
+
+    def _fast_ingest_possible(self) -> bool:
+        """Fast ingest is on (``fast_ingest``, default true), on the fast client path, with a
+        server that has it."""
+        if not self.options.get("fast_ingest", True) or self.client_path != _clients.FAST:
+            return False
+        return self._server_has_fast_ingest()
+
+    def _server_has_fast_ingest(self) -> bool:
+        version = self._nc.connected_server_version
+        try:
+            return (version.major, version.minor) >= _FAST_INGEST_SERVER
+        except (TypeError, ValueError):  # an unparsable version
+            return False
+
+    async def _learn_lane(self, topic: str, stream: str | None) -> None:
+        """Give ``topic`` a fast-ingest lane if its stream allows fast batches (and, for a
+        partitioned topic, stores every partition's subject). Any trouble asking leaves the
+        topic on the per-message path."""
+        probe = topic if self._partitions is None else f"{topic}.0"
+        try:
+            js = self._nc.jetstream(timeout=min(self.timeout, _LANE_WAIT))
+            if stream is None:
+                stream = await js.find_stream_name_by_subject(probe)
+            info = await js.stream_info(stream)
+        except Exception as exc:
+            logger.debug("no fast ingest for topic %r: %s", topic, translate(exc))
+            return
+        config = info.config
+        if not getattr(config, "allow_batched", False):
+            return
+        if self._partitions is not None and not _covers_partitions(config.subjects or (), topic):
+            return
+        lane = self._stream_lanes.get(stream)
+        if lane is None:
+            anchor = info.state.last_seq if info.state is not None else None
+            max_size = config.max_msg_size if (config.max_msg_size or 0) > 0 else None
+            lane = Lane(self, stream, anchor, max_size)
+            self._stream_lanes[stream] = lane
+        self._lanes[topic] = lane
+
+    async def _ensure_stream(self, topic: str) -> str:
         """Find the stream storing ``topic``, or create one. A request lost on the way (a
         blackhole, a reconnect) is asked again, each attempt waiting longer for its answer
         (``_STREAM_WAIT`` doubled up to ``_STREAM_WAIT_MAX``), until the producer's timeout
@@ -91,8 +163,7 @@ class JetStreamConnection(NatsClientConnection):
         for attempt in itertools.count(1):
             asked = time.monotonic()
             try:
-                await self._find_or_add_stream(topic, min(wait, max(deadline - asked, 0.01)))
-                return
+                return await self._find_or_add_stream(topic, min(wait, max(deadline - asked, 0.01)))
             except Exception as exc:
                 error = translate(exc)
                 left = deadline - time.monotonic()
@@ -108,30 +179,140 @@ class JetStreamConnection(NatsClientConnection):
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, _STREAM_WAIT_MAX)
             wait = min(wait * 2, _STREAM_WAIT_MAX)
+        raise AssertionError("unreachable")
 
-    async def _find_or_add_stream(self, topic: str, wait: float) -> None:
+    async def _find_or_add_stream(self, topic: str, wait: float) -> str:
         """One attempt of :meth:`_ensure_stream`, each request waiting ``wait`` seconds for its
-        answer. A stream created by an earlier attempt whose answer was lost is found here."""
+        answer: the stream's name. A stream created by an earlier attempt whose answer was lost
+        is found here. A stream it creates allows fast batches where the server has them."""
         js = self._nc.jetstream(timeout=wait)
         probe = topic if self._partitions is None else f"{topic}.0"
         try:
-            await js.find_stream_name_by_subject(probe)
-            return
+            return str(await js.find_stream_name_by_subject(probe))
         except nats.js.errors.NotFoundError:
             pass
         name = re.sub(r"[^A-Za-z0-9_-]", "_", topic)
         storage = self.options.get("stream_storage", "memory")
-        atomic: dict[str, Any] = {"allow_atomic": True} if self.options.get("allow_atomic") else {}
-        await js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage, **atomic)
+        allow: dict[str, Any] = {"allow_atomic": True} if self.options.get("allow_atomic") else {}
+        if self._server_has_fast_ingest():
+            allow["allow_batched"] = True
+        await js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage, **allow)
+        return name
 
     def send(self, record: Record) -> Awaitable[None] | None:
+        if self._lanes:
+            lane = self._lanes.get(record.topic)
+            if lane is not None:
+                lane.queue.append(record)
+                if not self._drain_scheduled:
+                    self._drain_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._drain_lanes)
+                return None
         token = self._next_token = self._next_token + 1
         self._awaiting[token] = record
         return self.publish(record, reply=f"{self._inbox}.{token}")
 
+    # ------------------------------------------------------------------ fast ingest lanes
+
+    def _drain_lanes(self) -> None:
+        """The end of the loop turn that handed records to lanes: each writes what it may."""
+        self._drain_scheduled = False
+        for lane in self._stream_lanes.values():
+            if lane.queue:
+                try:
+                    lane.drain()
+                except Exception as exc:  # never lose records silently: fail what it holds
+                    logger.exception("fast ingest lane %r failed", lane.stream)
+                    lane.close(translate(exc))
+
+    def writable(self) -> bool:
+        return self._direct_writer is not None and self._nc.is_connected
+
+    def write_run(self, records: list[Record], prefix: bytes, first: int, last_op: int) -> None:
+        writer = self._direct_writer
+        last = first + len(records) - 1
+        if writer is None:  # not on the fast client path: lanes are not made there
+            raise BrokerUnavailable("fast ingest needs the fast client path")
+        partitions = self._partitions
+        parts: list[bytes] = []
+        payload = 0
+        for number, record in enumerate(records, first):
+            op = START if number == 1 else last_op if number == last else APPEND
+            value: bytes = record.value  # type: ignore[assignment]
+            subject = record.topic if partitions is None else f"{record.topic}.{record.partition}"
+            block = self.header_block(record)
+            if block is None:
+                line = b"PUB %s %s%d.%d.$FI %d\r\n" % (
+                    subject.encode(),
+                    prefix,
+                    number,
+                    op,
+                    len(value),
+                )
+            else:
+                line = b"HPUB %s %s%d.%d.$FI %d %d\r\n%s" % (
+                    subject.encode(),
+                    prefix,
+                    number,
+                    op,
+                    len(block),
+                    len(block) + len(value),
+                    block,
+                )
+            parts += (line, value, b"\r\n")
+            payload += len(value)
+        self._spawn(writer.write_many(b"".join(parts), len(records), payload))
+
+    def write_control(self, subject: str, reply: str) -> None:
+        writer = self._direct_writer
+        if writer is not None:
+            self._spawn(writer.write(f"PUB {subject} {reply} 0\r\n".encode(), b""))
+
+    def send_one(self, record: Record) -> None:
+        token = self._next_token = self._next_token + 1
+        self._awaiting[token] = record
+        try:
+            self._spawn(self.publish(record, reply=f"{self._inbox}.{token}"))
+        except Exception as exc:
+            del self._awaiting[token]
+            self.reports.failed(record, translate(exc), False)
+
+    def fast_reply_prefix(self) -> str:
+        return f"{self._inbox}."
+
+    def _spawn(self, handed_off: Awaitable[None] | None) -> None:
+        """Run the awaitable a write returned (a flush of a full buffer) on its own."""
+        if handed_off is None:
+            return
+        future = asyncio.ensure_future(handed_off)
+        self._spawned.add(future)
+        future.add_done_callback(self._spawn_done)
+
+    def _spawn_done(self, future: asyncio.Future[None]) -> None:
+        self._spawned.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            logger.debug("flushing fast ingest writes: %s", future.exception())
+
+    def _fast_reply(self, token: bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
+        """A reply to a fast batch's message (or one that is not ours: ignored)."""
+        parsed = fast_reply(token)
+        if parsed is None:
+            return
+        key, number, op = parsed
+        chunk = self.chunks.get(key)
+        if chunk is None:
+            return  # a chunk already settled (the answers to messages after its end)
+        try:
+            chunk.lane.on_reply(chunk, number, op, data, headers)
+        except Exception:  # never into the reader: the other replies must still be handled
+            logger.exception("error handling a fast batch reply")
+
     async def send_batch_message(
         self, record: Record, *, reply: bool, timeout: float
     ) -> tuple[bytes, dict[str, str] | None] | None:
+        lane = self._lanes.get(record.topic) if self._lanes else None
+        if lane is not None:  # after what was produced before it, as on the per-message path
+            await lane.written(timeout)
         try:
             if reply:
                 answer = await self._nc.request(
@@ -140,6 +321,9 @@ class JetStreamConnection(NatsClientConnection):
                     timeout=timeout,
                     headers=self.nats_headers(record),
                 )
+                committed = None if lane is None else batch_puback(answer.data)
+                if lane is not None and committed is not None:  # the batch's last sequence
+                    lane.anchor = max(lane.anchor or 0, committed[0])
                 return answer.data, answer.headers
             handed_off = self.publish(record)
             if handed_off is not None:
@@ -170,20 +354,29 @@ class JetStreamConnection(NatsClientConnection):
 
     def _handle_ack(self, msg: Msg) -> None:
         """A PubAck that came through nats-py's parser on the fast path (one with headers, or
-        one the PubAck reader left to it)."""
-        record = self._take(msg.subject[self._inbox_prefix_length :])
+        one the PubAck reader left to it), or a reply to a fast batch."""
+        token = msg.subject[self._inbox_prefix_length :]
+        if "." in token:
+            self._fast_reply(token.encode(), msg.data, msg.headers)
+            return
+        record = self._take(token)
         if record is not None:
             self._report(record, msg.data, msg.headers)
         self._sweep()
 
     def _settle_acks(self, acks: list[tuple[bytes, bytes]]) -> None:
-        """PubAcks read off one socket read by _PubAckReader, as (token, payload)."""
+        """PubAcks (and fast batch replies) read off one socket read by _PubAckReader, as
+        (token, payload), handled in the order they came."""
         awaiting = self._awaiting
         plain: list[tuple[Record, bytes]] = []
         for token, data in acks:
             try:
                 record = awaiting.pop(int(token), None)
             except ValueError:
+                if plain:  # first the PubAcks before it: they may move a lane's anchor
+                    self._report_plain(plain)
+                    plain = []
+                self._fast_reply(token, data, None)
                 continue
             if record is None:
                 continue  # already timed out and forgotten
@@ -227,6 +420,11 @@ class JetStreamConnection(NatsClientConnection):
                 acked_each(records, offsets)
             except Exception:  # one group's trouble must not leave the others unsettled
                 logger.exception("error handling PubAcks")
+        if self._lanes:
+            for (topic, _), (_, offsets) in groups.items():
+                lane = self._lanes.get(topic)
+                if lane is not None:
+                    lane.anchor = max(offset for offset in offsets if offset is not None)
 
     def _report(self, record: Record, data: bytes, headers: Mapping[str, str] | None) -> None:
         """Report one PubAck: a refusal, a duplicate, or a sequence."""
@@ -240,7 +438,12 @@ class JetStreamConnection(NatsClientConnection):
             if sequence is None:
                 self.reports.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
                 return
-            self.reports.acked(record, sequence, puback_duplicate(data))
+            duplicate = puback_duplicate(data)
+            self.reports.acked(record, sequence, duplicate)
+            if self._lanes and not duplicate:
+                lane = self._lanes.get(record.topic)
+                if lane is not None:
+                    lane.anchor = sequence
         except Exception:  # never into the reader: the other PubAcks must still be settled
             logger.exception("error handling a PubAck")
 
@@ -256,15 +459,47 @@ class JetStreamConnection(NatsClientConnection):
 
     def refused(self, subject: str, error: AuthorizationError) -> None:
         """The server answers in order, so the k-th refusal for a subject is its k-th oldest
-        record still awaiting a PubAck (which will never come)."""
+        record still awaiting a PubAck (which will never come), or in a fast batch."""
         for token, record in self._awaiting.items():
             if self.subject(record) == subject:
                 del self._awaiting[token]
                 self.reports.failed(record, error, False)
                 return
+        for lane in self._stream_lanes.values():
+            if lane.refused(subject, error):
+                return
+
+    def unwritten(self, records: list[Record]) -> set[int]:
+        if not self._stream_lanes:
+            return set()
+        numbers = {record.seq for record in records}
+        held: set[int] = set()
+        for lane in self._stream_lanes.values():
+            if lane.queue:
+                held |= lane.unwritten(numbers)
+        return held
+
+    def take_unsent(self) -> list[Record]:
+        return [record for lane in self._stream_lanes.values() for record in lane.take_unsent()]
+
+    def ship_now(self) -> None:
+        """The window is full: each lane writes (and commits) what it holds now."""
+        if self._drain_scheduled:
+            self._drain_lanes()
 
     async def flush(self) -> None:
-        pass  # publishes are written as they are made; PubAcks arrive on their own
+        # Publishes are written as they are made, a lane's at the end of the loop turn that
+        # handed them over (now, here); PubAcks arrive on their own.
+        if self._drain_scheduled:
+            self._drain_lanes()
+
+    async def _on_reconnected(self) -> None:
+        await super()._on_reconnected()
+        for lane in self._stream_lanes.values():
+            try:
+                lane.reconnected()
+            except Exception:
+                logger.exception("fast ingest lane %r after a reconnect", lane.stream)
 
     async def close(self) -> None:
         await super().close()
@@ -274,3 +509,28 @@ class JetStreamConnection(NatsClientConnection):
         awaiting, self._awaiting = self._awaiting, {}
         for record in awaiting.values():
             self.reports.failed(record, error)
+        for lane in self._stream_lanes.values():
+            lane.close(error)
+        for future in list(self._spawned):
+            future.cancel()
+
+
+def _covers_partitions(patterns: Iterable[str], topic: str) -> bool:
+    """Whether one of a stream's subject patterns matches every partition subject
+    ``<topic>.<n>`` (so that one lane may carry them all)."""
+    wanted = topic.split(".")
+    for pattern in patterns:
+        tokens = pattern.split(".")
+        for position, token in enumerate(tokens):
+            if token == ">":
+                if position <= len(wanted):
+                    return True
+                break
+            if position > len(wanted) or (position == len(wanted) and token != "*"):
+                break
+            if position < len(wanted) and token not in ("*", wanted[position]):
+                break
+        else:
+            if len(tokens) == len(wanted) + 1:
+                return True
+    return False

@@ -22,12 +22,14 @@ OPTIONS: Final[dict[str, type]] = {
 }
 #: JetStream adds ``create_stream`` (create a stream for a topic that has none) and its
 #: ``stream_storage``, ``memory`` or ``file``, and ``allow_atomic`` (the stream it creates takes
-#: atomic batches).
+#: atomic batches); ``fast_ingest`` (default true): write to a stream that allows fast batches
+#: (``allow_batched``) in fast batches, acked a batch at a time (docs/jetstream.md).
 JETSTREAM_OPTIONS: Final[dict[str, type]] = {
     **OPTIONS,
     "create_stream": bool,
     "stream_storage": str,
     "allow_atomic": bool,
+    "fast_ingest": bool,
 }
 
 _BAD_SUBJECT = re.compile(r"[\s*>]|^\.|\.$|\.\.")

@@ -1,5 +1,6 @@
 """Reading a JetStream PubAck: the stream sequence it reports, whether it was a duplicate, or the
-refusal it carries."""
+refusal it carries; and the replies to a fast batch's messages (ADR-50): a flow-control ack, a gap
+or an error notice, and the PubAck that ends the batch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from producerkit.backends.nats.errors import EXPECTATION_CODES, jetstream_refusa
 from producerkit.errors import AuthorizationError, DeliveryError, MessageTooLarge, ProducerkitError
 
 _PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
+_FLOW_ACK = re.compile(rb'^\{"type":\s*"ack",\s*"seq":\s*(\d+),\s*"msgs":\s*(\d+)\s*\}$')
 
 
 def is_plain(data: bytes) -> bool:
@@ -72,3 +74,52 @@ def puback_error(
     if "too large" in str(description).lower() or "maximum" in str(description).lower():
         return MessageTooLarge(text)
     return jetstream_refusal(text, code)
+
+
+def flow_ack(data: bytes) -> tuple[int, int] | None:
+    """A fast batch's flow-control ack, ``{"type":"ack","seq":N,"msgs":M}``, as ``(N, M)``:
+    the batch's messages up to N are stored, and the server acks every M messages from now on.
+    None for any other reply."""
+    if not data.startswith(b'{"type":'):
+        return None
+    match = _FLOW_ACK.match(data)
+    if match is not None:
+        return int(match[1]), int(match[2])
+    try:
+        reply = json.loads(data)
+        if reply.get("type") == "ack":
+            return int(reply["seq"]), int(reply["msgs"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def flow_notice(data: bytes) -> tuple[str, int] | None:
+    """A fast batch's gap or error notice (``{"type":"gap",...}``, ``{"type":"err",...}``) as
+    ``(type, seq)``: the batch message it is about. The PubAck that ends the batch follows it."""
+    if not data.startswith(b'{"type":'):
+        return None
+    try:
+        reply = json.loads(data)
+        kind, sequence = reply["type"], reply["seq"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if kind not in ("gap", "err") or type(sequence) is not int:
+        return None
+    return kind, sequence
+
+
+def batch_puback(data: bytes) -> tuple[int, int] | None:
+    """The PubAck ending a fast batch, ``{"stream":"s","seq":S,"batch":"id","count":N}``, as
+    ``(S, N)``: the batch's first N messages are stored, the N-th at stream sequence S. None for
+    anything else (a refusal, a notice)."""
+    if b'"count"' not in data or b'"error"' in data:
+        return None
+    try:
+        reply = json.loads(data)
+        sequence, count = reply["seq"], reply["count"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if type(sequence) is not int or type(count) is not int:
+        return None
+    return sequence, count
