@@ -225,6 +225,8 @@ class SyncProducer:
         ``keys``, ``headers``, ``topic``). The calling thread draws the next batch while the
         loop writes the one before. If drawing a batch raises, the transaction is aborted and
         that error raised here; an AtomicBatchError says why the transaction was not prepared.
+        The transaction's messages count in flight until it is prepared: the producer's
+        ``max_in_flight_messages`` must hold them all, and its ``timeout`` the whole writing.
         """
         import anyio
 

@@ -586,15 +586,25 @@ def _finish(
     handles: Sequence[PreparedTransaction],
     committed: set[int],
 ) -> dict[str, Any]:
-    """Commit the handles of ``batch`` not committed yet and record the outcome. A refused
-    handle makes the batch ``partial`` (and raises): its partitions are written again when
-    the batch is replayed."""
+    """Commit the handles of ``batch`` not committed yet and record the outcome (``done``).
+    A handle refused for good (fenced: a newer attempt took its id, or the transaction timed
+    out) makes the batch ``partial``, its id is initialized again (which aborts what a newer
+    attempt left open), and this raises: a replay of the batch writes those partitions again.
+    No coordinator answering leaves the batch an intent and raises: the next writer Spark asks
+    for (a restart) commits it."""
     pending = [handle for handle in handles if partition_of(handle) not in committed]
     refused = run(_end_each, config, pending, commit=True) if pending else {}
     committed |= {partition_of(handle) for handle in pending} - set(refused)
-    state: Literal["partial", "done"] = "partial" if refused else "done"
+    unanswered = any(error.kind == "coordinator_unavailable" for error in refused.values())
+    state: Literal["intent", "partial", "done"] = (
+        "intent" if unanswered else "partial" if refused else "done"
+    )
     log.write(batch, state, handles, committed)
     if refused:
+        if not unanswered:
+            stale = [h.transactional_id for h in pending if partition_of(h) in refused]
+            with contextlib.suppress(AtomicBatchError):
+                run(_abort_open, config, stale)
         _raise_refused(refused, committed)
     entry = log.read(batch)
     assert entry is not None

@@ -1,0 +1,91 @@
+"""``SyncProducer.prepare_transaction`` and ``KafkaAtomicBatch.produce_batch``: a Kafka
+transaction written from a thread, batch by batch, and left open for another process to commit
+(what an exactly-once Spark task does), on the session's mock cluster, read back through its
+transaction-aware view."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import producerkit as pk
+from producerkit import transactions
+from producerkit.testing.kafka_cluster import KafkaCluster
+
+
+@pytest.fixture
+def topic(kafka_cluster: KafkaCluster) -> str:
+    name = f"prep-{uuid.uuid4().hex[:10]}"
+    kafka_cluster.create_topic(name, partitions=4, replication=3)
+    return name
+
+
+def _committed(cluster: KafkaCluster, topic: str) -> list[bytes]:
+    records = cluster.read(topic, timeout=30.0, isolation_level="read_committed")
+    return sorted(record.value for record in records)
+
+
+def test_batches_written_in_one_transaction_left_open_then_committed(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    other = f"{topic}-b"
+    kafka_cluster.create_topic(other, partitions=2, replication=3)
+    values = [b"v-%04d" % i for i in range(3000)]
+
+    def batches() -> Iterator[dict[str, Any]]:
+        for start in range(0, 3000, 1000):
+            part = values[start : start + 1000]
+            yield {"values": part, "keys": part, "headers": [[("h", b"1")]] * len(part)}
+        yield {"values": [b"elsewhere"], "topic": other}
+
+    # a transaction's messages count in flight until it is prepared: the window holds them all
+    with pk.SyncProducer(
+        kafka_cluster.url, topic=topic, transactional_id=f"t-{topic}", max_in_flight_messages=4000
+    ) as sync:
+        prepared = sync.prepare_transaction(batches())
+        assert sync.stats.acked == 3001  # written whole: acked at the prepare
+    assert prepared is not None
+    assert (prepared.transactional_id, prepared.messages) == (f"t-{topic}", 3001)
+    assert _committed(kafka_cluster, topic) == []  # open
+    anyio.run(lambda: transactions.commit_prepared(kafka_cluster.url, prepared))
+    assert _committed(kafka_cluster, topic) == values
+    assert _committed(kafka_cluster, other) == [b"elsewhere"]
+    records = kafka_cluster.read(topic, isolation_level="read_committed")
+    assert all(record.headers == [("h", b"1")] for record in records)
+
+
+def test_a_batch_source_that_raises_aborts_the_transaction(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    def batches() -> Iterator[dict[str, Any]]:
+        yield {"values": [b"a", b"b"], "keys": [b"1", b"2"]}
+        raise ValueError("the task's input failed")
+
+    with pk.SyncProducer(kafka_cluster.url, topic=topic, transactional_id=f"t-{topic}") as sync:
+        with pytest.raises(ValueError, match="input failed"):
+            sync.prepare_transaction(batches())
+        stats = sync.stats
+    assert (stats.acked, stats.failed) == (0, 2)
+    assert _committed(kafka_cluster, topic) == []
+    view = kafka_cluster.transactions.view(topic)
+    assert {state for _, state in view.batches} == {"aborted"}
+
+
+def test_a_bad_message_fails_its_batch_before_any_is_added(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    with pk.SyncProducer(kafka_cluster.url, topic=topic, transactional_id=f"t-{topic}") as sync:
+        with pytest.raises(pk.MessageError, match="message 1"):
+            sync.prepare_transaction([{"values": [b"a", None, b"c"]}])
+        assert sync.stats.produced == 0
+    # nothing was written: no transaction, nothing to end
+    assert sync.stats.produced == 0
+
+
+def test_an_empty_source_prepares_nothing(kafka_cluster: KafkaCluster, topic: str) -> None:
+    with pk.SyncProducer(kafka_cluster.url, topic=topic, transactional_id=f"t-{topic}") as sync:
+        assert sync.prepare_transaction(iter(())) is None
