@@ -124,10 +124,11 @@ class NatsClientConnection(Connection):
         value: bytes = record.value  # type: ignore[assignment]
         if writer is None or not client.is_connected:
             return client.publish(self.subject(record), value, reply, self.nats_headers(record))
-        block = self.header_block(record)
-        if block is None:
+        if record.headers is None and record.msg_id is None:
             command = f"PUB {self.subject(record)} {reply} {len(value)}\r\n".encode()
         else:
+            block = self.header_block(record)
+            assert block is not None
             command = (
                 f"HPUB {self.subject(record)} {reply} {len(block)} "
                 f"{len(block) + len(value)}\r\n".encode()

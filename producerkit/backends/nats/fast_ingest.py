@@ -381,6 +381,7 @@ class Lane:
 
     def _check(self) -> None:
         self._timer = None
+        self.sweep()
         chunk = self.chunk
         if chunk is None or chunk.may_write():
             return
@@ -541,6 +542,18 @@ class Lane:
             self.chunk = None
 
     # ------------------------------------------------------------------ the connection
+
+    def sweep(self) -> None:
+        """Forget the chunks none of whose records is in flight any more (they failed at their
+        deadlines), the one being written too if nothing waits for it: their replies no longer
+        matter (a PubAck that comes after all leaves the anchor behind: offsets unknown, never
+        wrong)."""
+        pending = self.host.reports.pending
+        for chunk in list(self.unsettled.values()):
+            if chunk is self.chunk and self._head() is not None:
+                continue
+            if not any(record.seq in pending for record in chunk.records):
+                self._drop(chunk)
 
     def reconnected(self) -> None:
         """After a reconnect: bytes written before it may be lost. Each unsettled chunk is

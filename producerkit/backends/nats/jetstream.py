@@ -456,6 +456,8 @@ class JetStreamConnection(NatsClientConnection):
         expired = [token for token, record in self._awaiting.items() if record.deadline < now]
         for token in expired:
             del self._awaiting[token]
+        for lane in self._stream_lanes.values():
+            lane.sweep()
 
     def refused(self, subject: str, error: AuthorizationError) -> None:
         """The server answers in order, so the k-th refusal for a subject is its k-th oldest
