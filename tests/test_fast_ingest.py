@@ -20,7 +20,7 @@ from conftest import read_jetstream
 
 import producerkit as pk
 from producerkit.backends.nats import fast_ingest
-from producerkit.backends.nats.jetstream import _covers_partitions
+from producerkit.backends.nats.jetstream import JetStreamConnection, _covers_partitions
 from producerkit.backends.nats.pubacks import batch_puback, flow_ack, flow_notice
 from producerkit.testing.pytest_plugin import NatsSessionBroker
 
@@ -410,6 +410,73 @@ async def test_a_full_stream_ends_the_fast_batch_and_nothing_after_is_stored(
     assert sorted(ledger.acked) == sorted(b"s-%d" % n for n in range(100))
     in_stream = await stored(nats_broker.jetstream_url, topic, 100)
     assert list(in_stream) == [b"s-%d" % n for n in range(100)]
+    assert offsets_hold(ledger, in_stream) == 0
+
+
+def drop_one_message(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the first long run written into a fast batch lose one message on the way (its
+    number is kept: the server sees a gap). The dropped message's batch number, once dropped."""
+    dropped: list[int] = []
+    write_run = JetStreamConnection.write_run
+
+    def losing(
+        self: JetStreamConnection, records: list[Any], prefix: bytes, first: int, last_op: int
+    ) -> None:
+        if dropped or len(records) < 20:
+            write_run(self, records, prefix, first, last_op)
+            return
+        dropped.append(first + 10)
+        write_run(self, records[:10], prefix, first, fast_ingest.APPEND)
+        write_run(self, records[11:], prefix, first + 11, last_op)
+
+    monkeypatch.setattr(JetStreamConnection, "write_run", losing)
+    return dropped
+
+
+async def test_a_lost_message_ends_its_batch_and_the_rest_is_sent_again(
+    nats_broker: NatsSessionBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server sees a gap: it ends the batch before it (a gap notice, then the PubAck of
+    what it stored). Nothing was written after the batch, so the lost message and those after
+    it are sent again, one PubAck each: every message stored once, in order."""
+    dropped = drop_one_message(monkeypatch)
+    ledger = Ledger()
+    async with pk.Producer(
+        nats_broker.jetstream_url, topic=topic, create_stream=True, on_delivery=ledger
+    ) as producer:
+        for number in range(200):
+            await producer.produce(b"m-%d" % number, nonblocking=True, context=b"m-%d" % number)
+        assert await flushed(producer) == []
+        accounted(producer, 200)
+        assert producer.backend.fast_ingest_acked == dropped[0] - 1
+    in_stream = await stored(nats_broker.jetstream_url, topic, 200)
+    assert list(in_stream) == [b"m-%d" % n for n in range(200)]
+    assert offsets_hold(ledger, in_stream) == 0
+
+
+async def test_a_lost_message_with_later_batches_written_fails_what_followed_it(
+    nats_broker: NatsSessionBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the next batch was written before the PubAck came: the lost message and
+    the rest of its batch fail, not stored (sent again they would land after later ones)."""
+    dropped = drop_one_message(monkeypatch)
+    ledger = Ledger()
+    async with pk.Producer(
+        nats_broker.jetstream_url, topic=topic, create_stream=True, on_delivery=ledger
+    ) as producer:
+        for number in range(700):
+            await producer.produce(b"m-%d" % number, nonblocking=True, context=b"m-%d" % number)
+        failures = await flushed(producer)
+        accounted(producer, 700)
+    lost = dropped[0] - 1  # the records' index of the lost message
+    assert [failure.value for failure in failures] == [
+        b"m-%d" % n for n in range(lost, fast_ingest.ACK_INTERVAL)
+    ]
+    assert not any(failure.possibly_stored for failure in failures)
+    in_stream = await stored(nats_broker.jetstream_url, topic, 700 - len(failures))
+    assert list(in_stream) == [
+        b"m-%d" % n for n in range(700) if not lost <= n < fast_ingest.ACK_INTERVAL
+    ]
     assert offsets_hold(ledger, in_stream) == 0
 
 

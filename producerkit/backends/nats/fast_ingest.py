@@ -206,8 +206,9 @@ class Lane:
         self.writes = 0
         #: The ack interval the server last granted a chunk of this lane (0: none yet).
         self.granted = 0
-        #: Records acked through fast batches, and chunks made.
+        #: Records acked through fast batches, those of them acked with no offset, and chunks made.
         self.acked_count = 0
+        self.unknown_offsets = 0
         self.chunk_count = 0
         self._id_base = secrets.token_hex(6)
         self._timer: asyncio.TimerHandle | None = None
@@ -474,6 +475,16 @@ class Lane:
             anchor = self.anchor
             exact = anchor is not None and sequence - anchor == count
             self.anchor = sequence
+            if not exact and count > 1:
+                self.unknown_offsets += count - 1
+                if self.unknown_offsets == count - 1:
+                    logger.info(
+                        "fast batches on stream %r interleave with other writers' messages "
+                        "(another producer, or another connection of this one): their "
+                        "messages are acked with offset=None but each batch's last "
+                        "(fast_ingest=False gives every offset)",
+                        self.stream,
+                    )
             self._acked(records[:count], sequence - count + 1 if exact else None, sequence)
         if chunk.error is not None:
             number, error = chunk.error
@@ -589,15 +600,15 @@ class Lane:
         self.queue.clear()
         return taken
 
-    def close(self, error: ProducerkitError) -> None:
-        """Fail what the lane still holds (never written, not stored) and every unsettled
-        chunk's records (written: possibly stored)."""
+    def close(self, error: ProducerkitError, unwritten: ProducerkitError) -> None:
+        """Fail what the lane still holds with ``unwritten`` (not stored) and every unsettled
+        chunk's records with ``error`` (written: possibly stored)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         reports = self.host.reports
         for record in self.take_unsent():
-            reports.failed(record, error, False)
+            reports.failed(record, unwritten, False)
         self._signal_emptied()
         for chunk in list(self.unsettled.values()):
             self._drop(chunk)

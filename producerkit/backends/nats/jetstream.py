@@ -223,7 +223,7 @@ class JetStreamConnection(NatsClientConnection):
                     lane.drain()
                 except Exception as exc:  # never lose records silently: fail what it holds
                     logger.exception("fast ingest lane %r failed", lane.stream)
-                    lane.close(translate(exc))
+                    lane.close(translate(exc), translate(exc))
 
     def writable(self) -> bool:
         return self._direct_writer is not None and self._nc.is_connected
@@ -511,8 +511,9 @@ class JetStreamConnection(NatsClientConnection):
         awaiting, self._awaiting = self._awaiting, {}
         for record in awaiting.values():
             self.reports.failed(record, error)
+        unwritten = BrokerUnavailable("the connection closed before the message was written")
         for lane in self._stream_lanes.values():
-            lane.close(error)
+            lane.close(error, unwritten)
         for future in list(self._spawned):
             future.cancel()
 
