@@ -9,8 +9,10 @@ with ``possibly_stored`` False only for what the stream does not hold.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,6 +21,7 @@ import pytest
 from conftest import read_jetstream
 
 import producerkit as pk
+from producerkit._spool import read_spool
 from producerkit.backends.nats import fast_ingest
 from producerkit.backends.nats.jetstream import JetStreamConnection, _covers_partitions
 from producerkit.backends.nats.pubacks import batch_puback, flow_ack, flow_notice
@@ -411,6 +414,40 @@ async def test_a_full_stream_ends_the_fast_batch_and_nothing_after_is_stored(
     in_stream = await stored(nats_broker.jetstream_url, topic, 100)
     assert list(in_stream) == [b"s-%d" % n for n in range(100)]
     assert offsets_hold(ledger, in_stream) == 0
+
+
+async def test_the_spool_takes_what_a_fast_batch_failed_and_replay_stores_it_once(
+    nats_broker: NatsSessionBroker, plain_nats: Any, topic: str, tmp_path: Path
+) -> None:
+    """A full stream refuses 200 of 300 messages written in fast batches: they go to the spool,
+    not stored; once the stream has room, ``producerkit replay`` (fast batches too) stores each
+    of them once and empties the spool."""
+    from nats.js.api import DiscardPolicy
+
+    js = plain_nats.jetstream()
+    config = await js.add_stream(
+        name=topic, subjects=[topic], allow_batched=True, max_msgs=100, discard=DiscardPolicy.NEW
+    )
+    spool = tmp_path / "failed.spool"
+    async with pk.Producer(nats_broker.jetstream_url, topic=topic, spool=str(spool)) as producer:
+        for number in range(300):
+            await producer.produce(b"v-%d" % number, nonblocking=True)
+        assert len(await flushed(producer)) == 200
+        assert producer.backend.fast_ingest_acked == 100
+    lines = list(read_spool(spool))
+    assert len(lines) == 200
+    assert not any(line[2].possibly_stored for line in lines)
+    config.config.max_msgs = 1_000
+    await js.update_stream(config.config)
+    done = await anyio.run_process(
+        [sys.executable, "-m", "producerkit", "replay", str(spool), "--url",
+         nats_broker.jetstream_url],
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert spool.read_bytes() == b""
+    in_stream = await stored(nats_broker.jetstream_url, topic, 300)
+    assert sorted(in_stream) == sorted(b"v-%d" % n for n in range(300))
 
 
 def drop_one_message(monkeypatch: pytest.MonkeyPatch) -> list[int]:
