@@ -4,7 +4,9 @@
 - ``connection``: the nats-py client both use (connecting, the publish path, refusals);
 - ``core``: core NATS, acknowledged a burst at a time by PING/PONG;
 - ``jetstream``: JetStream, PubAcks matched by reply subject;
-- ``pubacks``: reading a PubAck's sequence or refusal.
+- ``fast_ingest``: JetStream fast batches (ADR-50), many messages acked at once, on streams that
+  allow them;
+- ``pubacks``: reading a PubAck's sequence or refusal, and a fast batch's replies.
 
 ``errors`` is the one place nats-py's exceptions become producerkit's, and ``_natspy_compat`` the
 one place nats-py's internals are touched (the fast path), behind a probe with nats-py's public

@@ -14,10 +14,12 @@ message, or one the stream refuses, ends the batch: the server commits what it s
 A :class:`Lane` carries one connection's records for one stream, in order. It cuts them into
 *chunks*, one fast batch each, of at most :data:`ACK_INTERVAL` messages:
 
-- a chunk starts with its first message and waits for the server's first reply, which says the
-  ack interval it grants, before writing more (ADR-50: the server may be busy with other fast
-  publishers); then writes while fewer than ``flow * OUTSTANDING`` messages are past the last
-  flow-control ack;
+- a lane's first chunk writes its first message and waits for the server's first reply, which
+  says the ack interval it grants, before writing more (ADR-50: the server may be busy with
+  other fast publishers); later chunks start at the interval last granted (the server answers a
+  chunk's first message only once it has stored the chunk before, so waiting would leave it
+  idle while the client writes). A chunk writes while fewer than ``flow * OUTSTANDING``
+  messages are past its last flow-control ack;
 - its last message commits it: the one written when the lane has nothing more to write at once
   (the end of a burst) or the chunk is full; records produced later start the next chunk;
 - its PubAck settles it. Flow-control acks carry no stream sequence, so a record counts acked
@@ -27,11 +29,12 @@ A :class:`Lane` carries one connection's records for one stream, in order. It cu
   was made, then each of its own stored messages' as their PubAcks come). Where another writer
   interleaved, the chunk's last message has S and the others no offset (None).
 
-Records that a fast batch cannot carry as a PubAck per message does go through the per-message
-path, in the lane's order (the chunk before them is committed first): a ``msg_id`` (the server
-drops a duplicate in a fast batch without saying which message it was, and counts it in the
-batch) and ``Nats-Expected-*`` headers (a failed expectation would end the batch), and a burst
-of fewer than :data:`MIN_CHUNK` records (a chunk costs a round trip before its second message).
+Some records go through the per-message path instead, one PubAck each, in the lane's order
+(the chunk before them is committed first): those with a ``msg_id`` (the server drops a
+duplicate in a fast batch without saying which message it was, and counts it in the batch),
+with ``Nats-Expected-*`` headers (a failed expectation would end the batch), larger than the
+stream's ``max_msg_size`` (refused, it would end the batch), and a burst of fewer than
+:data:`MIN_CHUNK` records.
 
 Failures: a message the stream refuses fails with the server's error (not stored); the
 messages after it in its chunk, which the server dropped unjudged, are sent again each on its
