@@ -383,7 +383,7 @@ class Producer:
             return KafkaAtomicBatch(self._ensure_running, self._transactions,
                                     self.partitions_for, self._submitter, self._window,
                                     self._rules, topic, self._timeout,
-                                    prepare=prepare)  # fmt: skip
+                                    prepare=prepare, fused=lambda: self._admission)  # fmt: skip
         from producerkit._atomic import AtomicBatch
 
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 
 from producerkit._atomic import _TOLD, _pairs
-from producerkit._batch import columns_of, message_at, transformed
+from producerkit._batch import Columns, columns_of, message_at, transformed
 from producerkit._record import Record
-from producerkit._submit import ADMITTED_AT_ONCE
+from producerkit._submit import ADMITTED_AT_ONCE, DECLINED
 from producerkit.errors import AtomicBatchError, ProducerkitError
 
 if TYPE_CHECKING:
@@ -169,9 +169,13 @@ class KafkaAtomicBatch:
         timeout: float,
         *,
         prepare: bool = False,
+        fused: Callable[[], Any] | None = None,
     ) -> None:
         self._start = start
         self._prepare = prepare
+        #: The producer's fused C admission (``Submitter.fused_path``) while it runs, or None:
+        #: what :meth:`produce_batch` admits a plain chunk with.
+        self._fused = fused
         #: With ``prepare``: the transaction left open once the block ended (None before).
         self.prepared: PreparedTransaction | None = None
         self._transactions = transactions
@@ -246,7 +250,13 @@ class KafkaAtomicBatch:
         if columns.headers is not None:
             pairs = [None if item is None else _pairs(item) or None for item in columns.headers]
             columns = columns._replace(headers=pairs)
-        messages = [message_at(self._rules, columns, name, i) for i in range(columns.size)]
+        start = 0
+        fused = None if self._fused is None else self._fused()
+        plain_topic = name or self._rules.default_topic
+        if fused is not None and columns.plain and columns.size and type(plain_topic) is str:
+            await self._add_topic(plain_topic)
+            start = await self._admit_plain(fused, connection, columns, plain_topic)
+        messages = [message_at(self._rules, columns, name, i) for i in range(start, columns.size)]
         for added in dict.fromkeys(message.topic for message in messages):
             await self._add_topic(added)
         admitted, expect = self._submitter.admitted, self._transactions.reports.expect
@@ -261,6 +271,42 @@ class KafkaAtomicBatch:
                 await handed_off
             if self._failed is not None:
                 raise self._failed
+
+    async def _admit_plain(
+        self, fused: Any, connection: Connection, columns: Columns, topic: str
+    ) -> int:
+        """:meth:`produce_batch` for a plain chunk (values and keys), as
+        ``Submitter._submit_plain`` does it but into the transaction's connection: admitted
+        in C ``ADMITTED_AT_ONCE`` at a time (each record's partition routed as ``produce()``
+        routes it). Where it stopped: the size, or the first message it leaves to the checked
+        path; raises what admitting raised, once the records before it are handed over. Its
+        records carry no slot: the batch tells their failure as its own when it fails them
+        (``_told``); one that passes its deadline first is failed by the window as any
+        message is (kept for ``flush()``, given to ``on_error``), and the batch with it."""
+        expect, start = self._transactions.reports.expect, 0
+        while start < columns.size:
+            stop = min(start + ADMITTED_AT_ONCE, columns.size)
+            outcome = fused.admit_chunk(
+                columns.values, columns.keys, topic, start, stop, self._rules.takes_tombstones
+            )
+            if outcome is DECLINED:
+                break
+            end, by_connection, *stopped = outcome
+            records = [record for admitted in by_connection for record in admitted]
+            self._records += records
+            expect(len(records))
+            for _, handed_off in connection.send_many(records, self._send_failed):
+                await handed_off
+            if self._failed is not None:
+                raise self._failed
+            start = end
+            if stopped:
+                if stopped[0] is DECLINED:
+                    break
+                raise stopped[0]
+            if end < stop:  # the window is full: wait for it to drain
+                await self._window.wait_for_room()
+        return start
 
     def _usable(self) -> Connection:
         """The transaction's connection, or the error that says why it takes no message."""
@@ -371,7 +417,17 @@ class KafkaAtomicBatch:
 
     def _fail(self, error: AtomicBatchError, *, possibly_stored: bool) -> None:
         for record in self._records:
-            self._window.failed(record, error, possibly_stored)
+            self._window.failed(_told(record), error, possibly_stored)
+
+
+def _told(record: Record) -> Record:
+    """``record`` as the batch fails it: one the fused path admitted (no slot) carries the
+    batch's ``_TOLD`` then, as :meth:`KafkaAtomicBatch.produce`'s do from their admission, so
+    its failure is the batch's to raise (not kept for ``flush()``, ``on_error`` or the
+    spool)."""
+    if record.slot is not None:
+        return record
+    return Record(*(getattr(record, name) for name in Record._fields))._replace(slot=_TOLD)
 
 
 def _as_batch_error(exc: BaseException, doing: str) -> AtomicBatchError:
