@@ -397,3 +397,27 @@ def test_a_commit_no_coordinator_answers_stays_an_intent_for_the_restart(
     assert log.read(5)["state"] == "intent"  # type: ignore[index]
     assert exactly.recover(config, log).skip == {5: None}
     assert _committed(kafka_cluster, topic) == list(range(20))
+
+
+def test_a_job_whose_commit_is_refused_fails_typed_naming_the_partitions(
+    kafka_cluster: KafkaCluster,
+) -> None:
+    """The driver got a handle a speculative attempt fenced (injected here: the mock does not
+    fence): the commit fails with the refusal's kind, naming what is stored and what is not;
+    the other partitions are committed, the refused one's id initialized again."""
+    topic = _topic(kafka_cluster, partitions=2)
+    config = pks._publish.make_config(
+        kafka_cluster.url, topic=topic, exactly_once=True, timeout=2.0
+    )
+    handles = [
+        _prepared(kafka_cluster, topic, f"pk-s-{p}", range(p * 10, p * 10 + 10)) for p in (0, 1)
+    ]
+    kafka_cluster.fail_requests("EndTxn", ["PRODUCER_FENCED"])
+    try:
+        with pytest.raises(pk.AtomicBatchError, match=r"rows are not stored") as refused:
+            exactly.commit_job(config, handles)
+    finally:
+        kafka_cluster.clear_request_errors("EndTxn")
+    assert refused.value.kind == "fenced" and refused.value.code == 90
+    stored = _committed(kafka_cluster, topic)
+    assert len(stored) == 10 and "open" not in _states(kafka_cluster, topic)
