@@ -81,11 +81,14 @@ class TransactionReports:
         self._all_answered = anyio.Event()
 
     def expect(self, count: int) -> None:
-        """``count`` more messages were sent in the open transaction."""
+        """``count`` more messages were sent in the open transaction (an event set when the
+        earlier ones were all answered is set no more)."""
         self._expected += count
+        if self._all_answered.is_set():
+            self._all_answered = anyio.Event()
 
     async def all_answered(self) -> None:
-        if self._answered < self._expected:
+        while self._answered < self._expected:
             await self._all_answered.wait()
 
     def _count(self, answered: int) -> None:

@@ -5,6 +5,7 @@ transaction-aware view."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -89,3 +90,35 @@ def test_a_bad_message_fails_its_batch_before_any_is_added(
 def test_an_empty_source_prepares_nothing(kafka_cluster: KafkaCluster, topic: str) -> None:
     with pk.SyncProducer(kafka_cluster.url, topic=topic, transactional_id=f"t-{topic}") as sync:
         assert sync.prepare_transaction(iter(())) is None
+
+
+def test_the_prepare_waits_for_every_batch_answered_not_only_the_first(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    """The first batch is answered before the next is drawn; the next ones are answered only
+    after a 300 ms round trip. The transaction is prepared once the last was answered too
+    (every message acked at the prepare, none left in flight)."""
+
+    def batches() -> Iterator[dict[str, Any]]:
+        yield {"values": [b"0-%d" % i for i in range(500)]}
+        time.sleep(0.3)  # answered meanwhile
+        kafka_cluster.set_rtt(None, 300)
+        for number in (1, 2):
+            yield {"values": [b"%d-%d" % (number, i) for i in range(500)]}
+
+    try:
+        with pk.SyncProducer(
+            kafka_cluster.url,
+            topic=topic,
+            transactional_id=f"t-{topic}",
+            timeout=10.0,
+            max_in_flight_messages=2000,
+        ) as sync:
+            prepared = sync.prepare_transaction(batches())
+            stats = sync.stats
+    finally:
+        kafka_cluster.set_rtt(None, 0)
+    assert prepared is not None and prepared.messages == 1500
+    assert (stats.acked, stats.in_flight) == (1500, 0)
+    anyio.run(lambda: transactions.commit_prepared(kafka_cluster.url, prepared))
+    assert len(_committed(kafka_cluster, topic)) == 1500
