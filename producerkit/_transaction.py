@@ -323,13 +323,16 @@ class KafkaAtomicBatch:
         return self._connection
 
     async def _add_topic(self, topic: str) -> None:
-        """Add every partition of ``topic`` to the transaction, at its first message."""
+        """Add every partition of ``topic`` to the transaction, at its first message (and
+        prepare the topic on the transaction's connection, as every connection is before its
+        first message there: else its first batches wait a retry backoff for the leaders)."""
         transactions, connection = self._transactions, self._connection
         assert connection is not None
         if topic in transactions.added:
             return
         try:
             partitions = await self._partitions_for(topic)
+            await connection.prepare_topic(topic)
             await connection.add_to_transaction(topic, sorted(partitions or {0}))
         except (ProducerkitError, TimeoutError) as exc:
             self._failed = _as_batch_error(exc, f"transaction {self.id}: adding its topic")
