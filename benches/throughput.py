@@ -7,6 +7,8 @@
     python benches/throughput.py --only compression [--messages 200000] [--repeat 3]
         [--distinct-values 1000]
     python benches/throughput.py --only batch [--messages 300000] [--repeat 3]
+    python benches/throughput.py --only peers [--messages 200000] [--repeat 3]
+        [--peers-python ~/.venvs/peers313/bin/python]
 
 ``--only defaults``: on Tansu null storage, producerkit at its true defaults, with
 ``preset="throughput"`` alone, and with larger windows (with and without the preset), against
@@ -38,6 +40,21 @@ with ``preset="throughput"``, beside confluent-kafka's produce loop at librdkafk
 awaiting a method that hashes each key with xxhash). Best msg/s and µs per message per runner,
 and the median over rounds of the ratio to the peer in the same round.
 
+``--only peers``: client CPU per message, the headline figure (it holds on a machine with
+more cores; wall-clock ratios against a peer on two shared cores do not). Every runner is run
+by ``benches/_peers.py`` in a fresh process of its own, rounds interleaved and rotated, keyed
+512-byte values: producerkit (``produce()`` at its defaults and with the throughput settings,
+``produce_batch``) and each peer at its own defaults (confluent-kafka's ``produce()``,
+``produce_batch`` and asyncio ``AIOProducer``, kafka-python 3, aiokafka's loop; nats-py's
+``publish_async``, and the fast publishers of nats-jetstream-extra and of natsio with
+natsio-jetstream-batch, which need Python 3.13: ``--peers-python`` names the interpreter of
+a venv that has them). Kafka on Tansu with null storage, a new 4-partition topic per run;
+JetStream on a new file-storage stream per run that allows fast batches. For each run: msg/s,
+the client process's CPU per message over the timed part (all its threads: librdkafka's,
+kafka-python's sender), the broker process's (psutil; only for a broker started here), and the
+client's cores (CPU seconds per second); the table gives medians and ranges, then the issue's
+targets as medians of per-round ratios. A peer that is not installed is skipped, saying why.
+
 Brokers are started here from the installed wheels: Tansu with ``null://`` storage (the protocol
 path only, as in seed 004) and with memory storage, and nats-server with JetStream (memory
 storage). Every runner publishes the same 512-byte values with keys (and once keyless), as fast
@@ -50,10 +67,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -61,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import _brokers
+from _peers import Clock
 
 import producerkit as pk
 from producerkit.testing.brokers import create_kafka_topic
@@ -90,14 +110,14 @@ def make_messages(count: int, keyed: bool) -> Messages:
 async def producerkit_run(url: str, topic: str, messages: Messages, **options: Any) -> int:
     async with pk.Producer(url, topic=topic, **options) as producer:
         await producer.produce(b"warm-up", key=b"warm-up")
-        started = time.perf_counter()
+        clock = Clock()
         produce = producer.produce
         for key, value in messages:
             await produce(value, key=key, nonblocking=True)
         await producer.flush()
-        elapsed = time.perf_counter() - started
+        rate = clock.stop(len(messages))
         assert producer.stats.acked == len(messages) + 1, producer.stats
-    return _rate(len(messages), elapsed)
+    return rate
 
 
 async def trivial_produce_floor(url: str, topic: str, messages: Messages) -> int:
@@ -143,14 +163,14 @@ async def producerkit_batch_run(
     count = sum(len(values) for values, _ in chunks)
     async with pk.Producer(url, topic=topic, **options) as producer:
         await producer.produce(b"warm-up", key=b"warm-up")
-        started = time.perf_counter()
+        clock = Clock()
         produce_batch = producer.produce_batch
         for values, keys in chunks:
             await produce_batch(values, keys=keys)
         await producer.flush()
-        elapsed = time.perf_counter() - started
+        rate = clock.stop(count)
         assert producer.stats.acked == count + 1, producer.stats
-    return _rate(count, elapsed)
+    return rate
 
 
 def on_public_path(run: Runner) -> Runner:
@@ -178,14 +198,14 @@ async def aiokafka_send_loop(url: str, topic: str, messages: Messages) -> int:
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"warm-up", key=b"warm-up")
-        started = time.perf_counter()
+        clock = Clock()
         futures = [await producer.send(topic, value, key=key) for key, value in messages]
         await producer.flush()
-        elapsed = time.perf_counter() - started
+        rate = clock.stop(len(messages))
         assert all(future.done() and future.exception() is None for future in futures)
     finally:
         await producer.stop()
-    return _rate(len(messages), elapsed)
+    return rate
 
 
 async def aiokafka_batches_by_hand(url: str, topic: str, messages: Messages) -> int:
@@ -242,7 +262,7 @@ async def confluent_kafka(url: str, topic: str, messages: Messages, **settings: 
     producer.produce(topic, b"warm-up", key=b"warm-up")
     producer.flush(30)
     delivered = 0
-    started = time.perf_counter()
+    clock = Clock()
     produce, poll = producer.produce, producer.poll
     for key, value in messages:
         while True:
@@ -253,9 +273,85 @@ async def confluent_kafka(url: str, topic: str, messages: Messages, **settings: 
                 poll(0.001)
         poll(0)
     producer.flush(60)
-    elapsed = time.perf_counter() - started
+    rate = clock.stop(len(messages))
     assert delivered == len(messages) and failed == 0, (delivered, failed)
-    return _rate(len(messages), elapsed)
+    return rate
+
+
+async def confluent_kafka_batch(url: str, topic: str, messages: Messages) -> int:
+    """confluent-kafka's ``produce_batch`` at librdkafka's defaults: lists of ``BATCH_CHUNK``
+    message dicts (made before the clock, as producerkit's columns are), one delivery callback;
+    the messages a full queue refused (marked ``_error``) go again after a poll."""
+    from confluent_kafka import Producer
+
+    delivered = failed = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal delivered, failed
+        if err is None:
+            delivered += 1
+        else:
+            failed += 1
+
+    chunks = [
+        [{"key": key, "value": value} for key, value in messages[start : start + BATCH_CHUNK]]
+        for start in range(0, len(messages), BATCH_CHUNK)
+    ]
+    producer = Producer({"bootstrap.servers": _servers(url)})
+    producer.produce(topic, b"warm-up", key=b"warm-up")
+    producer.flush(30)
+    clock = Clock()
+    produce_batch, poll = producer.produce_batch, producer.poll
+    for chunk in chunks:
+        while produce_batch(topic, chunk, on_delivery=on_delivery) < len(chunk):
+            chunk = [message for message in chunk if message.pop("_error", None) is not None]
+            poll(0.001)
+        poll(0)
+    producer.flush(60)
+    rate = clock.stop(len(messages))
+    assert delivered == len(messages) and failed == 0, (delivered, failed)
+    return rate
+
+
+async def confluent_aio(url: str, topic: str, messages: Messages) -> int:
+    """confluent-kafka's asyncio producer (``confluent_kafka.aio.AIOProducer``, 2.13+) at its
+    defaults (4 worker threads, batches of 1,000 handed to librdkafka, librdkafka's defaults):
+    ``await produce()`` per message (a delivery future each), flush, then the futures."""
+    from confluent_kafka.aio import AIOProducer
+
+    producer = AIOProducer({"bootstrap.servers": _servers(url)})
+    try:
+        warm_up = await producer.produce(topic, b"warm-up", key=b"warm-up")
+        await producer.flush()
+        await warm_up
+        clock = Clock()
+        produce = producer.produce
+        futures = [await produce(topic, value, key) for key, value in messages]
+        await producer.flush()
+        await asyncio.gather(*futures)
+        rate = clock.stop(len(messages))
+    finally:
+        await producer.close()
+    return rate
+
+
+async def kafka_python(url: str, topic: str, messages: Messages) -> int:
+    """kafka-python 3 at its defaults (idempotent, acks all, linger 0, 5 requests in flight,
+    its own sender thread): ``send()`` per message (a future each), then ``flush()``."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=_servers(url))
+    try:
+        producer.send(topic, b"warm-up", key=b"warm-up").get(30)
+        clock = Clock()
+        send = producer.send
+        futures = [send(topic, value, key=key) for key, value in messages]
+        producer.flush()
+        rate = clock.stop(len(messages))
+        assert all(future.succeeded() for future in futures)
+    finally:
+        producer.close()
+    return rate
 
 
 # --------------------------------------------------------------------------- NATS peers
@@ -268,13 +364,13 @@ async def nats_publish_async(url: str, topic: str, messages: Messages) -> int:
     nc = await nats.connect(_nats(url))
     try:
         js = nc.jetstream()
-        started = time.perf_counter()
+        clock = Clock()
         futures = [await js.publish_async(topic, value) for _, value in messages]
         await asyncio.gather(*futures)
-        elapsed = time.perf_counter() - started
+        rate = clock.stop(len(messages))
     finally:
         await nc.close()
-    return _rate(len(messages), elapsed)
+    return rate
 
 
 async def nats_task_per_message(url: str, topic: str, messages: Messages) -> int:
@@ -689,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
             "production",
             "compression",
             "batch",
+            "peers",
         ],
         action="append",
     )
@@ -700,6 +797,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--distinct-values", type=int, default=1000, help="--only compression: how many values"
+    )
+    parser.add_argument(
+        "--peers-python",
+        metavar="PYTHON",
+        help="--only peers: the Python 3.13+ interpreter that runs the JetStream fast "
+        "publishers that need it (default: $PRODUCERKIT_PEERS_PYTHON; without either they are "
+        "skipped)",
     )
     parser.add_argument("--json", type=Path, default=Path("results/throughput.json"))
     _brokers.add_broker_flags(parser)
@@ -716,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         return compression_main(args)
     if "batch" in only:
         return batch_main(args)
+    if "peers" in only:
+        return peers_main(args)
     results: dict[str, dict[str, int]] = {}
     if "null" in only:
         print("null:// (no I/O: producerkit's own overhead)", flush=True)
@@ -1141,6 +1247,282 @@ def production_main(args: argparse.Namespace) -> int:
             print(f"| {broker} | {JSON_BATCH_RUNNER} / {BATCH_RUNNER} | | {in_batches:.2f}x |")
     save_report(args.json, report)
     return 0
+
+
+# --------------------------------------------------------------------------- peers: CPU per message
+
+#: ``--only peers``: every runner by its row's name, as ``_peers.py`` runs it in a process of its
+#: own, ``(url, topic, messages) -> msg/s``, its clock (``_peers.Clock``) reading its CPU and the
+#: broker's. Kafka runners publish to a new 4-partition topic on Tansu (null storage), JetStream
+#: runners to a new stream on file storage that allows fast batches (producerkit writes fast
+#: batches to it at its defaults). The peers at their own defaults, except aiokafka's loop
+#: (``aiokafka_send_loop``: linger 0, acks 1, as in the other tables).
+PEER_RUNNERS: dict[str, Callable[[str, str, Messages], Awaitable[int]]] = {
+    "kafka: producerkit produce(), defaults": lambda url, topic, messages: producerkit_run(
+        url, topic, messages
+    ),
+    'kafka: producerkit produce(), preset="throughput"': lambda url, topic, messages: (
+        producerkit_run(url, topic, messages, **KAFKA_SETTINGS)
+    ),
+    'kafka: producerkit produce_batch, preset="throughput"': lambda url, topic, messages: (
+        producerkit_batch_run(url, topic, batch_chunks(messages), **KAFKA_SETTINGS)
+    ),
+    "kafka: confluent-kafka produce()": confluent_kafka,
+    "kafka: confluent-kafka produce_batch": confluent_kafka_batch,
+    "kafka: confluent-kafka AIOProducer": confluent_aio,
+    "kafka: kafka-python 3": kafka_python,
+    "kafka: aiokafka send() loop": aiokafka_send_loop,
+    "jetstream: producerkit produce()": lambda url, topic, messages: producerkit_run(
+        url, topic, messages
+    ),
+    "jetstream: producerkit produce_batch": lambda url, topic, messages: producerkit_batch_run(
+        url, topic, batch_chunks(messages)
+    ),
+    "jetstream: producerkit produce(), fast_ingest=False": lambda url, topic, messages: (
+        producerkit_run(url, topic, messages, fast_ingest=False)
+    ),
+    "jetstream: nats-py publish_async": nats_publish_async,
+}
+#: The module each runner needs beyond producerkit's own, and the package it comes in.
+PEER_NEEDS: dict[str, tuple[str, str]] = {
+    "kafka: confluent-kafka produce()": ("confluent_kafka", "confluent-kafka"),
+    "kafka: confluent-kafka produce_batch": ("confluent_kafka", "confluent-kafka"),
+    "kafka: confluent-kafka AIOProducer": ("confluent_kafka.aio", "confluent-kafka>=2.13"),
+    "kafka: kafka-python 3": ("kafka", "kafka-python>=3"),
+}
+#: The rows ``_peers.py`` runs with the Python 3.13 interpreter (``--peers-python``), and the
+#: name of their runner there (``_peers.FAST_PUBLISHERS``).
+FAST_PUBLISHER_ROWS = {
+    "jetstream: nats-jetstream-extra FastPublisher": "nats-jetstream-extra",
+    "jetstream: natsio + natsio-jetstream-batch": "natsio-jetstream-batch",
+}
+#: ``--only peers``'s targets (issue 41): (what, measure, runner, peer, at most / at least).
+#: ``client`` is client CPU per message (lower is better: the ratio is wanted at most the
+#: bound), ``rate`` msg/s (the ratio is wanted above the bound).
+PK_KAFKA, PK_KAFKA_BATCH = (
+    'kafka: producerkit produce(), preset="throughput"',
+    'kafka: producerkit produce_batch, preset="throughput"',
+)
+PK_JETSTREAM = "jetstream: producerkit produce()"
+PEER_TARGETS: list[tuple[str, str, str, float]] = [
+    ("client", PK_KAFKA, "kafka: confluent-kafka produce()", 0.5),
+    ("client", PK_KAFKA_BATCH, "kafka: confluent-kafka produce()", 0.4),
+    ("client", PK_KAFKA_BATCH, "kafka: confluent-kafka produce_batch", 0.4),
+    ("rate", PK_KAFKA, "kafka: confluent-kafka AIOProducer", 1.0),
+    ("rate", PK_KAFKA, "kafka: kafka-python 3", 1.0),
+    *[
+        (measure, PK_JETSTREAM, peer, 1.0)
+        for peer in ["jetstream: nats-py publish_async", *FAST_PUBLISHER_ROWS]
+        for measure in ("rate", "client")
+    ],
+]
+PEERS_SCRIPT = Path(__file__).with_name("_peers.py")
+
+
+def peers_main(args: argparse.Namespace) -> int:
+    """``--only peers``: see the module docstring."""
+    python = args.peers_python or os.environ.get("PRODUCERKIT_PEERS_PYTHON")
+    rows = {name: sys.executable for name in PEER_RUNNERS}
+    rows.update(dict.fromkeys(FAST_PUBLISHER_ROWS, python or ""))
+    skipped = {name: why for name in rows if (why := _peer_missing(name, rows[name]))}
+    for name, why in skipped.items():
+        print(f"  skipped {name}: {why}", flush=True)
+    names = [name for name in rows if name not in skipped]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    with (
+        _brokers.kafka(args.kafka_url, storage="null://sink") as kafka,
+        _brokers.nats(args.nats_url) as nats,
+    ):
+        print(f"Kafka: tansu null storage at {kafka.kafka_url}; JetStream at {nats.jetstream_url}")
+        for number in range(args.repeat):
+            shift = number % len(names)
+            for name in names[shift:] + names[:shift]:
+                broker = kafka if name.startswith("kafka") else nats
+                one = _run_in_own_process(name, rows[name], broker, args.messages)
+                if one is None:
+                    continue
+                runs[name].append(one)
+                print(f"  round {number + 1} {name:<56} {_run_line(one)}", flush=True)
+    table = [_peer_row(name, runs[name]) for name in names if runs[name]]
+    print(
+        "\n| runner | msg/s | client µs/msg | broker µs/msg | client cores |\n"
+        "|---|---:|---:|---:|---:|"
+    )
+    for row in table:
+        print(
+            f"| {row['runner']} | {_spread(row['rate'], '{:,.0f}')} "
+            f"| {_spread(row['client_us'], '{:.2f}')} | {_spread(row['broker_us'], '{:.2f}')} "
+            f"| {_spread(row['client_cores'], '{:.2f}')} |"
+        )
+    targets = peer_targets(runs)
+    print("\n| target | median ratio (range) | wanted | |\n|---|---:|---:|---|")
+    for target in targets:
+        print(
+            f"| {target['what']} | {_spread(target['ratios'], '{:.2f}x')} "
+            f"| {target['wanted']} | {'met' if target['met'] else 'NOT met'} |"
+        )
+    if FAILED_RUNNERS:
+        print(f"\nfailed: {', '.join(sorted(set(FAILED_RUNNERS)))}", file=sys.stderr)
+    save_report(
+        args.json,
+        {
+            "messages": args.messages,
+            "repeat": args.repeat,
+            "value_bytes": len(VALUE),
+            "cpus": os.cpu_count(),
+            "peers_python": python,
+            "skipped": skipped,
+            "runs": runs,
+            "table": table,
+            "targets": targets,
+            "failed_runners": sorted(set(FAILED_RUNNERS)),
+        },
+    )
+    return 1 if FAILED_RUNNERS else 0
+
+
+def _peer_missing(name: str, python: str) -> str | None:
+    """Why ``name`` cannot run with ``python`` (None: it can)."""
+    if name in FAST_PUBLISHER_ROWS:
+        runner = FAST_PUBLISHER_ROWS[name]
+        if not python:
+            return (
+                f"{runner} needs Python 3.13 or newer: give --peers-python (or "
+                "PRODUCERKIT_PEERS_PYTHON) a 3.13 venv's python with it installed "
+                "(docs/performance.md)"
+            )
+        module = {"nats-jetstream-extra": "nats.jetstream_extra"}.get(
+            runner, "natsio.jetstream_batch"
+        )
+        done = subprocess.run(
+            [python, "-c", f"import {module}, psutil"], capture_output=True, text=True
+        )
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["?"])[-1]
+            return f"{runner} does not import in {python}: {last}"
+        return None
+    module, package = PEER_NEEDS.get(name, ("producerkit", "producerkit"))
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    return None if found else f"{module} is not installed here (pip install '{package}')"
+
+
+def _run_in_own_process(
+    name: str, python: str, broker: _brokers.Broker, count: int
+) -> dict[str, Any] | None:
+    """One run of ``name`` by ``_peers.py`` in a fresh process, on a topic (a stream) of its own
+    made here and deleted afterwards; its figures, or None if it failed (reported)."""
+    kafka = name.startswith("kafka")
+    url = broker.kafka_url if kafka else broker.jetstream_url
+    topic = f"peers{time.monotonic_ns()}"
+    asyncio.run(create_kafka_topic(url, topic, 4) if kafka else new_fast_stream(url, topic))
+    runner = FAST_PUBLISHER_ROWS.get(name, name)
+    command = [python, str(PEERS_SCRIPT), runner, "--url", url, "--topic", topic]
+    command += ["--messages", str(count)]
+    if broker.pid is not None:
+        command += ["--broker-pid", str(broker.pid)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    finally:
+        asyncio.run(delete_topic(url, topic) if kafka else delete_stream(url, topic))
+    if done.returncode:
+        print(f"  {name}: failed:\n{done.stderr[-2000:]}", file=sys.stderr, flush=True)
+        FAILED_RUNNERS.append(name)
+        return None
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+async def new_fast_stream(url: str, name: str) -> None:
+    """A stream ``name`` of subject ``name`` on file storage that allows fast batches."""
+    import nats
+
+    nc = await nats.connect(_nats(url))
+    try:
+        await nc.jetstream().add_stream(
+            name=name, subjects=[name], storage="file", allow_batched=True
+        )
+    finally:
+        await nc.close()
+
+
+async def delete_stream(url: str, name: str) -> None:
+    import nats
+
+    nc = await nats.connect(_nats(url))
+    try:
+        await nc.jetstream().delete_stream(name)
+    finally:
+        await nc.close()
+
+
+def _run_line(one: dict[str, Any]) -> str:
+    broker = one["broker_cpu"]
+    return (
+        f"{one['rate']:>10,} msg/s  client {one['client_cpu'] / one['messages'] * 1e6:5.2f} µs/msg"
+        + ("" if broker is None else f"  broker {broker / one['messages'] * 1e6:5.2f} µs/msg")
+    )
+
+
+def _peer_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A runner's rounds: each figure as its values over the rounds."""
+    return {
+        "runner": name,
+        "rate": [one["rate"] for one in runs],
+        "client_us": [one["client_cpu"] / one["messages"] * 1e6 for one in runs],
+        "broker_us": [
+            one["broker_cpu"] / one["messages"] * 1e6
+            for one in runs
+            if one["broker_cpu"] is not None
+        ],
+        "client_cores": [one["client_cpu"] / one["seconds"] for one in runs],
+    }
+
+
+def _spread(values: list[float], form: str) -> str:
+    """The median and, with more than one value, the range: ``1.23 (1.10-1.40)``."""
+    if not values:
+        return "-"
+    median = form.format(statistics.median(values))
+    if len(values) == 1:
+        return median
+    return f"{median} ({form.format(min(values))}-{form.format(max(values))})"
+
+
+def peer_targets(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each target of ``PEER_TARGETS`` both of whose runners ran: the per-round ratios (the
+    n-th run of one over the n-th of the other), whether their median meets it."""
+    out = []
+    for measure, mine, theirs, bound in PEER_TARGETS:
+        pairs = list(zip(runs.get(mine, []), runs.get(theirs, []), strict=False))
+        if not pairs:
+            continue
+        if measure == "rate":
+            ratios = [a["rate"] / b["rate"] for a, b in pairs]
+            what, wanted, met = "msg/s", f"> {bound:.1f}x", statistics.median(ratios) > bound
+        else:
+            ratios = [
+                (a["client_cpu"] / a["messages"]) / (b["client_cpu"] / b["messages"])
+                for a, b in pairs
+            ]
+            wanted = f"≤ {bound:.1f}x" if bound < 1 else f"< {bound:.1f}x"
+            met = (
+                statistics.median(ratios) <= bound
+                if bound < 1
+                else (statistics.median(ratios) < bound)
+            )
+            what = "client CPU per message"
+        out.append(
+            {
+                "what": f"{what}: {mine} / {theirs}",
+                "ratios": ratios,
+                "wanted": wanted,
+                "met": met,
+            }
+        )
+    return out
 
 
 if __name__ == "__main__":
