@@ -8,6 +8,10 @@ needs (transactional Produce, EndTxn, InitProducerId: :mod:`producerkit.testing.
 and their responses, matched by correlation id, are copied and read. Every other frame is
 skipped over by its size, never copied.
 
+With a :class:`~producerkit.testing.transaction_view.BatchLog` (``record_batches=True``) it
+also reads every Produce request without a transactional id, and its answer, for the
+idempotent producers' batches.
+
 A client that closes its connection half-closes the broker's: answers already on their way
 still pass the recorder (a Produce the broker stored counts even when its client is gone).
 """
@@ -23,7 +27,7 @@ from typing import Any, Final
 
 from producerkit.testing import _txn_wire as wire
 from producerkit.testing._sockets import _listening_socket, _set_nodelay, _stop_listening
-from producerkit.testing.transaction_view import TransactionLog, _Event, _ProduceEvent
+from producerkit.testing.transaction_view import BatchLog, TransactionLog, _Event, _ProduceEvent
 
 _CONTROL_TIMEOUT: Final = 10.0
 _SIZE: Final = struct.Struct(">i")
@@ -90,14 +94,19 @@ class _Frames:
 
 
 class _Tap:
-    """Reads one connection's transactional requests and their responses into the log."""
+    """Reads one connection's transactional requests and their responses into the log (and,
+    given a batch log, the idempotent Produce requests and their answers into that)."""
 
-    __slots__ = ("log", "pending", "requests", "responses")
+    __slots__ = ("batches", "log", "pending", "produced", "requests", "responses")
 
-    def __init__(self, log: TransactionLog) -> None:
+    def __init__(self, log: TransactionLog, batches: BatchLog | None = None) -> None:
         self.log = log
+        self.batches = batches
         #: correlation id -> (api key, version, the events the answer fills in)
         self.pending: dict[int, tuple[int, int, list[_Event]]] = {}
+        #: With a batch log: correlation id -> (version, the batches' (topic, partition) and
+        #: indexes in the log) of idempotent Produce requests.
+        self.produced: dict[int, tuple[int, list[tuple[tuple[str, int], int]]]] = {}
         self.requests = _Frames(_REQUEST_HEAD, self._want_request, self._request)
         self.responses = _Frames(_RESPONSE_HEAD, self._want_response, self._response)
 
@@ -111,6 +120,8 @@ class _Tap:
         try:
             events: list[_Event]
             if api_key == wire.PRODUCE:
+                if self.batches is not None and self._idempotent(correlation_id, version, frame):
+                    return
                 produce = wire.produce_request(frame, version)
                 if produce is None:
                     return
@@ -128,11 +139,51 @@ class _Tap:
         if events:
             self.pending[correlation_id] = (api_key, version, events)
 
+    def _idempotent(self, correlation_id: int, version: int, frame: bytes) -> bool:
+        """Record a Produce request without a transactional id in the batch log (its batches
+        with a producer id); False for a transactional one, left to the transaction log."""
+        batches = self.batches
+        assert batches is not None
+        try:
+            transactional_id, headers = wire.produce_batches(frame, version)
+        except _UNREADABLE:
+            batches._unreadable(wire.PRODUCE, version)
+            return False
+        if transactional_id is not None:
+            return False
+        stamped = [batch for batch in headers if batch.producer_id >= 0]
+        if stamped:
+            indexes = batches._produce(stamped)
+            where = [(batch.topic, batch.partition) for batch in stamped]
+            self.produced[correlation_id] = (version, list(zip(where, indexes, strict=True)))
+        return True
+
     def _want_response(self, head: bytearray) -> bool:
+        if self.produced and _SIZE.unpack_from(head, 4)[0] in self.produced:
+            return True
         return bool(self.pending) and _SIZE.unpack_from(head, 4)[0] in self.pending
+
+    def _batch_response(self, correlation_id: int, frame: bytes) -> bool:
+        """Read an answer the batch log waits for (False: not one of those)."""
+        batches = self.batches
+        assert batches is not None
+        produced = self.produced.pop(correlation_id, None)
+        if produced is None:
+            return False
+        version, indexes = produced
+        try:
+            results = wire.produce_response(frame, version)
+        except _UNREADABLE:
+            batches._unreadable(wire.PRODUCE, version)
+            batches._answer((index, None) for _, index in indexes)
+            return True
+        batches._answer((index, results.get(where)) for where, index in indexes)
+        return True
 
     def _response(self, frame: bytes) -> None:
         (correlation_id,) = _SIZE.unpack_from(frame, 4)
+        if self.batches is not None and self._batch_response(correlation_id, frame):
+            return
         api_key, version, events = self.pending.pop(correlation_id)
         log = self.log
         answers: list[tuple[_Event, tuple[int, ...] | None]]
@@ -159,6 +210,12 @@ class _Tap:
         self.pending.clear()
         if pending:
             self.log._answer([(event, None) for event in pending])
+        if self.batches is not None and self.produced:
+            unanswered = [
+                (index, None) for _, batches in self.produced.values() for _, index in batches
+            ]
+            self.produced.clear()
+            self.batches._answer(unanswered)
 
 
 class _ClientSide(asyncio.Protocol):
@@ -167,7 +224,7 @@ class _ClientSide(asyncio.Protocol):
     def __init__(self, recorder: Recorder, broker: int) -> None:
         self.recorder = recorder
         self.target = recorder.targets[broker]
-        self.tap = _Tap(recorder.log)
+        self.tap = _Tap(recorder.log, recorder.batches)
         self.client: asyncio.Transport | None = None
         self.broker: asyncio.Transport | None = None
         self.early: list[bytes] = []  # bytes that came before the broker connection was made
@@ -270,13 +327,18 @@ class _BrokerSide(asyncio.Protocol):
 
 class Recorder:
     """Listeners for ``targets`` (the mock brokers' own addresses, broker id order) on free
-    loopback ports, forwarding to them and recording into ``log``."""
+    loopback ports, forwarding to them and recording into ``log`` (and ``batches``)."""
 
     def __init__(
-        self, targets: Sequence[tuple[str, int]], log: TransactionLog, host: str = "127.0.0.1"
+        self,
+        targets: Sequence[tuple[str, int]],
+        log: TransactionLog,
+        host: str = "127.0.0.1",
+        batches: BatchLog | None = None,
     ) -> None:
         self.targets = list(targets)
         self.log = log
+        self.batches = batches
         self.host = host
         self._listeners = [_listening_socket(host) for _ in self.targets]
         self._down: set[int] = set()

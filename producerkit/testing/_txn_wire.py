@@ -11,6 +11,11 @@ request, and the fields of three APIs that decide what a ``read_committed`` cons
 - InitProducerId (API 22) requests with a transactional id (v0-v1 fixed, v2+ flexible): the
   transactional id and the transaction timeout; responses: error code, producer id, epoch.
 
+With a :class:`~producerkit.testing.transaction_view.BatchLog` (``KafkaCluster(record_batches=
+True)``) the recorder also reads the Produce requests without a transactional id whose batch
+carries a producer id (an idempotent producer's): the same batch header per partition, and the
+answer's error code and base offset.
+
 Every parser takes one whole frame (its 4-byte size prefix included) and raises
 :class:`ValueError` (or :class:`struct.error`) on bytes it cannot read; the caller forwards
 the frame untouched either way.
@@ -172,6 +177,20 @@ def produce_request(frame: bytes, api_version: int) -> tuple[str, list[BatchHead
     transactional_id = wire.string(compact)
     if transactional_id is None:
         return None
+    return transactional_id, _produce_batches(wire, compact)
+
+
+def produce_batches(frame: bytes, api_version: int) -> tuple[str | None, list[BatchHeader]]:
+    """The transactional id (None: none) and each partition's batch header of any Produce
+    request (for the batch recorder, which reads idempotent producers' requests too)."""
+    wire, compact = _request_body(frame, PRODUCE, api_version)
+    transactional_id = wire.string(compact)
+    return transactional_id, _produce_batches(wire, compact)
+
+
+def _produce_batches(wire: _Wire, compact: bool) -> list[BatchHeader]:
+    """Each partition's first batch header, from a Produce request's acks field on."""
+    frame = wire.data
     wire.skip(6)  # acks, timeout_ms
     batches: list[BatchHeader] = []
     for _ in range(wire.length(compact)):
@@ -197,7 +216,7 @@ def produce_request(frame: bytes, api_version: int) -> tuple[str, list[BatchHead
                 wire.tagged_fields()
         if compact:
             wire.tagged_fields()
-    return transactional_id, batches
+    return batches
 
 
 def produce_response(frame: bytes, api_version: int) -> dict[tuple[str, int], tuple[int, int]]:

@@ -47,7 +47,7 @@ from producerkit.errors import ConfigurationError, MissingDependencyError
 if TYPE_CHECKING:
     from producerkit.testing._recorder import Recorder
     from producerkit.testing.proxy import FaultProxy
-    from producerkit.testing.transaction_view import TransactionLog
+    from producerkit.testing.transaction_view import BatchLog, TransactionLog
 
 __all__ = [
     "API_KEYS",
@@ -283,11 +283,24 @@ class KafkaCluster:
     ``isolation_level="read_committed"`` serves what Apache Kafka would
     (:mod:`producerkit.testing.transaction_view`). Without it, clients talk to the mock's own
     ports and ``read_committed`` is refused.
+
+    With ``record_batches`` (off by default: it copies and reads every Produce request, and
+    keeps some 40 bytes per batch for the cluster's life) the recorders also record every
+    idempotent producer's Produce batch with its answer (:attr:`batches`): the producer id,
+    epoch and base sequence each batch was sent with, and where it was stored. The mock stores
+    an idempotent producer's retried batch again where Apache Kafka would not. It needs the
+    recorders (``record_transactions``).
     """
 
-    def __init__(self, brokers: int = 3, *, record_transactions: bool = True) -> None:
+    def __init__(
+        self, brokers: int = 3, *, record_transactions: bool = True, record_batches: bool = False
+    ) -> None:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ConfigurationError(f"a KafkaCluster needs at least 1 broker, got {brokers!r}")
+        if record_batches and not record_transactions:
+            raise ConfigurationError(
+                "record_batches needs the recorders that record_transactions=False leaves out"
+            )
         self._lib = _librdkafka()
         self._lock = threading.Lock()
         self._failed_apis: set[int] = set()
@@ -295,12 +308,21 @@ class KafkaCluster:
         self._faults: FaultProxy | None = None
         self._recorder: Recorder | None = None
         self._transactions: TransactionLog | None = None
+        self._batches: BatchLog | None = None
+        if record_batches:
+            from producerkit.testing.transaction_view import BatchLog
+
+            self._batches = BatchLog()
         self._rk: int | None
         self._mcluster: int | None
         self._rk, self._mcluster = self._start(brokers)
         raw = self._lib.rd_kafka_mock_cluster_bootstraps(self._mcluster)
         #: The brokers' ``host:port``, comma-separated, in broker id order: for a plain client.
         self.bootstrap: str = raw.decode()
+        #: The mock brokers' own ``host:port``, in broker id order: where each recorder forwards
+        #: to (the same as :attr:`bootstrap` without recorders). Traffic sent here is not
+        #: recorded, and Metadata answers still name :attr:`bootstrap`'s addresses.
+        self.mock_addresses: tuple[str, ...] = tuple(self.bootstrap.split(","))
         #: The brokers' ids, as librdkafka numbers them: 1..N.
         self.broker_ids: tuple[int, ...] = tuple(range(1, brokers + 1))
         if record_transactions:
@@ -323,7 +345,9 @@ class KafkaCluster:
             host, _, text = address.rpartition(":")
             targets.append((host, int(text)))
         self._transactions = TransactionLog()
-        self._recorder = recorder = Recorder(targets, self._transactions).start()
+        self._recorder = recorder = Recorder(
+            targets, self._transactions, batches=self._batches
+        ).start()
         addresses = []
         for index, broker in enumerate(self.broker_ids):
             port = recorder.port(index)
@@ -544,6 +568,18 @@ class KafkaCluster:
                 "this KafkaCluster does not record transactions (record_transactions=False)"
             )
         return self._transactions
+
+    @property
+    def batches(self) -> BatchLog:
+        """Every idempotent producer's Produce batch, with its answer
+        (:class:`~producerkit.testing.transaction_view.BatchLog`). A
+        :class:`~producerkit.errors.ConfigurationError` on a cluster made without
+        ``record_batches=True``."""
+        if self._batches is None:
+            raise ConfigurationError(
+                "this KafkaCluster does not record batches (make it with record_batches=True)"
+            )
+        return self._batches
 
     def read(
         self,
