@@ -1,13 +1,16 @@
 """Chaos: open-loop keyed load through a fault proxy, random faults, then every message checked
 against what the broker stored.
 
-    python benches/chaos.py --minutes M --seed S --backend kafka|jetstream
+    python benches/chaos.py --minutes M --seed S --backend kafka|jetstream|kafka-cluster
         [--preset throughput] [--rate N] [--json PATH] [--plot PATH]
 
 The broker is started here from the installed wheels, behind a ``BrokerFaults`` proxy that the
 producer connects through: Tansu with memory storage (a topic of ``--partitions`` partitions,
 created with aiokafka's admin client) or nats-server with JetStream on file storage in a temp dir
-(``create_stream=True, stream_storage="file"``, each message with a unique ``msg_id``).
+(``create_stream=True, stream_storage="file"``, each message with a unique ``msg_id``). Or
+(``kafka-cluster``) librdkafka's mock cluster of 3 brokers in this process
+(``producerkit.testing.KafkaCluster``, recording the idempotent Produce batches), a topic of
+``--partitions`` partitions with replication 3, behind the cluster's own fault proxy.
 
 1. Capacity: without faults, the producer publishes as fast as it can for ``--capacity-seconds``
    to a topic of its own; the load runs at half that rate (or at ``--rate``).
@@ -19,12 +22,19 @@ created with aiokafka's admin client) or nats-server with JetStream on file stor
    ``possibly_stored``) with its ``time.monotonic()`` stamp, and each produce() call is timed.
 3. Faults (seeded): after a quiet gap of 5-20 s, one of the proxy's stall, blackhole, reset,
    refuse, slow, or (JetStream: its file store survives) kill -9 of the broker and a restart,
-   lasting 1-10 s; modes are drawn from a shuffled bag, so each comes before any repeats. None
-   starts unless it ends ``timeout + 3`` s before the load does. Windows come from the proxy's log.
+   lasting 1-10 s, or on the cluster one of its own (``ClusterFaults``: every leader moved; a
+   leader's broker down, its partitions moved 2 s later, up again 1-10 s after that; bursts of
+   retriable Produce errors, rarely a sequence error); modes are drawn from a shuffled bag, so
+   each comes before any repeats. None starts unless it ends ``timeout + 3`` s before the load
+   does. Windows come from the proxy's log (and the cluster faults' own).
 4. End: stop producing, clear the faults, close the producer (every message now has an outcome),
    stop the proxy, let the broker settle, and read everything back with another client straight
    from the broker (aiokafka consumers, a partition each, to the high watermark; their Fetch wait
-   made for Tansu's memory store, see READ_WAIT / nats-py pull consumer).
+   made for Tansu's memory store, see READ_WAIT / nats-py pull consumer). The cluster's mock
+   keeps only the last 5 MB of each partition, so its topic is read while the load runs
+   (``LiveReader``), and duplicates and per-key order are judged on the log Apache Kafka would
+   have kept (``KafkaReplay``): the mock stores an idempotent producer's retried batch again and
+   a batch past a sequence gap at once, where Kafka would not.
 
 Exit code 0 when every must-be-0 check holds (see ``CHECKS`` and docs/reliability.md, "Chaos
 runs"), 1 otherwise.
@@ -42,13 +52,16 @@ import os
 import platform
 import random
 import socket
+import struct
 import sys
+import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import producerkit as pk
 from producerkit.testing.brokers import (
@@ -58,12 +71,40 @@ from producerkit.testing.brokers import (
     start_kafka,
     start_nats,
 )
+from producerkit.testing.proxy import FaultLog, FaultProxy
+
+if TYPE_CHECKING:
+    from producerkit.testing.kafka_cluster import KafkaCluster
+    from producerkit.testing.transaction_view import BatchLog
 
 VALUE_SIZE = 100
 #: The proxy's faults on both backends; ``kill`` only where the store survives it (JetStream).
 PROXY_MODES = ("stall", "blackhole", "reset", "refuse", "slow")
+#: The cluster's own faults (``--backend kafka-cluster``): every partition's leader moved; a
+#: leader's broker down, its partitions moved MOVE_AFTER s later, back up later; bursts of
+#: Produce errors. See ClusterFaults.
+CLUSTER_MODES = ("leaders", "broker_down", "errors")
+#: Faults that start and end at once.
+INSTANT_MODES = ("reset", "leaders")
 GAP = (5.0, 20.0)
 DURATION = (1.0, 10.0)
+CLUSTER_BROKERS = 3
+#: The cluster's default rate cap (msg/s): the mock answers a Fetch with one batch a partition,
+#: found by walking the partition's batches from the oldest it keeps (the last 5 MB), so
+#: reading back a full partition of small batches costs it some 0.5 ms a batch at the tail. A
+#: reader that falls behind walks less and catches up; at this rate it settles well inside
+#: the 5 MB (the report's read margin).
+CLUSTER_MAX_RATE = 2000.0
+REPLICATION = 3
+MOVE_AFTER = 2.0
+#: ``errors``: a burst of 1-8 of these every 0.2-1 s for the fault's duration, answered to the
+#: next Produce requests on any broker (each failed request stores nothing), and in 1 burst of
+#: SEQUENCE_ERROR_SHARE one of SEQUENCE_ERRORS, which make an idempotent producer bump its epoch.
+RETRIABLE_ERRORS = ("NOT_LEADER_OR_FOLLOWER", "NOT_ENOUGH_REPLICAS", "REQUEST_TIMED_OUT")
+SEQUENCE_ERRORS = ("OUT_OF_ORDER_SEQUENCE_NUMBER", "UNKNOWN_PRODUCER_ID")
+SEQUENCE_ERROR_SHARE = 0.1
+BURST = (1, 8)
+BURST_EVERY = (0.2, 1.0)
 #: ``slow`` carries this many bytes/s each way (log-uniform).
 SLOW_RATE = (20_000.0, 200_000.0)
 #: A produce() call may block at most this long past the producer's timeout.
@@ -83,6 +124,8 @@ READ_WAIT = 5.0
 READ_WAIT_MAX = 80.0
 READ_PARALLEL = 2
 FETCH_BYTES = 5 * 1024 * 1024
+#: The cluster's live read-back reads on to the end offsets for at most this long after the load.
+FINISH_WAIT = 120.0
 #: Messages shown per failed check.
 EXAMPLES = 20
 SAMPLE_EVERY = 0.5
@@ -164,12 +207,27 @@ class Ledger:
 
 class Stored:
     """What the broker holds, read back: copies per message id, whether a copy sits where its
-    Delivery said, and per-key order among first copies."""
+    Delivery said, and per-key order among first copies.
 
-    def __init__(self, ledger: Ledger) -> None:
+    ``live``: read while the load runs (the cluster's, whose mock keeps only the last 5 MB of
+    each partition): sized for every message the ledger can hold, and a copy read before its
+    message's Delivery was recorded is checked against it again by :meth:`finish`.
+    ``positions``: also keep which message sits at each offset of each partition, and each
+    message's key and sequence, for :func:`kafka_view` (some 10 bytes a message)."""
+
+    def __init__(self, ledger: Ledger, live: bool = False, positions: bool = False) -> None:
         self.ledger = ledger
-        self.copies = bytearray(ledger.sent)
-        self.at_offset = bytearray(ledger.sent)
+        size = len(ledger.status) if live else ledger.sent
+        self.live = live
+        self.copies = bytearray(size)
+        self.at_offset = bytearray(size)
+        # Copies that did not sit where their message's Delivery said when they were read:
+        # (id, partition, offset), checked again once every outcome is in (live reads).
+        self._unsettled = (array("I"), array("b"), array("I"))
+        #: partition -> the message id + 1 at each offset (0: none of this run's messages)
+        self.positions: dict[int, array[int]] | None = {} if positions else None
+        self.key = array("H", bytes(2 * size)) if positions else array("H")
+        self.sequence = array("I", bytes(4 * size)) if positions else array("I")
         self.records = 0
         self.warm_ups = 0
         self.duplicates = 0
@@ -196,6 +254,11 @@ class Stored:
             return
         if ledger.partition[i] == partition and ledger.offset[i] == offset + 1:
             self.at_offset[i] = 1
+        elif self.live:
+            for column, item in zip(self._unsettled, (i, partition, offset), strict=True):
+                column.append(item)
+        if self.positions is not None:
+            self._place(partition, offset, i, key, seq)
         copies = self.copies[i]
         if copies:
             self.duplicates += 1
@@ -210,8 +273,37 @@ class Stored:
         else:
             self._last[(partition, key)] = (seq, i, offset)
 
+    def _place(self, partition: int, offset: int, i: int, key: int, seq: int) -> None:
+        assert self.positions is not None
+        column = self.positions.get(partition)
+        if column is None:
+            column = self.positions[partition] = array("I")
+        if offset >= len(column):
+            column.frombytes(bytes(4 * (offset + 1 - len(column))))
+        column[offset] = i + 1
+        self.key[i] = key
+        self.sequence[i] = seq
+
+    def finish(self) -> None:
+        """Every outcome is in: check the copies read before their Delivery again."""
+        ledger, at_offset = self.ledger, self.at_offset
+        for i, partition, offset in zip(*self._unsettled, strict=True):
+            if ledger.partition[i] == partition and ledger.offset[i] == offset + 1:
+                at_offset[i] = 1
+        self._unsettled = (array("I"), array("b"), array("I"))
+
 
 # --------------------------------------------------------------------------- faults
+
+
+def default_modes(backend: str) -> tuple[str, ...]:
+    """Every fault the backend takes: the proxy's; JetStream's kill -9 (its file store survives
+    it; Tansu's memory store would not); the cluster's own."""
+    if backend == "jetstream":
+        return (*PROXY_MODES, "kill")
+    if backend == "kafka-cluster":
+        return PROXY_MODES + CLUSTER_MODES
+    return PROXY_MODES
 
 
 def fault_plan(
@@ -225,7 +317,9 @@ def fault_plan(
             rng.shuffle(bag)
         mode = bag.pop()
         gap = rng.uniform(*GAP)
-        seconds = 0.0 if mode == "reset" else rng.uniform(*DURATION)
+        seconds = 0.0 if mode in INSTANT_MODES else rng.uniform(*DURATION)
+        if mode == "broker_down":
+            seconds += MOVE_AFTER  # down, MOVE_AFTER s to the move, then 1-10 s until up
         rate = math.exp(rng.uniform(*map(math.log, SLOW_RATE)))
         yield gap, mode, seconds, rate
 
@@ -234,8 +328,101 @@ class HarnessError(Exception):
     """The run does not test what it says: its verdict is FAIL, whatever the checks say."""
 
 
+class ClusterFaults:
+    """The cluster's own faults on ``topic``, each logged as a window in :attr:`log` (the
+    proxy's are in its own): ``leaders`` moves every partition's leader to another broker (at
+    once); ``broker_down`` takes a broker that leads partitions down, moves its partitions to
+    the others MOVE_AFTER s later and takes it back up when the fault ends; ``errors`` answers
+    bursts of the next Produce requests with retriable errors (rarely a sequence error) until
+    it ends, then drops what is left of them. Choices are drawn from ``rng``; leaders are kept
+    here (partition p starts on broker p % N + 1, as ``create_topic`` puts it)."""
+
+    def __init__(
+        self, cluster: KafkaCluster, topic: str, partitions: int, rng: random.Random
+    ) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.rng = rng
+        self.brokers = cluster.broker_ids
+        self.leaders = {p: self.brokers[p % len(self.brokers)] for p in range(partitions)}
+        self.log = FaultLog()
+        self.errors_pushed: Counter[str] = Counter()
+
+    async def apply(self, mode: str, seconds: float) -> None:
+        if mode == "leaders":
+            await self.move_leaders()
+        elif mode == "broker_down":
+            await self.broker_down(seconds)
+        else:
+            await self.request_errors(seconds)
+
+    async def move_leaders(self) -> None:
+        moved = {
+            p: self.rng.choice([b for b in self.brokers if b != leader])
+            for p, leader in self.leaders.items()
+        }
+        self.log.instant(
+            "leaders", " ".join(f"p{p}:{self.leaders[p]}->{b}" for p, b in moved.items())
+        )
+        await asyncio.to_thread(self._set_leaders, moved)
+
+    async def broker_down(self, seconds: float) -> None:
+        victim = self.rng.choice(sorted(set(self.leaders.values())))
+        others = [b for b in self.brokers if b != victim]
+        led = sorted(p for p, b in self.leaders.items() if b == victim)
+        moved = {p: others[k % len(others)] for k, p in enumerate(led)}
+        window = self.log.open(
+            "broker_down",
+            f"broker {victim} down, its partitions "
+            + " ".join(f"p{p}->{b}" for p, b in moved.items())
+            + f" {MOVE_AFTER:g} s later, up after {seconds:.1f} s",
+        )
+        try:
+            await asyncio.to_thread(self.cluster.broker_down, victim)
+            await asyncio.sleep(MOVE_AFTER)
+            await asyncio.to_thread(self._set_leaders, moved)
+            await asyncio.sleep(seconds - MOVE_AFTER)
+            await asyncio.to_thread(self.cluster.broker_up, victim)
+        finally:
+            self.log.close(window)
+
+    async def request_errors(self, seconds: float) -> None:
+        bursts: list[tuple[float, list[str]]] = []  # drawn first: the window names them all
+        at = 0.0
+        while at < seconds:
+            burst = [self.rng.choice(RETRIABLE_ERRORS) for _ in range(self.rng.randint(*BURST))]
+            if self.rng.random() < SEQUENCE_ERROR_SHARE:
+                burst.insert(self.rng.randrange(len(burst) + 1), self.rng.choice(SEQUENCE_ERRORS))
+            bursts.append((at, burst))
+            at += self.rng.uniform(*BURST_EVERY)
+        counts = Counter(error for _, burst in bursts for error in burst)
+        window = self.log.open(
+            "errors",
+            f"{len(bursts)} bursts over {seconds:.1f} s: "
+            + ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())),
+        )
+        started = time.monotonic()
+        try:
+            for at, burst in bursts:
+                await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+                await asyncio.to_thread(self.cluster.fail_requests, "Produce", burst)
+                self.errors_pushed.update(burst)
+            await asyncio.sleep(max(0.0, started + seconds - time.monotonic()))
+        finally:
+            await asyncio.to_thread(self.cluster.clear_request_errors, "Produce")
+            self.log.close(window)
+
+    def _set_leaders(self, moved: dict[int, int]) -> None:
+        for partition, broker in moved.items():
+            self.cluster.set_leader(self.topic, partition, broker)
+            self.leaders[partition] = broker
+
+
 async def inject_faults(
-    faults: BrokerFaults, plan: Iterator[tuple[float, str, float, float]], last_end: float
+    faults: FaultProxy,
+    plan: Iterator[tuple[float, str, float, float]],
+    last_end: float,
+    cluster: ClusterFaults | None = None,
 ) -> None:
     """Apply the plan's faults one after the other until the next would end after
     ``last_end`` (``time.monotonic()``). Every control runs in a thread: kill and restart wait
@@ -246,7 +433,11 @@ async def inject_faults(
         if start + seconds > last_end:
             return
         await asyncio.sleep(gap)
-        if mode == "kill":
+        if mode in CLUSTER_MODES:
+            assert cluster is not None
+            await cluster.apply(mode, seconds)
+        elif mode == "kill":
+            assert isinstance(faults, BrokerFaults)
             await asyncio.to_thread(faults.kill)
             await asyncio.sleep(seconds)
             await asyncio.to_thread(faults.restart)
@@ -261,7 +452,7 @@ async def inject_faults(
         await asyncio.to_thread(check_accepting, faults, mode)
 
 
-def check_accepting(faults: BrokerFaults, mode: str, wait: float = 3.0) -> None:
+def check_accepting(faults: FaultProxy, mode: str, wait: float = 3.0) -> None:
     """The proxy takes a connection within ``wait`` seconds (its fault over), else HarnessError."""
     host, port = faults.host_port.rsplit(":", 1)
     deadline = time.monotonic() + wait
@@ -369,7 +560,11 @@ async def send_load(
 
 
 async def sample(
-    producer: pk.Producer, ledger: Ledger, faults: BrokerFaults, samples: list[dict[str, Any]]
+    producer: pk.Producer,
+    ledger: Ledger,
+    active: Callable[[], tuple[str, ...]],
+    samples: list[dict[str, Any]],
+    live: LiveReader | None = None,
 ) -> None:
     """Every SAMPLE_EVERY s: the producer's stats and the RSS; every 10 s a progress line."""
     baseline = producer.stats
@@ -385,15 +580,15 @@ async def sample(
                 "acked": stats.acked - baseline.acked,
                 "failed": stats.failed - baseline.failed,
                 "rss_mb": round(rss_mb(), 1),
+                **({"read_lag": max(live.lag)} if live is not None else {}),
             }
         )
         if t >= next_line:
             next_line += 10.0
-            active = ",".join(faults.log.active()) or "-"
             print(
                 f"  t={t:6.0f}s sent={ledger.sent:,} acked={stats.acked - baseline.acked:,} "
                 f"failed={stats.failed - baseline.failed:,} in flight={stats.in_flight:,} "
-                f"faults={active}",
+                f"faults={','.join(active()) or '-'}",
                 flush=True,
             )
         await asyncio.sleep(SAMPLE_EVERY)
@@ -500,6 +695,282 @@ async def read_kafka_partition(
             limit.release()
 
 
+class ServedBatch(NamedTuple):
+    """A record batch as the mock stored it: where, and the producer's stamp on it."""
+
+    partition: int
+    base_offset: int
+    producer_id: int
+    epoch: int
+    base_sequence: int
+    record_count: int
+
+
+# Kafka's Fetch v5 (record batches, the log start offset, fixed-width fields) as the live
+# read-back speaks it.
+_FETCH = struct.Struct(">hhih")  # api key, version, correlation id, client id length
+_FETCH_HEAD = struct.Struct(">iiiib")  # replica, max wait ms, min bytes, max bytes, isolation
+_FETCH_PARTITION = struct.Struct(">iqqi")  # partition, offset, log start, partition max bytes
+_PARTITION_HEAD = struct.Struct(">ihqqq")  # partition, error, high watermark, stable, log start
+_BATCH_HEAD = struct.Struct(">qiib")  # base offset, batch length, leader epoch, magic
+_I32 = struct.Struct(">i")
+_CLIENT_ID = b"chaos-live-read"
+OFFSET_OUT_OF_RANGE = 1
+COMPRESSION_MASK = 0x07
+CONTROL_BATCH = 0x20
+
+
+def fetch_request(
+    correlation_id: int, topic: str, at: list[tuple[int, int]], wait_ms: int
+) -> bytes:
+    """A Fetch v5 request for ``topic``'s partitions at these offsets."""
+    name = topic.encode()
+    body = b"".join(
+        (
+            _FETCH.pack(1, 5, correlation_id, len(_CLIENT_ID)),
+            _CLIENT_ID,
+            _FETCH_HEAD.pack(-1, wait_ms, 1, FETCH_BYTES, 0),
+            _I32.pack(1),
+            struct.pack(">h", len(name)),
+            name,
+            _I32.pack(len(at)),
+            *(_FETCH_PARTITION.pack(p, offset, -1, FETCH_BYTES) for p, offset in at),
+        )
+    )
+    return _I32.pack(len(body)) + body
+
+
+def fetch_response(frame: bytes) -> Iterator[tuple[int, int, int, int, bytes]]:
+    """``(partition, error code, high watermark, log start offset, records)`` of a Fetch v5
+    response (the frame after its size prefix)."""
+    pos = 8  # correlation id, throttle time
+    (topics,) = _I32.unpack_from(frame, pos)
+    pos += 4
+    for _ in range(topics):
+        (length,) = struct.unpack_from(">h", frame, pos)
+        pos += 2 + length
+        (partitions,) = _I32.unpack_from(frame, pos)
+        pos += 4
+        for _ in range(partitions):
+            partition, error, high, _, start = _PARTITION_HEAD.unpack_from(frame, pos)
+            pos += _PARTITION_HEAD.size
+            (aborted,) = _I32.unpack_from(frame, pos)
+            pos += 4 + 16 * max(aborted, 0)
+            (size,) = _I32.unpack_from(frame, pos)
+            pos += 4
+            records = frame[pos : pos + max(size, 0)]
+            pos += max(size, 0)
+            yield partition, error, high, start, records
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint at ``pos``: (value, position after it)."""
+    shift = result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def record_batches(
+    partition: int, records: bytes
+) -> Iterator[tuple[ServedBatch, list[tuple[int, bytes]]]]:
+    """Each whole record batch (magic 2) in a partition's records: its header and its
+    ``(offset, value)`` pairs (a batch cut short at the end is left out: it comes again)."""
+    pos, end = 0, len(records)
+    while pos + 61 <= end:
+        base_offset, length, _, magic = _BATCH_HEAD.unpack_from(records, pos)
+        stop = pos + 12 + length
+        if stop > end:
+            return
+        if magic == 2:
+            (attributes,) = struct.unpack_from(">h", records, pos + 21)
+            producer_id, epoch, sequence, count = struct.unpack_from(">qhii", records, pos + 43)
+            if attributes & COMPRESSION_MASK:
+                raise HarnessError("the live read-back reads uncompressed batches only")
+            values: list[tuple[int, bytes]] = []
+            at = pos + 61
+            for _ in range(count if not attributes & CONTROL_BATCH else 0):
+                size, at = _varint(records, at)
+                following = at + size
+                _, at = _varint(records, at + 1)  # attributes (1 byte), timestamp delta
+                delta, at = _varint(records, at)
+                key_size, at = _varint(records, at)
+                value_size, at = _varint(records, at + max(key_size, 0))
+                values.append((base_offset + delta, records[at : at + max(value_size, 0)]))
+                at = following
+            yield (
+                ServedBatch(partition, base_offset, producer_id, epoch, sequence, count),
+                values,
+            )
+        pos = stop
+
+
+class LiveReader:
+    """Reads ``topic`` of the cluster from offset 0 while the load runs, straight from the mock
+    brokers' own ports (not through the recorders or the fault proxy), in a thread with its own
+    event loop: a Fetch v5 connection per broker, asking for the partitions ``leaders()`` says
+    it leads. The mock keeps only the last 5 MB (or 100,000 batches) of each partition, so a
+    read after a long run would find most of it gone, and it answers a Fetch with one batch a
+    partition, so a client that costs much per Fetch (aiokafka through the recorders, tried)
+    falls behind; this one stays well behind neither. Each record goes to ``visit`` in offset
+    order per partition, from this thread, and each batch's header (producer id, epoch, base
+    sequence, as the mock stored it) into :attr:`batches`.
+
+    A record it never got (a Fetch answered OFFSET_OUT_OF_RANGE: the mock dropped it first) is
+    a harness error in :attr:`errors`. :meth:`finish` reads on to each partition's high
+    watermark as a Fetch after the call gives it, then stops."""
+
+    def __init__(
+        self,
+        addresses: tuple[str, ...],
+        topic: str,
+        leaders: Callable[[], dict[int, int]],
+        visit: Callable[[int, int, bytes], None],
+    ) -> None:
+        self.addresses = addresses
+        self.topic = topic
+        self.leaders = leaders
+        self.visit = visit
+        partitions = len(leaders())
+        self.positions = [0] * partitions
+        self.lag = [0] * partitions  # records between each high watermark and the read
+        self.max_lag = 0
+        #: the fewest records between the read and the oldest the mock still keeps (None: it
+        #: kept every one)
+        self.margin: int | None = None
+        self.ends: list[int | None] = [None] * partitions  # high watermarks after finish()
+        #: partition -> (base offset, producer id, epoch, base sequence, count) of each batch
+        self.batches = {
+            p: (array("q"), array("q"), array("h"), array("i"), array("i"))
+            for p in range(partitions)
+        }
+        self.errors: list[str] = []
+        self.fetches = 0
+        self.reconnects = 0
+        self._finishing = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="chaos-live-reader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def served(self) -> Iterator[ServedBatch]:
+        """Every batch read, partition by partition, in offset order."""
+        for partition, columns in self.batches.items():
+            for base_offset, producer, epoch, sequence, count in zip(*columns, strict=True):
+                yield ServedBatch(partition, base_offset, producer, epoch, sequence, count)
+
+    async def finish(self, wait: float = FINISH_WAIT) -> int:
+        """Read on to the high watermarks (the load is over), at most ``wait`` s; returns their
+        sum (the offsets the cluster assigned)."""
+        self._finishing.set()
+        await asyncio.to_thread(self._thread.join, wait)
+        if self._thread.is_alive():
+            self._done = True
+            self.errors.append(
+                f"the read-back stopped at {self.positions}, short of the high watermarks"
+                f" {self.ends}, after {wait:g} s"
+            )
+            await asyncio.to_thread(self._thread.join, 10.0)
+        return sum(end or 0 for end in self.ends)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._read())
+        except Exception as exc:  # the report says so: the read is incomplete
+            self.errors.append(f"the read-back failed: {type(exc).__name__}: {exc}")
+
+    async def _read(self) -> None:
+        tasks = [
+            asyncio.ensure_future(self._broker(broker))
+            for broker in range(1, len(self.addresses) + 1)
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _complete(self) -> bool:
+        return self._done or all(
+            end is not None and position >= end
+            for position, end in zip(self.positions, self.ends, strict=True)
+        )
+
+    async def _broker(self, broker: int) -> None:
+        host, _, port = self.addresses[broker - 1].rpartition(":")
+        streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        correlation_id = 0
+        try:
+            while not self._complete():
+                wanted = sorted(p for p, b in self.leaders().items() if b == broker)
+                if not wanted:
+                    await asyncio.sleep(0.05)
+                    continue
+                finishing = self._finishing.is_set()
+                try:
+                    if streams is None:
+                        streams = await asyncio.wait_for(
+                            asyncio.open_connection(host, int(port)), 2.0
+                        )
+                    reader, writer = streams
+                    correlation_id += 1
+                    at = [(p, self.positions[p]) for p in wanted]
+                    writer.write(fetch_request(correlation_id, self.topic, at, 100))
+                    (size,) = _I32.unpack(await asyncio.wait_for(reader.readexactly(4), 10.0))
+                    frame = await asyncio.wait_for(reader.readexactly(size), 10.0)
+                except (OSError, asyncio.IncompleteReadError, TimeoutError):
+                    if streams is not None:
+                        streams[1].close()
+                        streams = None
+                        self.reconnects += 1
+                    await asyncio.sleep(0.1)  # a broker down: its partitions move soon
+                    continue
+                self.fetches += 1
+                self._take(frame, finishing)
+        finally:
+            if streams is not None:
+                streams[1].close()
+
+    def _take(self, frame: bytes, finishing: bool) -> None:
+        positions = self.positions
+        for partition, error, high, start, records in fetch_response(frame):
+            if error == OFFSET_OUT_OF_RANGE:
+                self.errors.append(
+                    f"the read-back fell behind the mock's retention (5 MB a partition) and"
+                    f" lost records of partition {partition} from offset {positions[partition]}"
+                )
+                self._done = True
+                return
+            if error:  # NOT_LEADER_OR_FOLLOWER: the leader moved; the next Fetch goes there
+                continue
+            for batch, values in record_batches(partition, records):
+                if batch.base_offset + batch.record_count <= positions[partition]:
+                    continue
+                if batch.base_offset > positions[partition]:
+                    self.errors.append(
+                        f"the read-back skipped offsets {positions[partition]}.."
+                        f"{batch.base_offset - 1} of partition {partition}"
+                    )
+                for column, item in zip(self.batches[partition], batch[1:], strict=True):
+                    column.append(item)
+                for offset, value in values:
+                    if offset >= positions[partition]:
+                        self.visit(partition, offset, value)
+                positions[partition] = batch.base_offset + batch.record_count
+            self.lag[partition] = high - positions[partition]
+            self.max_lag = max(self.max_lag, self.lag[partition])
+            if start > 0:  # the mock has dropped the partition's oldest batches
+                margin = positions[partition] - start
+                self.margin = margin if self.margin is None else min(self.margin, margin)
+            if finishing:
+                self.ends[partition] = high
+
+
 async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, bytes], None]) -> int:
     """Every message of ``subject``'s stream in sequence order (partition -1, offset = stream
     sequence); returns how many the stream says it holds."""
@@ -535,6 +1006,196 @@ async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, byte
         await nc.close()
 
 
+# --------------------------------------------------------------------------- Kafka's view
+
+
+class _Sequences:
+    """One producer id's state in one partition, as Kafka's partition leader keeps it: the
+    epoch, the next sequence, the last 5 batches' (base sequence, count), and here also the
+    batches stored past a gap, held until the gap closes."""
+
+    __slots__ = ("epoch", "held", "next", "recent")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.next = 0
+        self.recent: list[tuple[int, int]] = []
+        self.held: dict[int, Any] = {}  # base sequence -> ServedBatch
+
+    def take(self, batch: Any) -> None:
+        self.next = batch.base_sequence + batch.record_count
+        self.recent = [*self.recent[-4:], (batch.base_sequence, batch.record_count)]
+
+
+class KafkaReplay:
+    """One partition's stored batches, in offset order, judged as Apache Kafka's partition
+    leader judges an idempotent producer's (KIP-98, KIP-360), where the mock took every one.
+    :meth:`add` says of each batch:
+
+    - ``stored``: a batch without a producer id; or a producer id's first batch here, or its
+      first of a newer epoch (its state starts over: sequence 0 expected); or the next sequence;
+    - ``deduplicated``: its (base sequence, count) is one of the last 5 batches of that producer
+      id and epoch (or one held, below): Kafka answers with the first copy's offset and does not
+      store it again;
+    - ``held``: its base sequence is past the next one (a gap: an earlier batch failed, waits
+      for a retry, or was given up on). Kafka refuses it (OUT_OF_ORDER_SEQUENCE_NUMBER) where
+      the mock stored it; producerkit sends it again after the batch that fills the gap (a retry
+      in the same epoch, ``stored_late``) or, where the gap never closes, bumps its epoch (the
+      mock grants a new producer id instead) and sends it again first in the new one
+      (``stored_after_bump``; each such gap counted in :attr:`gaps`). Either way Kafka stores it
+      once, later than the mock did, and in sequence order;
+    - ``refused_old_epoch`` (an epoch older than one stored), ``refused_old_sequence`` (a
+      sequence below the next one and not among the last 5 batches): refused, not stored.
+
+    :attr:`records` counts records by verdict (a held batch's once its gap closes, or the log
+    ends: :meth:`close`)."""
+
+    def __init__(self) -> None:
+        self.producers: dict[int, _Sequences] = {}
+        self.records: Counter[str] = Counter()
+        self.gaps = 0  # sequence gaps that never closed in their epoch
+
+    def add(self, batch: Any) -> str:
+        if batch.producer_id < 0:
+            return self._count("stored", batch.record_count)
+        state = self.producers.get(batch.producer_id)
+        if state is None or batch.epoch > state.epoch:
+            if state is not None:
+                self._never_closed(state)
+            state = self.producers[batch.producer_id] = _Sequences(batch.epoch)
+        sequence, count = batch.base_sequence, batch.record_count
+        if batch.epoch < state.epoch:
+            return self._count("refused_old_epoch", count)
+        held = state.held.get(sequence)
+        if (sequence, count) in state.recent or (held is not None and held.record_count == count):
+            return self._count("deduplicated", count)
+        if sequence > state.next:
+            state.held[sequence] = batch
+            return "held"
+        if sequence < state.next:
+            return self._count("refused_old_sequence", count)
+        state.take(batch)
+        while state.next in state.held:
+            late = state.held.pop(state.next)
+            state.take(late)
+            self._count("stored_late", late.record_count)
+        return self._count("stored", count)
+
+    def close(self) -> None:
+        """The partition's log ends: gaps still open never closed."""
+        for state in self.producers.values():
+            self._never_closed(state)
+
+    def _never_closed(self, state: _Sequences) -> None:
+        if state.held:
+            self.gaps += 1
+            self._count("stored_after_bump", sum(b.record_count for b in state.held.values()))
+            state.held.clear()
+
+    def _count(self, verdict: str, records: int) -> str:
+        self.records[verdict] += records
+        return verdict
+
+
+#: KafkaReplay's verdicts as kafka_view marks each record (0: in no batch read).
+_STORED, _HELD, _NOT_STORED = 1, 2, 3
+
+
+def kafka_view(stored: Stored, served: Iterable[ServedBatch]) -> dict[str, Any]:
+    """Duplicates and per-key order as Apache Kafka would have stored what the mock stored:
+    every batch read (with the header the mock stored it with) through KafkaReplay. Extra
+    copies count where Kafka stores them too (``stored`` and ``held`` batches: a message
+    stored under two sequences, sent twice by the producer); copies in batches Kafka
+    deduplicates or refuses do not. Order: in the mock's log order, among each message's
+    first copy Kafka stores, a sequence below a higher one of its key before it is a violation,
+    unless that higher one sits in a held batch (Kafka stores it later, after the batch that
+    fills its gap: the mock's doing, not the producer's). Records read that no batch read
+    holds are taken as stored (``unbatched``; none expected)."""
+    import numpy as np
+
+    assert stored.positions is not None
+    n = stored.ledger.sent
+    key = np.frombuffer(stored.key, np.uint16)
+    sequence = np.frombuffer(stored.sequence, np.uint32)
+    marks = {p: np.zeros(len(column), np.uint8) for p, column in stored.positions.items()}
+    replays: dict[int, KafkaReplay] = {}
+    codes = {"stored": _STORED, "held": _HELD}
+    for batch in served:
+        replay = replays.get(batch.partition)
+        if replay is None:
+            replay = replays[batch.partition] = KafkaReplay()
+        verdict = codes.get(replay.add(batch), _NOT_STORED)
+        mark = marks.get(batch.partition)
+        if mark is not None:
+            mark[batch.base_offset : batch.base_offset + batch.record_count] = verdict
+    verdicts: Counter[str] = Counter()
+    for replay in replays.values():
+        replay.close()
+        verdicts.update(replay.records)
+    kept: list[Any] = []
+    order_violations = 0
+    examples: list[int] = []
+    unbatched = 0
+    for partition, column in sorted(stored.positions.items()):
+        ids, mark = np.frombuffer(column, np.uint32), marks[partition]
+        unbatched += int(((ids > 0) & (mark == 0)).sum())
+        keep = (ids > 0) & (mark != _NOT_STORED)
+        messages = ids[keep].astype(np.int64) - 1
+        held = mark[keep] == _HELD
+        kept.append(messages)
+        _, first = np.unique(messages, return_index=True)
+        first.sort()
+        firsts, firsts_held = messages[first], held[first]
+        by_key = np.argsort(key[firsts], kind="stable")
+        ordered, ordered_held = firsts[by_key], firsts_held[by_key]
+        base = key[ordered].astype(np.int64) << 32
+        composite = base | sequence[ordered].astype(np.int64)
+        # The highest sequence of the key before each first copy, held ones left out.
+        highest = np.maximum.accumulate(np.where(ordered_held, base, composite))
+        before = np.concatenate(([-1], highest[:-1]))
+        behind = composite < before
+        order_violations += int(behind.sum())
+        examples += ordered[behind][: EXAMPLES - len(examples)].tolist()
+    all_kept = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    kafka_copies = np.bincount(all_kept, minlength=n)[:n]
+    raw_copies = np.frombuffer(stored.copies, np.uint8)[:n]
+    return {
+        "duplicates": int(np.maximum(kafka_copies - 1, 0).sum()),
+        "order_violations": order_violations,
+        "order_examples": examples,
+        "records_by_verdict": dict(sorted(verdicts.items())),
+        "sequence_gaps": sum(replay.gaps for replay in replays.values()),
+        "unbatched_records": unbatched,
+        "stored_only_in_batches_kafka_refuses": int(((raw_copies > 0) & (kafka_copies == 0)).sum()),
+    }
+
+
+def cluster_summary(batches: BatchLog, topic: str, pushed: Counter[str]) -> dict[str, Any]:
+    """What the recorders saw of the producer's Produce batches: attempts, answers by error
+    code, those never answered, producer ids and epochs; the errors pushed by the plan."""
+    from producerkit.testing.kafka_cluster import ERROR_CODES
+
+    names = {code: name for name, code in ERROR_CODES.items()}
+    answers: Counter[str] = Counter()
+    epochs: set[tuple[int, int]] = set()
+    attempts = 0
+    for batch in batches.produced(topic):
+        attempts += 1
+        epochs.add((batch.producer_id, batch.epoch))
+        if not batch.answered:
+            answers["never answered"] += 1
+        else:
+            code = batch.error_code
+            answers[names.get(code, str(code)) if code else "NONE"] += 1
+    return {
+        "produce_batches": attempts,
+        "produce_answers": dict(sorted(answers.items())),
+        "producer_ids_epochs": sorted(epochs),
+        "errors_pushed": dict(sorted(pushed.items())),
+        "unreadable_frames": batches.unreadable,
+    }
+
+
 # --------------------------------------------------------------------------- report
 
 #: name -> what it counts; each must be 0 (``blocked_past_timeout_s``: at most BLOCK_LIMIT).
@@ -546,8 +1207,17 @@ CHECKS = {
     "failed_unstored_found": "failed possibly_stored=False (or raised by produce), found stored",
     "stored_unknown": "stored records that are no message of this run",
     "stats_mismatch": "producer.stats acked/failed differ from the outcomes counted here",
-    "duplicates_stored": "extra stored copies (must be 0 on JetStream only: msg_id)",
-    "order_violations": "a key's stored first copy after a later one (must be 0: Kafka defaults)",
+    "duplicates_stored": "extra stored copies (must be 0 on JetStream: msg_id; and on the"
+    " cluster, those Kafka would store too: idempotence)",
+    "order_violations": "a key's stored first copy after a later one (must be 0: Kafka defaults;"
+    " on the cluster, in the log Kafka would have)",
+}
+#: The cluster's too (reported): what its mock stored that Apache Kafka would not have.
+CLUSTER_CHECKS = {
+    "duplicates_mock_only": "extra copies the mock stored and Kafka would not: a batch stored"
+    " again under the same producer id, epoch, partition and sequence (deduplicated by Kafka),"
+    " or one Kafka would refuse for its sequence",
+    "order_violations_mock_log": "order violations in the log as the mock stored it",
 }
 
 
@@ -560,13 +1230,16 @@ def analyze(
     timeout: float,
     strict_order: bool,
     dedupes: bool,
+    view: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The checks; with ``view`` (the cluster's kafka_view) duplicates and order are judged on
+    the log Kafka would have, and the raw figures are reported beside them."""
     import numpy as np
 
     n = ledger.sent
     status = np.frombuffer(ledger.status, np.uint8)[:n]
-    copies = np.frombuffer(stored.copies, np.uint8)
-    at_offset = np.frombuffer(stored.at_offset, np.uint8)
+    copies = np.frombuffer(stored.copies, np.uint8)[:n]
+    at_offset = np.frombuffer(stored.at_offset, np.uint8)[:n]
     error = np.frombuffer(ledger.error, np.uint8)[:n]
     send_at = np.frombuffer(ledger.send_at, np.float32)[:n].astype(np.float64)
     settle_at = np.frombuffer(ledger.settle_at, np.float32)[:n].astype(np.float64)
@@ -589,6 +1262,11 @@ def analyze(
         "failed_possibly_stored_true": int((status == FAILED_STORED).sum()),
         "raised_by_produce": int((status == RAISED).sum()),
         "acked_as_duplicate": ledger.duplicate_acks,
+        # a Delivery without an offset (Kafka: DUPLICATE_SEQUENCE_NUMBER), which no stored
+        # copy can match: counted among acked_wrong_offset, named here
+        "acked_without_offset": int(
+            (acked & (np.frombuffer(ledger.offset, np.uint32)[:n] == 0)).sum()
+        ),
         "stored_records": stored.records,
         "stored_records_broker_count": broker_count,
         "stored_distinct": int((copies > 0).sum()),
@@ -609,13 +1287,22 @@ def analyze(
         "duplicates_stored": stored.duplicates,
         "order_violations": stored.order_violations,
     }
+    if view is not None:
+        checks["duplicates_stored"] = view["duplicates"]
+        checks["order_violations"] = view["order_violations"]
+        checks["duplicates_mock_only"] = stored.duplicates - view["duplicates"]
+        checks["order_violations_mock_log"] = stored.order_violations
     examples = {
         name: [ledger.describe(int(i)) for i in np.flatnonzero(mask)[:EXAMPLES]]
         for name, mask in masks.items()
         if mask.any()
     }
-    if stored.order_examples:  # each with the message of the same key stored before it
+    if view is not None and view["order_examples"]:
         examples["order_violations"] = [
+            {**ledger.describe(i), "copies": int(copies[i])} for i in view["order_examples"]
+        ]
+    if stored.order_examples:  # each with the message of the same key stored before it
+        examples["order_violations" if view is None else "order_violations_mock_log"] = [
             {
                 **ledger.describe(i),
                 "stored_offset": offset,
@@ -624,7 +1311,8 @@ def analyze(
             }
             for i, offset, j, at in stored.order_examples
         ]
-    enforced = {name for name in checks if name not in ("duplicates_stored", "order_violations")}
+    enforced = {name for name in checks if name in CHECKS}
+    enforced -= {"duplicates_stored", "order_violations"}
     if dedupes:
         enforced.add("duplicates_stored")
     if strict_order:
@@ -695,6 +1383,11 @@ def print_summary(report: dict[str, Any]) -> None:
         f" true {counts['failed_possibly_stored_true']:,}, of them found stored"
         f" {counts['failed_possibly_stored_true_found']:,}; raised by produce"
         f" {counts['raised_by_produce']:,})"
+        + (
+            f"; acked without an offset {counts['acked_without_offset']:,}"
+            if counts["acked_without_offset"]
+            else ""
+        )
     )
     for name, by in sorted(result["failures_by_type"].items()):
         print(f"  {name}: {by}")
@@ -708,6 +1401,28 @@ def print_summary(report: dict[str, Any]) -> None:
         print(
             f"  {w['mode']:9} {w['start']:7.1f}s .. {w['end']:7.1f}s"
             f"  recovery {recovery:>7}  {w['detail']}"
+        )
+    cluster = report.get("cluster")
+    if cluster:
+        epochs = cluster["producer_ids_epochs"]
+        print(
+            f"cluster: {cluster['brokers']} brokers, replication {cluster['replication']};"
+            f" {cluster['produce_batches']:,} idempotent Produce batches, answered"
+            f" {cluster['produce_answers']}; errors pushed {cluster['errors_pushed']};"
+            f" {len(epochs)} producer id/epoch pairs {epochs[:6]}"
+        )
+        print(
+            f"  records the mock stored, by what Kafka would have done with their batch:"
+            f" {cluster['records_by_verdict']} ({cluster['sequence_gaps']} sequence gaps Kafka"
+            f" would answer OUT_OF_ORDER_SEQUENCE_NUMBER); stored only where Kafka would not:"
+            f" {cluster['stored_only_in_batches_kafka_refuses']:,} messages; in no batch"
+            f" recorded: {cluster['unbatched_records']:,}; live read at most"
+            f" {cluster['read_max_lag_records']:,} records behind and"
+            + (
+                " the mock dropped none"
+                if cluster["read_margin_records"] is None
+                else f" {cluster['read_margin_records']:,} ahead of the oldest the mock kept"
+            )
         )
     rec = result["recovery_s"]
     print(
@@ -728,7 +1443,8 @@ def print_summary(report: dict[str, Any]) -> None:
     print("checks:")
     for name, check in result["checks"].items():
         verdict = ("ok" if check["pass"] else "FAIL") if check["enforced"] else "(reported)"
-        print(f"  {name:24} {check['value']:>8,}  {verdict:10}  {CHECKS[name]}")
+        meaning = CHECKS.get(name) or CLUSTER_CHECKS[name]
+        print(f"  {name:26} {check['value']:>8,}  {verdict:10}  {meaning}")
     for name, examples in result["examples"].items():
         print(f"  {name}, the first {len(examples)}:")
         for example in examples[:5]:
@@ -775,6 +1491,9 @@ def plot(report: dict[str, Any], output: Path) -> None:
         "slow": "tab:green",
         "kill": "tab:brown",
         "reset": "tab:pink",
+        "leaders": "tab:olive",
+        "broker_down": "tab:brown",
+        "errors": "tab:cyan",
     }
     for w in report["faults"]:
         color = colors.get(w["mode"], "grey")
@@ -816,8 +1535,13 @@ def plot(report: dict[str, Any], output: Path) -> None:
 
 
 async def chaos(
-    args: argparse.Namespace, broker: LocalBroker, faults: BrokerFaults
+    args: argparse.Namespace,
+    broker: LocalBroker | None,
+    faults: FaultProxy,
+    cluster: KafkaCluster | None = None,
 ) -> dict[str, Any]:
+    """One run against ``broker`` behind ``faults``, or against ``cluster`` behind its own
+    fault proxy (``faults``), with its own faults too."""
     jetstream = args.backend == "jetstream"
     nonce = uuid.uuid4().hex[:8]
     topic, capacity_topic = f"chaos{nonce}", f"capacity{nonce}"
@@ -826,7 +1550,11 @@ async def chaos(
         options.update(create_stream=True, stream_storage="file")
     else:
         for name in (topic, capacity_topic):
-            await create_kafka_topic(broker.url, name, args.partitions)
+            if cluster is not None:
+                cluster.create_topic(name, partitions=args.partitions, replication=REPLICATION)
+            else:
+                assert broker is not None
+                await create_kafka_topic(broker.url, name, args.partitions)
         if args.preset:
             options["preset"] = args.preset
     seconds = args.minutes * 60
@@ -840,6 +1568,10 @@ async def chaos(
 
     producer = pk.Producer(faults.url, topic=topic, on_delivery=on_delivery, **options)
     await producer.start()
+    idempotent = getattr(producer.backend, "idempotent", None)
+    if idempotent is not None:
+        reason = getattr(producer.backend, "idempotence_reason", "")
+        print(f"idempotent: {idempotent} ({reason})", flush=True)
     capacity = None
     if rate is None:
         capacity = await measure_capacity(
@@ -848,8 +1580,8 @@ async def chaos(
             args.capacity_seconds,
             Messages(args.keys, f"{args.seed}-capacity", jetstream),
         )
-        rate = min(capacity / 2, args.max_messages / seconds)
-        capped = " (capped by --max-messages)" if rate < capacity / 2 else ""
+        rate = min(capacity / 2, args.max_messages / seconds, args.max_rate or math.inf)
+        capped = " (capped by --max-messages/--max-rate)" if rate < capacity / 2 else ""
         print(
             f"capacity {capacity:,.0f} msg/s: the load runs at {rate:,.0f} msg/s{capped}",
             flush=True,
@@ -859,12 +1591,28 @@ async def chaos(
     t0 = time.monotonic() + 0.01
     ledger = Ledger(math.ceil(rate * seconds) + 1, t0)
     holder.append(ledger)
+    live: LiveReader | None = None
+    cluster_faults: ClusterFaults | None = None
+    if cluster is not None:  # read while the load runs: the mock keeps 5 MB a partition
+        stored = Stored(ledger, live=True, positions=True)
+        cluster_rng = random.Random(f"{args.seed}-cluster")
+        cluster_faults = ClusterFaults(cluster, topic, args.partitions, cluster_rng)
+        live = LiveReader(cluster.mock_addresses, topic, cluster_faults.leaders.copy, stored.visit)
+        live.start()
+    logs = [faults.log] + ([cluster_faults.log] if cluster_faults else [])
+
+    def active() -> tuple[str, ...]:
+        return tuple(mode for log in logs for mode in log.active())
+
     samples: list[dict[str, Any]] = []
-    sampler = asyncio.ensure_future(sample(producer, ledger, faults, samples))
-    modes = tuple(args.modes.split(",")) if args.modes else PROXY_MODES + ("kill",) * jetstream
+    sampler = asyncio.ensure_future(sample(producer, ledger, active, samples, live))
+    modes = tuple(args.modes.split(",")) if args.modes else default_modes(args.backend)
     injector = asyncio.ensure_future(
         inject_faults(
-            faults, fault_plan(random.Random(args.seed), modes), t0 + seconds - args.timeout - 3
+            faults,
+            fault_plan(random.Random(args.seed), modes),
+            t0 + seconds - args.timeout - 3,
+            cluster_faults,
         )
     )
     # A broken harness stops the load: the rest of the run would test nothing it claims.
@@ -883,7 +1631,9 @@ async def chaos(
             print(f"HARNESS ERROR: {exc}", flush=True)
     finally:
         injector.cancel()
-        await asyncio.to_thread(faults.clear)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await injector  # a cluster fault cut short ends its window
+        await asyncio.to_thread(cluster.reset if cluster is not None else faults.clear)
         closing = time.monotonic()
         with contextlib.suppress(pk.ProduceError):
             await producer.close()
@@ -891,7 +1641,8 @@ async def chaos(
         sampler.cancel()
     stats = producer.stats
     rss_end = rss_mb()
-    broker_rss = rss_mb(broker.process.pid) if broker.process is not None else math.nan
+    process = broker.process if broker is not None else None
+    broker_rss = rss_mb(process.pid) if process is not None else math.nan
     windows = [
         {
             "mode": w.mode,
@@ -899,16 +1650,41 @@ async def chaos(
             "end": round((w.ended if w.ended is not None else w.started) - t0, 3),
             "detail": w.detail,
         }
-        for w in faults.log.windows()
+        for w in sorted((w for log in logs for w in log.windows()), key=lambda w: w.started)
         if w.mode != "latency"
     ]
     await asyncio.to_thread(faults.stop)
     await asyncio.sleep(SETTLE)
     print("reading back ...", flush=True)
-    stored = Stored(ledger)
     read_started = time.monotonic()
-    reader = read_jetstream if jetstream else read_kafka
-    broker_count = await reader(broker.url, topic, stored.visit) - stored.warm_ups
+    view = cluster_report = None
+    if live is not None:
+        assert cluster is not None and cluster_faults is not None
+        broker_count = await live.finish() - stored.warm_ups
+        stored.finish()
+        for error in live.errors:
+            print(f"HARNESS ERROR: {error}", flush=True)
+        harness_error = harness_error or "; ".join(live.errors[:3]) or None
+        await asyncio.to_thread(cluster.batches.settle, 5.0)
+        view = kafka_view(stored, live.served())
+        cluster_report = {
+            "brokers": len(cluster.broker_ids),
+            "replication": REPLICATION,
+            "read_max_lag_records": live.max_lag,
+            "read_margin_records": live.margin,
+            "read_fetches": live.fetches,
+            "read_reconnects": live.reconnects,
+            "records_by_verdict": view["records_by_verdict"],
+            "sequence_gaps": view["sequence_gaps"],
+            "unbatched_records": view["unbatched_records"],
+            "stored_only_in_batches_kafka_refuses": view["stored_only_in_batches_kafka_refuses"],
+            **cluster_summary(cluster.batches, topic, cluster_faults.errors_pushed),
+        }
+    else:
+        stored = Stored(ledger)
+        reader = read_jetstream if jetstream else read_kafka
+        assert broker is not None
+        broker_count = await reader(broker.url, topic, stored.visit) - stored.warm_ups
     result = analyze(
         ledger,
         stored,
@@ -917,7 +1693,8 @@ async def chaos(
         (stats.acked - baseline.acked, stats.failed - baseline.failed),
         args.timeout,
         strict_order=not jetstream and args.preset is None,
-        dedupes=jetstream,
+        dedupes=jetstream or cluster is not None,
+        view=view,
     )
     checks_pass = all(check["pass"] for check in result["checks"].values())
     return {
@@ -934,7 +1711,9 @@ async def chaos(
             "value_size": VALUE_SIZE,
             "modes": list(modes),
             "topic": topic,
+            "idempotent": idempotent,
         },
+        "cluster": cluster_report,
         "environment": {
             "python": sys.version.split()[0],
             "platform": platform.platform(),
@@ -968,7 +1747,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True, help="how long the load runs")
     parser.add_argument("--seed", type=int, default=1, help="seeds the faults and the keys")
-    parser.add_argument("--backend", choices=("kafka", "jetstream"), required=True)
+    parser.add_argument(
+        "--backend",
+        choices=("kafka", "jetstream", "kafka-cluster"),
+        required=True,
+        help="kafka: Tansu; kafka-cluster: librdkafka's mock cluster of 3 brokers, in-process",
+    )
     parser.add_argument("--preset", choices=("throughput",), help="Kafka's preset (default: none)")
     parser.add_argument(
         "--rate", type=float, help="messages/s (default: half the capacity measured)"
@@ -986,11 +1770,19 @@ def main(argv: list[str] | None = None) -> int:
         help="cap the measured rate so the run sends at most this many (Tansu keeps every "
         "record in memory, some 260 bytes each)",
     )
+    parser.add_argument(
+        "--max-rate",
+        type=float,
+        help="cap the measured rate at this many msg/s (default: none; kafka-cluster:"
+        f" {CLUSTER_MAX_RATE:,.0f}, what the mock can serve back while the load runs)",
+    )
     parser.add_argument("--modes", help="faults to draw from, comma-separated (default: all)")
     args = parser.parse_args(argv)
-    if args.preset and args.backend != "kafka":
+    if args.max_rate is None and args.backend == "kafka-cluster":
+        args.max_rate = CLUSTER_MAX_RATE
+    if args.preset and args.backend == "jetstream":
         parser.error("--preset is a Kafka setting")
-    known = PROXY_MODES + ("kill",) * (args.backend == "jetstream")
+    known = default_modes(args.backend)
     unknown = set((args.modes or "").split(",")) - {"", *known}
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)} on {args.backend}: {', '.join(known)}")
@@ -1002,9 +1794,15 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("aiokafka", "nats"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
-    starter = start_nats if args.backend == "jetstream" else start_kafka
-    with starter() as broker, BrokerFaults(broker) as faults:
-        report = asyncio.run(chaos(args, broker, faults))
+    if args.backend == "kafka-cluster":
+        from producerkit.testing.kafka_cluster import KafkaCluster
+
+        with KafkaCluster(CLUSTER_BROKERS, record_batches=True) as cluster:
+            report = asyncio.run(chaos(args, None, cluster.faults, cluster))
+    else:
+        starter = start_nats if args.backend == "jetstream" else start_kafka
+        with starter() as broker, BrokerFaults(broker) as faults:
+            report = asyncio.run(chaos(args, broker, faults))
     print_summary(report)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

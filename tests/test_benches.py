@@ -5,8 +5,9 @@ had failed at import unseen).
 Each run is the bench as its docstring gives it, ``python benches/NAME.py ...``, in a fresh
 interpreter whose working directory is the test's temp dir (for what it writes), with a few
 hundred or thousand messages, against the session brokers (``--kafka-url``/``--nats-url``, see
-``benches/_brokers.py``) or ``null://``. ``chaos.py`` starts its own Tansu: its faults run
-through a proxy in front of a broker it owns (and may kill). The pytest-benchmark files run
+``benches/_brokers.py``) or ``null://``. ``chaos.py`` starts its own Tansu (or, for
+``kafka-cluster``, its own mock cluster, in-process): its faults run through a proxy in front
+of a broker it owns (and may kill). The pytest-benchmark files run
 under pytest with ``--benchmark-disable`` (each case once). A bench that needs what this
 install lacks (a peer client, pyspark, Java) is skipped, naming it.
 """
@@ -50,6 +51,11 @@ TINY: dict[str, dict[str, list[str]]] = {
         "kafka": [
             *["--minutes", "0.01", "--backend", "kafka", "--rate", "300", "--timeout", "1"],
             *["--keys", "20", "--partitions", "2", "--json", "{tmp}/c.json"],
+            *["--plot", "{tmp}/c.png"],
+        ],
+        "kafka-cluster": [
+            *["--minutes", "0.01", "--backend", "kafka-cluster", "--rate", "300"],
+            *["--timeout", "1", "--keys", "20", "--partitions", "2", "--json", "{tmp}/c.json"],
             *["--plot", "{tmp}/c.png"],
         ],
     },

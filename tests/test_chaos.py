@@ -1,19 +1,39 @@
-"""A one-minute run of ``benches/chaos.py``: Kafka (Tansu) at its defaults behind the fault
-proxy, seed 7, whose plan draws every proxy fault in the minute (reset, blackhole, refuse, stall,
-slow). Kafka with defaults is the run that holds every check at once (per-key order included)
-and exercises the most intricate failure path (records dropped from sealed and retried batches);
-JetStream's kill -9 and restart are covered by tests/test_reliability.py. The rate is capped
-at 10,000 msg/s (``--max-messages``; twice the rate of the runs issue 28 reports): the window
-still fills within a fault's first tenth of a second, and the read-back stays short. About 75 s."""
+"""``benches/chaos.py`` in the default suite.
+
+- One minute on Kafka (Tansu) at its defaults behind the fault proxy, seed 7, whose plan draws
+  every proxy fault in the minute (reset, blackhole, refuse, stall, slow). Kafka with defaults
+  is the run that holds every check at once (per-key order included) and exercises the most
+  intricate failure path (records dropped from sealed and retried batches); JetStream's kill -9
+  and restart are covered by tests/test_reliability.py. The rate is capped at 10,000 msg/s
+  (``--max-messages``; twice the rate of the runs issue 28 reports): the window still fills
+  within a fault's first tenth of a second, and the read-back stays short. About 75 s.
+- 45 s on the 3-broker mock cluster (``--backend kafka-cluster``) at its defaults, idempotent,
+  seed 23, whose plan draws the cluster's three faults: a leader's broker down and its
+  partitions moved, bursts of retriable Produce errors with two OUT_OF_ORDER_SEQUENCE_NUMBER
+  among them (on which the producer retries, or takes a new epoch: the mock grants a new
+  producer id), every leader moved. About 50 s.
+- The harness's model of what Kafka would have stored where the mock stored everything
+  (``KafkaReplay``), and the cluster's record of idempotent Produce batches it reads.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+import anyio
 import pytest
+
+import producerkit as pk
+from producerkit.errors import ConfigurationError
+from producerkit.testing.kafka_cluster import KafkaCluster
 
 pytestmark = pytest.mark.brokers
 
@@ -30,25 +50,245 @@ MUST_BE_ZERO = (
 )
 
 
-def test_one_minute_of_chaos_on_kafka_defaults_loses_nothing(tmp_path: Path) -> None:
+def _run_chaos(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[dict[str, Any], str]:
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
-        [sys.executable, str(CHAOS), "--minutes", "1", "--seed", "7", "--backend", "kafka",
-         "--max-messages", "600000", "--capacity-seconds", "2", "--json", str(report_path)],
+        [sys.executable, str(CHAOS), *args, "--json", str(report_path)],
         capture_output=True,
         text=True,
-        timeout=240,
-    )  # fmt: skip
+        timeout=timeout,
+    )
     assert report_path.exists(), done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(report_path.read_text())
-    result = report["result"]
     summary = done.stdout[-4000:]
-    checks = {name: check["value"] for name, check in result["checks"].items()}
-    assert {name: checks[name] for name in MUST_BE_ZERO} == dict.fromkeys(MUST_BE_ZERO, 0), summary
-    assert result["blocked_past_timeout_s"]["value"] <= 1.0, summary
     assert done.returncode == 0, summary
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    return report, summary
+
+
+def _assert_held(report: dict[str, Any], summary: str, must_be_zero: tuple[str, ...]) -> None:
+    result = report["result"]
+    checks = {name: check["value"] for name, check in result["checks"].items()}
+    assert {name: checks[name] for name in must_be_zero} == dict.fromkeys(must_be_zero, 0), summary
+    assert result["blocked_past_timeout_s"]["value"] <= 1.0, summary
     # The run was one: load, faults, failures and their recovery.
     counts = result["counts"]
     assert counts["produced"] == counts["acked"] + counts["failed"] > 0
     assert len(report["faults"]) >= 3, report["faults"]
     assert result["recovery_s"]["unrecovered"] == 0, report["faults"]
+
+
+def test_one_minute_of_chaos_on_kafka_defaults_loses_nothing(tmp_path: Path) -> None:
+    report, summary = _run_chaos(
+        tmp_path,
+        *["--minutes", "1", "--seed", "7", "--backend", "kafka", "--max-messages", "600000"],
+        *["--capacity-seconds", "2"],
+    )
+    _assert_held(report, summary, MUST_BE_ZERO)
+
+
+def test_chaos_on_the_cluster_loses_nothing_and_stores_nothing_twice(tmp_path: Path) -> None:
+    report, summary = _run_chaos(
+        tmp_path,
+        *["--minutes", "0.75", "--seed", "23", "--backend", "kafka-cluster"],
+        *["--modes", "errors,broker_down,leaders", "--capacity-seconds", "1"],
+    )
+    _assert_held(report, summary, (*MUST_BE_ZERO, "duplicates_stored"))
+    assert report["config"]["idempotent"] is True, summary
+    assert [w["mode"] for w in report["faults"]] == ["broker_down", "errors", "leaders"]
+    cluster = report["cluster"]
+    answers = cluster["produce_answers"]
+    assert cluster["errors_pushed"]["OUT_OF_ORDER_SEQUENCE_NUMBER"] == 2, cluster
+    assert answers["OUT_OF_ORDER_SEQUENCE_NUMBER"] >= 1, answers
+    assert answers["NOT_LEADER_OR_FOLLOWER"] >= 10, answers
+    assert cluster["unbatched_records"] == 0, summary
+
+
+# ---------------------------------------------------------------------- what Kafka would store
+
+
+@pytest.fixture(scope="module")
+def chaos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("chaos_bench", CHAOS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chaos_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _replay(chaos: ModuleType, *batches: tuple[int, int, int, int]) -> tuple[list[str], Any]:
+    """The verdicts on ``batches`` ((producer id, epoch, base sequence, count), stored in this
+    order), and the replay, closed."""
+    replay = chaos.KafkaReplay()
+    offset, verdicts = 0, []
+    for producer_id, epoch, sequence, count in batches:
+        verdicts.append(
+            replay.add(chaos.ServedBatch(0, offset, producer_id, epoch, sequence, count))
+        )
+        offset += count
+    replay.close()
+    return verdicts, replay
+
+
+def test_the_replay_keeps_batches_in_sequence(chaos: ModuleType) -> None:
+    verdicts, replay = _replay(chaos, (7, 0, 0, 2), (7, 0, 2, 3), (-1, -1, -1, 1), (7, 0, 5, 1))
+    assert verdicts == ["stored"] * 4
+    assert replay.records == {"stored": 7}
+
+
+def test_a_batch_stored_again_is_deduplicated(chaos: ModuleType) -> None:
+    verdicts, replay = _replay(chaos, (7, 0, 0, 2), (7, 0, 2, 2), (7, 0, 0, 2), (7, 0, 4, 1))
+    assert verdicts == ["stored", "stored", "deduplicated", "stored"]
+    assert replay.records == {"stored": 5, "deduplicated": 2}
+
+
+def test_a_batch_past_a_gap_is_held_until_the_batch_that_fills_it(chaos: ModuleType) -> None:
+    # 0-1 stored, 2-3 failed, 4-5 stored by the mock (Kafka: OUT_OF_ORDER), 2-3 retried.
+    verdicts, replay = _replay(
+        chaos, (7, 0, 0, 2), (7, 0, 4, 2), (7, 0, 4, 2), (7, 0, 2, 2), (7, 0, 6, 1)
+    )
+    assert verdicts == ["stored", "held", "deduplicated", "stored", "stored"]
+    assert replay.records == {"stored": 5, "stored_late": 2, "deduplicated": 2}
+    assert replay.gaps == 0
+
+
+def test_a_gap_never_closed_is_one_kafka_answers_and_the_producer_bumps(chaos: ModuleType) -> None:
+    # 2-3 given up on; a new epoch (the mock: a new producer id) sends from 0 again.
+    verdicts, replay = _replay(
+        chaos, (7, 0, 0, 2), (7, 0, 4, 2), (7, 0, 6, 1), (7, 1, 0, 3), (7, 0, 7, 1), (8, 0, 0, 1)
+    )
+    assert verdicts == ["stored", "held", "held", "stored", "refused_old_epoch", "stored"]
+    assert replay.records == {"stored": 6, "stored_after_bump": 3, "refused_old_epoch": 1}
+    assert replay.gaps == 1
+
+
+def test_an_old_sequence_is_refused(chaos: ModuleType) -> None:
+    batches = [(7, 0, 2 * n, 2) for n in range(7)] + [(7, 0, 0, 2)]  # 6 batches after it
+    verdicts, replay = _replay(chaos, *batches)
+    assert verdicts == ["stored"] * 7 + ["refused_old_sequence"]
+    assert replay.records == {"stored": 14, "refused_old_sequence": 2}
+
+
+def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early(chaos: ModuleType) -> None:
+    """Key 0's messages 0 (seq 0), 1 (seq 1), 2 (seq 2): the mock stored 2 past a gap (held)
+    before 1, which Kafka would not have; and, in partition 1, the same without a gap, which
+    the producer did."""
+    ledger = chaos.Ledger(6, 0.0)
+    ledger.sent = 6
+    stored = chaos.Stored(ledger, live=True, positions=True)
+    for partition, order in ((0, (0, 2, 1)), (1, (3, 5, 4))):
+        for offset, i in enumerate(order):
+            stored.visit(partition, offset, b"%d 0 %d x" % (i, i % 3))
+    served = [
+        chaos.ServedBatch(0, 0, 7, 0, 0, 1),
+        chaos.ServedBatch(0, 1, 7, 0, 2, 1),  # past the gap at sequence 1
+        chaos.ServedBatch(0, 2, 7, 0, 1, 1),  # fills it
+        *(chaos.ServedBatch(1, offset, 7, 0, offset, 1) for offset in range(3)),
+    ]
+    view = chaos.kafka_view(stored, served)
+    assert stored.order_violations == 2  # the mock's log
+    assert view["order_violations"] == 1
+    assert view["order_examples"] == [4]
+    assert view["records_by_verdict"] == {"stored": 5, "stored_late": 1}
+    assert view["duplicates"] == 0
+
+
+def test_record_batches_decodes_what_the_mock_serves(chaos: ModuleType) -> None:
+    """Fetches of the mock's own ports through the harness's wire code: every record where its
+    Delivery said, in batches stamped as the recorder saw producerkit's idempotent producer
+    send them."""
+
+    async def produce(url: str, topic: str) -> dict[int, tuple[int, int | None]]:
+        delivered = {}
+        async with pk.Producer(url, topic=topic) as producer:
+            for n in range(30):
+                delivery = await producer.produce(b"%d" % n, key=b"k%d" % (n % 5))
+                delivered[n] = (delivery.partition, delivery.offset)
+            for n in range(30, 60):  # some batches of more than one record
+                await producer.produce(b"%d" % n, key=b"k%d" % (n % 5), nonblocking=True)
+        return delivered
+
+    with KafkaCluster(3, record_batches=True) as cluster:
+        topic = f"r-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, partitions=3, replication=3)
+        delivered = anyio.run(produce, cluster.url, topic)
+        assert cluster.batches.settle(5.0)
+        sent = {
+            (b.partition, b.base_offset): (b.producer_id, b.epoch, b.base_sequence, b.record_count)
+            for b in cluster.batches.produced(topic)
+            if b.error_code == 0
+        }
+        found: dict[int, tuple[int, int]] = {}
+        served = 0
+        for partition in range(3):
+            address = cluster.mock_addresses[partition % 3]  # its leader's (create_topic)
+            position, high = 0, 1
+            while position < high:  # the mock serves one batch a partition per Fetch
+                frame = _fetch(chaos, address, topic, partition, position)
+                [(p, error, high, _, records)] = chaos.fetch_response(frame)
+                assert (p, error) == (partition, 0)
+                for batch, values in chaos.record_batches(p, records):
+                    assert sent[(p, batch.base_offset)] == batch[2:], batch
+                    found.update({int(value): (p, offset) for offset, value in values})
+                    position = batch.base_offset + batch.record_count
+                    served += 1
+    assert served == len(sent)
+    assert sorted(found) == list(range(60))
+    assert {n: found[n] for n in range(30)} == delivered
+
+
+def _fetch(chaos: ModuleType, address: str, topic: str, partition: int, offset: int) -> bytes:
+    """One Fetch v5 answer, its size prefix off."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(chaos.fetch_request(1, topic, [(partition, offset)], 100))
+        data = b""
+        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+            chunk = sock.recv(65536)
+            assert chunk, "the broker closed the connection"
+            data += chunk
+    return data[4:]
+
+
+def test_the_batch_log_records_idempotent_batches_and_their_answers() -> None:
+    async def produce(url: str, topic: str, cluster: KafkaCluster) -> None:
+        async with pk.Producer(url, topic=topic) as producer:
+            await producer.produce(b"first", key=b"k")
+            cluster.fail_requests("Produce", ["NOT_LEADER_OR_FOLLOWER", "NOT_ENOUGH_REPLICAS"])
+            for n in range(20):
+                await producer.produce(b"%d" % n, key=b"k", nonblocking=True)
+            await producer.flush()
+
+    with KafkaCluster(3, record_batches=True) as cluster:
+        topic = f"b-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, partitions=1, replication=3)
+        anyio.run(produce, cluster.url, topic, cluster)
+        assert cluster.batches.settle(5.0)
+        produced = list(cluster.batches.produced(topic))
+        assert list(cluster.batches.produced("another")) == []
+        assert cluster.batches.unreadable == []
+        assert cluster.transactions.produces() == []  # not a transaction's
+        assert {b.producer_id for b in produced} == {produced[0].producer_id} != {-1}
+        failed = [b for b in produced if b.error_code]
+        assert sorted(b.error_code for b in failed) == [6, 19], produced  # the two injected
+        stored = [b for b in produced if b.error_code == 0]
+        stamps = [(b.epoch, b.base_sequence, b.record_count) for b in stored]
+        for batch in failed:  # each retried with the same stamp, and stored
+            assert (batch.epoch, batch.base_sequence, batch.record_count) in stamps
+            assert batch.base_offset == -1
+        # Every record stored once: the stored batches' offsets cover 0..20 once.
+        offsets = sorted(
+            offset
+            for b in stored
+            for offset in range(b.base_offset or 0, (b.base_offset or 0) + b.record_count)
+        )
+        assert offsets == list(range(21))
+        assert all(b.answered for b in produced)
+        assert len(cluster.read(topic)) == 21
+
+
+def test_the_batch_log_is_opt_in(kafka_cluster: KafkaCluster) -> None:
+    with pytest.raises(ConfigurationError, match="record_batches=True"):
+        _ = kafka_cluster.batches
+    with pytest.raises(ConfigurationError, match="record_batches needs the recorders"):
+        KafkaCluster(1, record_transactions=False, record_batches=True)
