@@ -588,7 +588,8 @@ async def sample(
             print(
                 f"  t={t:6.0f}s sent={ledger.sent:,} acked={stats.acked - baseline.acked:,} "
                 f"failed={stats.failed - baseline.failed:,} in flight={stats.in_flight:,} "
-                f"faults={','.join(active()) or '-'}",
+                f"faults={','.join(active()) or '-'}"
+                + (f" read lag={max(live.lag):,} margin={live.margin}" if live else ""),
                 flush=True,
             )
         await asyncio.sleep(SAMPLE_EVERY)
