@@ -12,10 +12,12 @@
     df.writeStream.foreachBatch(batch_publisher(url, topic="orders")).start()   # older Sparks
     df.foreachPartition(partition_writer(url, topic="orders"))   # beside per-partition code
 
-Delivery guarantees: with ``id_col`` on ``jetstream://`` a publish is exactly-once within the
-stream's duplicate window (a retried task republishes the same ``Nats-Msg-Id``\\ s and the server
-drops them); on ``kafka://`` and ``nats://`` it is at-least-once (a retried task publishes its
-rows again). See docs/spark.md.
+Delivery guarantees: at-least-once by default (a retried task publishes its rows again).
+``exactly_once=True`` (``.option("exactly_once", "true")``) stores each row once whatever Spark
+retries: on ``kafka://`` each task writes its rows in a transaction the driver commits once the
+job (the micro-batch) succeeded; on ``jetstream://`` each row's ``Nats-Msg-Id`` comes from its
+place, and the server drops a retry's duplicates within the stream's duplicate window (as with
+``id_col``). See docs/spark.md, "Delivery guarantees".
 
 ``import producerkit`` never imports this package; this package imports pyspark lazily too, except
 for the DataSource classes (``register``, ``ProducerkitDataSource``), which subclass pyspark's.

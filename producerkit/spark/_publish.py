@@ -64,8 +64,9 @@ class PublishReport:
     """Delivered and failed counts of one publish, in total and per Spark partition.
 
     ``delivered + failed == rows`` (the DataFrame's row count). Rows an earlier, failed attempt of
-    a task published are not in these counts: on JetStream with ``id_col`` the server drops them
-    as duplicates; on Kafka and core NATS they may be stored twice (at-least-once).
+    a task published are not in these counts: with ``exactly_once`` they were aborted (Kafka) or
+    dropped as duplicates (JetStream, as with ``id_col``); else they may be stored twice
+    (at-least-once).
     """
 
     delivered: int
@@ -427,7 +428,7 @@ def publish(
             ``map<string,binary>``.
         id_col: column whose value becomes ``msg_id`` (JetStream ``Nats-Msg-Id``): a retried
             task republishes the same ids and the server drops duplicates, so the publish is
-            exactly-once within the stream's duplicate window. Kafka and NATS: at-least-once.
+            exactly-once within the stream's duplicate window. Kafka: see ``exactly_once``.
         on_error: ``"fail"`` or ``"count"`` (above).
         idle_timeout: seconds a worker keeps an unused producer before closing it.
         exactly_once: store each row once, whatever Spark retries (docs/spark.md, "Delivery
