@@ -421,3 +421,55 @@ def test_a_job_whose_commit_is_refused_fails_typed_naming_the_partitions(
     assert refused.value.kind == "fenced" and refused.value.code == 90
     stored = _committed(kafka_cluster, topic)
     assert len(stored) == 10 and "open" not in _states(kafka_cluster, topic)
+
+
+def test_publish_into_jetstream_gives_each_row_an_id_from_its_place(
+    spark: SparkSession, nats_broker: NatsSessionBroker
+) -> None:
+    subject = f"eo-{uuid.uuid4().hex[:10]}"
+    df = spark.range(2000, numPartitions=2).select(
+        F.concat(F.lit("v-"), F.col("id")).alias("value")
+    )
+    report = pks.publish(
+        df, nats_broker.jetstream_url, topic=subject, create_stream=True, exactly_once=True,
+        exactly_once_timeout=60,
+    )  # fmt: skip
+    assert report.delivered == 2000
+    stored = anyio.run(read_jetstream, nats_broker.jetstream_url, subject, 2000)
+    ids = [record["headers"]["Nats-Msg-Id"] for record in stored]
+    (job,) = {msg_id.rsplit("-", 2)[0] for msg_id in ids}
+    assert re.fullmatch(r"pk-[0-9a-f]{16}", job)
+    places = sorted(tuple(map(int, msg_id.rsplit("-", 2)[1:])) for msg_id in ids)
+    assert places == [(partition, row) for partition in (0, 1) for row in range(1000)]
+
+
+class _Task:
+    """What ``write_task`` asks of Spark's TaskContext, for a streaming task."""
+
+    def __init__(self, partition: int, batch: int) -> None:
+        self._partition, self._batch = partition, batch
+
+    def partitionId(self) -> int:
+        return self._partition
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return {"sql.streaming.queryId": "q", "streaming.sql.batchId": str(self._batch)}.get(key)
+
+
+def test_a_replayed_batch_writes_only_what_the_log_says_was_not_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark import TaskContext
+
+    config = pks._publish.make_config("kafka://127.0.0.1:1", topic="t", exactly_once=True)
+    job = exactly.Job(prefix=None, skip={4: None, 5: (0,)})
+
+    def never() -> Any:
+        raise AssertionError("a skipped task reads no row")
+        yield
+
+    for partition, batch in ((0, 4), (1, 4), (0, 5)):
+        task = _Task(partition, batch)
+        monkeypatch.setattr(TaskContext, "get", staticmethod(lambda task=task: task))
+        assert exactly.write_task(config, never(), job) == (pks._worker.TaskCounts(), None)
+    assert exactly.Job.from_dict(job.to_dict()) == job
