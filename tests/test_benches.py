@@ -18,10 +18,12 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from producerkit.testing.brokers import create_kafka_topic
 from producerkit.testing.pytest_plugin import SessionBroker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,6 +114,9 @@ TINY: dict[str, dict[str, list[str]]] = {
             *["--messages", "300", "--repeat", "1", *KAFKA],
         ],
         "batch": ["--only", "batch", "--messages", "300", "--repeat", "1", *KAFKA],
+        # The Python 3.13 fast publishers run where PRODUCERKIT_PEERS_PYTHON names a 3.13 venv
+        # with them; else the suite skips them (and any peer not installed), saying why.
+        "peers": ["--only", "peers", "--messages", "300", "--repeat", "1", *BROKERS],
     },
 }
 
@@ -192,3 +197,35 @@ def test_bench_runs_with_a_tiny_workload(
         f"benches/{bench} {' '.join(argv)} exited {done.returncode}:\n"
         f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     )
+
+
+#: The open-loop peers of ``producerkit bench --compare peers`` added with issue 41, and the URL
+#: scheme of each.
+NEW_PEERS = {
+    "confluent-kafka-aio": "kafka",
+    "kafka-python": "kafka",
+    "nats-jetstream-extra": "jetstream",
+    "natsio-jetstream-batch": "jetstream",
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("peer", NEW_PEERS)
+async def test_new_peer_runs_open_loop(
+    peer: str, kafka_broker: SessionBroker, nats_broker: SessionBroker
+) -> None:
+    """Each new peer, 300 keyed 512-byte messages as fast as it goes, every one acked; a peer
+    whose client is not installed here (the fast publishers need Python 3.13) is skipped."""
+    from producerkit.bench.peers import missing_peers, run_peer
+
+    url = kafka_broker.url if NEW_PEERS[peer] == "kafka" else f"jetstream://{nats_broker.host_port}"
+    why = missing_peers(url).get(peer)
+    if why is not None:
+        pytest.skip(f"peer {peer}: {why}")
+    topic = f"peer-{peer}-{time.monotonic_ns()}"
+    if NEW_PEERS[peer] == "kafka":
+        await create_kafka_topic(url, topic, 2)
+    messages = [(b"user-%d" % i, b"x" * 512) for i in range(50)]
+    timings = await run_peer(peer, url, topic, messages, rate=0, count=300, warmup=10)
+    assert timings.sent == 300
+    assert bytes(timings.status[:300]) == bytes([1]) * 300  # every message acked

@@ -7,7 +7,22 @@
   them, not when the event loop next gets round to polling); ``confluent-kafka-linger0`` the
   same with ``linger.ms=0``. Both keep librdkafka's per-second statistics (round trip to the
   broker, time in its queues, messages per request) in ``diagnostics``;
-- ``nats-py``: JetStream ``publish_async`` (a future per message, at most ``limit`` pending).
+- ``confluent-kafka-aio``: confluent-kafka's asyncio producer (``confluent_kafka.aio.AIOProducer``,
+  2.13+) at its defaults: ``await produce()`` gives a delivery future; it hands messages to
+  librdkafka 1,000 at a time, or after 1 s without a new one;
+- ``kafka-python``: kafka-python 3's ``KafkaProducer`` at its defaults (idempotent, acks all,
+  linger 0), ``send()`` per message, acks from its sender thread;
+- ``nats-py``: JetStream ``publish_async`` (a future per message, at most ``limit`` pending);
+- ``nats-jetstream-extra`` and ``natsio-jetstream-batch``: the JetStream fast publishers (ADR-50
+  fast batches) of nats-jetstream-extra (on nats-core) and of natsio-jetstream-batch (on
+  natsio), at their defaults (a flow of 100, 2 ack windows outstanding): one batch from the
+  first send to the next flush, a message acked once an ``add`` reports the server's ack
+  sequence past it, the rest when ``flush`` ends the batch. Both packages need Python 3.13 or
+  newer: these peers run where ``producerkit bench`` itself runs on 3.13 with them installed
+  (docs/benchmarks.md); the stream is created allowing fast batches if there is none.
+
+A peer whose client is not installed is left out of :func:`peers_for` (``missing_peers`` says
+why); :func:`make_peer` raises :class:`~producerkit.errors.MissingDependencyError` for it.
 
 ``compression`` (``make_peer``, ``run_peer``) gives the Kafka peers a codec, as
 ``compression_type`` / ``compression.type``, so that they compress as producerkit does.
@@ -26,7 +41,9 @@ called once per message besides the timing. The result is a
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
+import importlib.util
 import json
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,9 +57,17 @@ from producerkit.bench.openloop import (
     Target,
     run_open_loop,
 )
-from producerkit.errors import ConfigurationError
+from producerkit.errors import ConfigurationError, MissingDependencyError
 
-__all__ = ["PEERS", "make_peer", "median_ratios", "peers_for", "round_ratios", "run_peer"]
+__all__ = [
+    "PEERS",
+    "make_peer",
+    "median_ratios",
+    "missing_peers",
+    "peers_for",
+    "round_ratios",
+    "run_peer",
+]
 
 
 def _ignore(index: int, ok: bool) -> None:
@@ -189,6 +214,98 @@ class ConfluentLingerZeroPeer(ConfluentPeer):
     settings = {"linger.ms": 0}
 
 
+class ConfluentAIOPeer:
+    """confluent-kafka's ``AIOProducer`` at its defaults (see the module docstring)."""
+
+    name = "confluent-kafka-aio"
+
+    def __init__(
+        self, url: str, topic: str, limit: int = 1000, compression: str | None = None
+    ) -> None:
+        self.bootstrap = ",".join(parse_url(url).server_strings())
+        self.topic = topic
+        self.compression = compression
+        self.on_ack: AckCallback = _ignore
+
+    async def start(self) -> None:
+        from confluent_kafka.aio import AIOProducer
+
+        codec = {"compression.type": self.compression} if self.compression else {}
+        self.producer = AIOProducer({"bootstrap.servers": self.bootstrap, **codec})
+        await self.producer.list_topics(self.topic, 10)
+
+    def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
+        return self._send(index, key, value)
+
+    async def _send(self, index: int, key: bytes | None, value: bytes) -> None:
+        on_ack = self.on_ack
+        future = await self.producer.produce(self.topic, value, key)
+        future.add_done_callback(
+            lambda done: on_ack(index, not done.cancelled() and done.exception() is None)
+        )
+
+    async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
+        try:
+            await (await self.producer.produce(self.topic, value, key))
+        except Exception:
+            return False
+        return True
+
+    async def flush(self) -> None:
+        await self.producer.flush()
+
+    async def close(self) -> None:
+        await self.producer.close()
+
+
+class KafkaPythonPeer:
+    """kafka-python 3's ``KafkaProducer`` at its defaults (see the module docstring)."""
+
+    name = "kafka-python"
+
+    def __init__(
+        self, url: str, topic: str, limit: int = 1000, compression: str | None = None
+    ) -> None:
+        self.bootstrap = parse_url(url).server_strings()
+        self.topic = topic
+        self.compression = compression
+        self.on_ack: AckCallback = _ignore
+
+    async def start(self) -> None:
+        # Through import_module: kafka-python and natsio ship no type information.
+        KafkaProducer = importlib.import_module("kafka").KafkaProducer
+        loop = asyncio.get_running_loop()
+        self.producer = await loop.run_in_executor(
+            None,
+            functools.partial(
+                KafkaProducer, bootstrap_servers=self.bootstrap, compression_type=self.compression
+            ),
+        )
+        # Learn the topic's metadata before the clock starts.
+        await loop.run_in_executor(None, self.producer.partitions_for, self.topic)
+
+    def send(self, index: int, key: bytes | None, value: bytes) -> None:
+        # Called from kafka-python's sender thread, as confluent-kafka's from its poll thread.
+        on_ack = self.on_ack
+        future = self.producer.send(self.topic, value, key=key)
+        future.add_callback(lambda _: on_ack(index, True))
+        future.add_errback(lambda _: on_ack(index, False))
+
+    async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        sent = self.producer.send(self.topic, value, key=key)
+        sent.add_callback(lambda _: loop.call_soon_threadsafe(_set_once, future, True))
+        sent.add_errback(lambda _: loop.call_soon_threadsafe(_set_once, future, False))
+        return await future
+
+    async def flush(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.producer.flush, 60)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.producer.close, 30)
+
+
 def librdkafka_interval(stats: dict[str, Any]) -> dict[str, Any]:
     """One statistics callback of librdkafka, cut to what explains its latency (ms): the round
     trip of its requests (``rtt``), the time messages waited in its partition queues
@@ -233,8 +350,9 @@ class NatsPeer:
         try:
             await self.js.find_stream_name_by_subject(self.topic)
         except nats.js.errors.NotFoundError:
-            name = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.topic)
-            await self.js.add_stream(name=name, subjects=[self.topic, f"{self.topic}.>"])
+            await self.js.add_stream(
+                name=_stream_name(self.topic), subjects=[self.topic, f"{self.topic}.>"]
+            )
 
     def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
         return self._send(index, value)
@@ -261,22 +379,219 @@ class NatsPeer:
         await self.nc.close()
 
 
+class _FastPublisherPeer:
+    """A JetStream fast publisher (ADR-50): one fast batch from the first send to the next
+    flush. ``add`` returns the server's ack sequence so far (the flow acks it has read): every
+    message of the batch up to it is acked then; ``flush`` ends the batch, and its final ack
+    covers the rest. Subclasses give the client: connect, the stream, a publisher, its end."""
+
+    name = ""
+
+    def __init__(
+        self, url: str, topic: str, limit: int = 1000, compression: str | None = None
+    ) -> None:  # limit: the library's flow control bounds what is in flight
+        self.servers = [f"nats://{server}" for server in parse_url(url).server_strings()]
+        self.topic = topic
+        self.on_ack: AckCallback = _ignore
+        self._publisher: Any = None
+        self._unacked: collections.deque[int] = collections.deque()  # indexes, in batch order
+        self._acked = 0  # batch sequences acked so far
+
+    def send(self, index: int, key: bytes | None, value: bytes) -> Awaitable[Any]:
+        return self._send(index, value)
+
+    async def _send(self, index: int, value: bytes) -> None:
+        if self._publisher is None:
+            self._publisher = self._new_publisher()
+            self._acked = 0
+        self._unacked.append(index)
+        try:
+            progress = await self._publisher.add(self.topic, value)
+        except Exception:
+            self._fail_batch()
+            return
+        self._ack_through(progress.ack_sequence)
+
+    async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
+        self._unacked.append(index)
+        self._publisher, self._acked = self._new_publisher(), 0
+        try:
+            await self._publisher.add(self.topic, value)
+            await self._end_batch()
+        except Exception:
+            self._fail_batch()
+            return False
+        self._ack_through(len(self._unacked) + self._acked)
+        self._publisher = None
+        return True
+
+    def _ack_through(self, sequence: int) -> None:
+        unacked, on_ack = self._unacked, self.on_ack
+        while self._acked < sequence and unacked:
+            self._acked += 1
+            on_ack(unacked.popleft(), True)
+
+    def _fail_batch(self) -> None:
+        while self._unacked:
+            self.on_ack(self._unacked.popleft(), False)
+        self._publisher = None
+
+    async def flush(self) -> None:
+        if self._publisher is None:
+            return
+        try:
+            await self._end_batch()
+        except Exception:
+            self._fail_batch()
+            return
+        self._ack_through(self._acked + len(self._unacked))
+        self._publisher = None
+
+    def _new_publisher(self) -> Any:
+        raise NotImplementedError
+
+    async def _end_batch(self) -> None:
+        """End the batch, raising if the server did not store all of it."""
+        raise NotImplementedError
+
+
+class NatsJetstreamExtraPeer(_FastPublisherPeer):
+    """nats-jetstream-extra's ``fast_publish`` (on nats-core's client) at its defaults."""
+
+    name = "nats-jetstream-extra"
+
+    async def start(self) -> None:
+        from nats.client import connect
+        from nats.jetstream import new
+
+        self.client = await connect(self.servers[0])
+        self.js = new(self.client)
+        if not await _any(self.js.stream_names(self.topic)):
+            await self.js.create_stream(
+                name=_stream_name(self.topic),
+                subjects=[self.topic, f"{self.topic}.>"],
+                allow_batched=True,
+            )
+
+    def _new_publisher(self) -> Any:
+        from nats.jetstream_extra import fast_publish
+
+        return fast_publish(self.js)
+
+    async def _end_batch(self) -> None:
+        await self._publisher.close()
+
+    async def close(self) -> None:
+        await self.flush()
+        await self.client.close()
+
+
+class NatsioFastPublisherPeer(_FastPublisherPeer):
+    """natsio with natsio-jetstream-batch's ``fast_publisher`` at its defaults."""
+
+    name = "natsio-jetstream-batch"
+
+    async def start(self) -> None:
+        natsio = importlib.import_module("natsio")
+        StreamConfig = importlib.import_module("natsio.jetstream").StreamConfig
+        ALLOW_BATCHED = importlib.import_module("natsio.jetstream_batch").ALLOW_BATCHED
+        self.client = await natsio.connect(*self.servers)
+        self.js = self.client.jetstream()
+        if not await _any(self.js.stream_names(subject=self.topic)):
+            config = StreamConfig(
+                name=_stream_name(self.topic),
+                subjects=[self.topic, f"{self.topic}.>"],
+                extra={ALLOW_BATCHED: True},
+            )
+            await self.js.create_stream(config)
+
+    def _new_publisher(self) -> Any:
+        return importlib.import_module("natsio.jetstream_batch").fast_publisher(self.js)
+
+    async def _end_batch(self) -> None:
+        count = self._acked + len(self._unacked)
+        ack = await self._publisher.close()
+        if ack is None or ack.size != count:
+            raise RuntimeError(f"the batch ended with {ack!r}, not {count} messages stored")
+
+    async def close(self) -> None:
+        await self.flush()
+        await self.client.close()
+
+
+async def _any(names: Any) -> bool:
+    """Whether the async iterator ``names`` (a client's stream names for a subject) has one."""
+    async for _ in names:
+        return True
+    return False
+
+
+def _stream_name(topic: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in topic)
+
+
 PEERS: dict[str, Callable[[str, str, int, str | None], Target]] = {
     "aiokafka": AiokafkaPeer,
     "confluent-kafka": ConfluentPeer,
     "confluent-kafka-linger0": ConfluentLingerZeroPeer,
+    "confluent-kafka-aio": ConfluentAIOPeer,
+    "kafka-python": KafkaPythonPeer,
     "nats-py": NatsPeer,
+    "nats-jetstream-extra": NatsJetstreamExtraPeer,
+    "natsio-jetstream-batch": NatsioFastPublisherPeer,
+}
+
+#: The module each peer imports, and what to install for it.
+_NEEDS = {
+    "aiokafka": ("aiokafka", "pip install aiokafka"),
+    "confluent-kafka": ("confluent_kafka", "pip install confluent-kafka"),
+    "confluent-kafka-linger0": ("confluent_kafka", "pip install confluent-kafka"),
+    "confluent-kafka-aio": ("confluent_kafka.aio", "pip install 'confluent-kafka>=2.13'"),
+    "kafka-python": ("kafka", "pip install 'kafka-python>=3'"),
+    "nats-py": ("nats.js", "pip install nats-py"),
+    "nats-jetstream-extra": (
+        "nats.jetstream_extra",
+        "pip install nats-jetstream-extra (Python 3.13 or newer)",
+    ),
+    "natsio-jetstream-batch": (
+        "natsio.jetstream_batch",
+        "pip install natsio-jetstream-batch (Python 3.13 or newer)",
+    ),
 }
 
 _BY_SCHEME = {
-    "kafka": ("aiokafka", "confluent-kafka", "confluent-kafka-linger0"),
-    "jetstream": ("nats-py",),
+    "kafka": (
+        "aiokafka",
+        "confluent-kafka",
+        "confluent-kafka-linger0",
+        "confluent-kafka-aio",
+        "kafka-python",
+    ),
+    "jetstream": ("nats-py", "nats-jetstream-extra", "natsio-jetstream-batch"),
 }
 
 
 def peers_for(url: str) -> tuple[str, ...]:
-    """The peers that speak this URL's protocol (none for memory://, null://, core nats://)."""
-    return _BY_SCHEME.get(parse_url(url).scheme, ())
+    """The installed peers that speak this URL's protocol (none for memory://, null://, core
+    nats://); :func:`missing_peers` gives the others."""
+    return tuple(
+        name for name in _BY_SCHEME.get(parse_url(url).scheme, ()) if _missing(name) is None
+    )
+
+
+def missing_peers(url: str) -> dict[str, str]:
+    """The peers of this URL's protocol that are not installed here, each with what to do."""
+    named = {name: _missing(name) for name in _BY_SCHEME.get(parse_url(url).scheme, ())}
+    return {name: why for name, why in named.items() if why is not None}
+
+
+def _missing(name: str) -> str | None:
+    module, install = _NEEDS[name]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing, or is another one
+        found = False
+    return None if found else f"{module} is not importable here: {install}"
 
 
 def make_peer(
@@ -285,6 +600,9 @@ def make_peer(
     factory = PEERS.get(name)
     if factory is None:
         raise ConfigurationError(f"unknown peer {name!r}: use one of {', '.join(PEERS)}")
+    missing = _missing(name)
+    if missing is not None:
+        raise MissingDependencyError(f"peer {name!r}: {missing}")
     return factory(url, topic, limit, compression)
 
 

@@ -273,9 +273,12 @@ async def _run_all(
     N rounds of all of them interleaved, and the ratios of their percentiles."""
     names: list[str] = []
     if args.compare == "peers" or args.repeat > 1:
-        from producerkit.bench.peers import peers_for
+        from producerkit.bench.peers import missing_peers, peers_for
 
         names = args.peers.split(",") if args.peers else list(peers_for(url))
+        if not args.peers:
+            for name, why in missing_peers(url).items():
+                print(f"peer {name} skipped: {why}", file=sys.stderr)
         if not names:
             print(f"no peers speak {parse_url(url).scheme}://", file=sys.stderr)
     if args.repeat <= 1:
