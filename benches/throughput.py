@@ -30,7 +30,8 @@ librdkafka's 1,000,000 bytes; and again at the 256 KiB of the uncompressed runs)
 confluent-kafka (librdkafka's defaults) with the same ``compression.type``, on values that
 compress about as well as JSON does (hex text): ``--distinct-values`` of them (1,000 by
 default: 512 KiB of text, so a 1,000,000-byte batch sees each value about twice; 20,000 for
-values that never repeat within a batch).
+values that never repeat within a batch). And producerkit at its defaults (no preset, the
+default window and batch size) with each codec, beside the same confluent-kafka runs.
 
 ``--only batch``: what one message costs on each path, rounds interleaved and rotated. On Tansu
 null storage: ``produce()`` at producerkit's defaults and with ``preset="throughput"``,
@@ -966,6 +967,13 @@ def compression_main(args: argparse.Namespace) -> int:
                     **{**settings, "max_batch_size": UNCOMPRESSED_BATCH_SIZE},
                 ),
             )
+            runners[f"producerkit {codec}, defaults"] = on_new_topic_of(
+                url,
+                f"pkd-{codec}",
+                lambda topic, codec=codec: producerkit_run(
+                    url, topic, messages, compression_type=codec
+                ),
+            )
             runners[f"confluent-kafka {codec}"] = on_new_topic_of(
                 url,
                 f"ck-{codec}",
@@ -977,9 +985,10 @@ def compression_main(args: argparse.Namespace) -> int:
     report["rounds"] = rounds
     print(
         "\n| codec | producerkit msg/s | confluent-kafka msg/s | best / best | median ratio "
-        "| producerkit at 256 KiB batches | best / best | median ratio |"
+        "| producerkit at 256 KiB batches | best / best | median ratio "
+        "| producerkit at its defaults | best / best | median ratio |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for codec in CODECS:
         mine, theirs = f"producerkit {codec}", f"confluent-kafka {codec}"
         small = f"producerkit {codec}, 256 KiB batches"
@@ -991,7 +1000,9 @@ def compression_main(args: argparse.Namespace) -> int:
             return [f"{best:,}", f"{best / best_theirs:.2f}x", f"{median:.2f}x"]
 
         (best, *ratios), at_256k = cells(mine), cells(small)
-        print("| " + " | ".join([codec, best, f"{best_theirs:,}", *ratios, *at_256k]) + " |")
+        at_defaults = cells(f"producerkit {codec}, defaults")
+        row = [codec, best, f"{best_theirs:,}", *ratios, *at_256k, *at_defaults]
+        print("| " + " | ".join(row) + " |")
     save_report(args.json, report)
     return 0
 
