@@ -8,7 +8,7 @@
         [--distinct-values 1000]
     python benches/throughput.py --only batch [--messages 300000] [--repeat 3]
     python benches/throughput.py --only peers [--messages 200000] [--repeat 3]
-        [--peers-python ~/.venvs/peers313/bin/python]
+        [--peers-python ~/.venvs/peers313/bin/python] [--peer kafka-python --peer ...]
 
 ``--only defaults``: on Tansu null storage, producerkit at its true defaults, with
 ``preset="throughput"`` alone, and with larger windows (with and without the preset), against
@@ -800,6 +800,12 @@ def main(argv: list[str] | None = None) -> int:
         "--distinct-values", type=int, default=1000, help="--only compression: how many values"
     )
     parser.add_argument(
+        "--peer",
+        action="append",
+        metavar="TEXT",
+        help="--only peers: only the runners whose name has TEXT in it (repeatable)",
+    )
+    parser.add_argument(
         "--peers-python",
         metavar="PYTHON",
         help="--only peers: the Python 3.13+ interpreter that runs the JetStream fast "
@@ -1335,10 +1341,15 @@ def peers_main(args: argparse.Namespace) -> int:
     python = args.peers_python or os.environ.get("PRODUCERKIT_PEERS_PYTHON")
     rows = {name: sys.executable for name in PEER_RUNNERS}
     rows.update(dict.fromkeys(FAST_PUBLISHER_ROWS, python or ""))
+    if args.peer:
+        rows = {name: how for name, how in rows.items() if any(s in name for s in args.peer)}
     skipped = {name: why for name in rows if (why := _peer_missing(name, rows[name]))}
     for name, why in skipped.items():
         print(f"  skipped {name}: {why}", flush=True)
     names = [name for name in rows if name not in skipped]
+    if not names:
+        print("no runner to run", file=sys.stderr)
+        return 1
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with (
         _brokers.kafka(args.kafka_url, storage="null://sink") as kafka,
