@@ -5,7 +5,7 @@
     python benches/throughput.py --only memory
     python benches/throughput.py --only production [--messages 300000] [--repeat 5]
     python benches/throughput.py --only compression [--messages 200000] [--repeat 3]
-        [--distinct-values 1000]
+        [--distinct-values 1000] [--value-bytes 512]
     python benches/throughput.py --only batch [--messages 300000] [--repeat 3]
     python benches/throughput.py --only peers [--messages 200000] [--repeat 3]
         [--peers-python ~/.venvs/peers313/bin/python] [--peer kafka-python --peer ...]
@@ -566,6 +566,18 @@ def defaults_runners(
     return runners
 
 
+def with_cpu(name: str, run: Runner, cpu: dict[str, list[float]]) -> Runner:
+    """``run``, and its client CPU per message (µs, from its ``Clock``) appended to
+    ``cpu[name]``."""
+
+    async def runner() -> int:
+        rate = await run()
+        cpu.setdefault(name, []).append(Clock.last["client_cpu"] / Clock.last["messages"] * 1e6)
+        return rate
+
+    return runner
+
+
 def rounds_of(runners: dict[str, Runner], repeat: int) -> list[dict[str, int]]:
     """Every runner once per round, ``repeat`` rounds, the order rotated each round."""
     names = list(runners)
@@ -800,6 +812,12 @@ def main(argv: list[str] | None = None) -> int:
         "--distinct-values", type=int, default=1000, help="--only compression: how many values"
     )
     parser.add_argument(
+        "--value-bytes",
+        type=int,
+        default=512,
+        help="--only compression: each value's size (hex text)",
+    )
+    parser.add_argument(
         "--peer",
         action="append",
         metavar="TEXT",
@@ -943,12 +961,17 @@ def compression_main(args: argparse.Namespace) -> int:
     import random
 
     generator = random.Random(1)
-    values = [generator.randbytes(256).hex().encode() for _ in range(args.distinct_values)]
+    size = args.value_bytes
+    values = [
+        generator.randbytes((size + 1) // 2).hex().encode()[:size]
+        for _ in range(args.distinct_values)
+    ]
     messages = [(b"user-%d" % (i % 10_000), values[i % len(values)]) for i in range(args.messages)]
     report: dict[str, Any] = {
         "messages": args.messages,
         "repeat": args.repeat,
         "distinct_values": args.distinct_values,
+        "value_bytes": size,
     }
     settings = {name: v for name, v in KAFKA_SETTINGS.items() if name != "max_batch_size"}
     with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
@@ -987,8 +1010,12 @@ def compression_main(args: argparse.Namespace) -> int:
                     url, topic, messages, **{"compression.type": codec}
                 ),
             )
-        rounds = rounds_of(runners, args.repeat)
+        cpu: dict[str, list[float]] = {}
+        rounds = rounds_of(
+            {name: with_cpu(name, run, cpu) for name, run in runners.items()}, args.repeat
+        )
     report["rounds"] = rounds
+    report["client_us_per_message"] = cpu
     print(
         "\n| codec | producerkit msg/s | confluent-kafka msg/s | best / best | median ratio "
         "| producerkit at 256 KiB batches | best / best | median ratio "
@@ -1009,6 +1036,15 @@ def compression_main(args: argparse.Namespace) -> int:
         at_defaults = cells(f"producerkit {codec}, defaults")
         row = [codec, best, f"{best_theirs:,}", *ratios, *at_256k, *at_defaults]
         print("| " + " | ".join(row) + " |")
+    print(
+        "\nClient CPU per message (this process, librdkafka's threads included), µs, median "
+        "(range), and its median ratio to confluent-kafka's with the codec in the same round:"
+    )
+    print("\n| runner | client µs/msg | / confluent-kafka |\n|---|---:|---:|")
+    for name in runners:
+        peer = f"confluent-kafka {name.split()[1].rstrip(',')}"
+        ratio = statistics.median(a / b for a, b in zip(cpu[name], cpu[peer], strict=True))
+        print(f"| {name} | {_spread(cpu[name], '{:.2f}')} | {ratio:.2f}x |")
     save_report(args.json, report)
     return 0
 
