@@ -413,16 +413,13 @@ class _FastPublisherPeer:
         self._ack_through(progress.ack_sequence)
 
     async def send_wait(self, index: int, key: bytes | None, value: bytes) -> bool:
-        self._unacked.append(index)
-        self._publisher, self._acked = self._new_publisher(), 0
+        # A batch of one, of its own (a publisher is for one task at a time; the driver times it).
+        publisher = self._new_publisher()
         try:
-            await self._publisher.add(self.topic, value)
-            await self._end_batch()
+            await publisher.add(self.topic, value)
+            await self._end_batch(publisher, 1)
         except Exception:
-            self._fail_batch()
             return False
-        self._ack_through(len(self._unacked) + self._acked)
-        self._publisher = None
         return True
 
     def _ack_through(self, sequence: int) -> None:
@@ -440,7 +437,7 @@ class _FastPublisherPeer:
         if self._publisher is None:
             return
         try:
-            await self._end_batch()
+            await self._end_batch(self._publisher, self._acked + len(self._unacked))
         except Exception:
             self._fail_batch()
             return
@@ -450,8 +447,9 @@ class _FastPublisherPeer:
     def _new_publisher(self) -> Any:
         raise NotImplementedError
 
-    async def _end_batch(self) -> None:
-        """End the batch, raising if the server did not store all of it."""
+    async def _end_batch(self, publisher: Any, count: int) -> None:
+        """End ``publisher``'s batch of ``count`` messages, raising if the server did not store
+        all of them."""
         raise NotImplementedError
 
 
@@ -478,8 +476,10 @@ class NatsJetstreamExtraPeer(_FastPublisherPeer):
 
         return fast_publish(self.js)
 
-    async def _end_batch(self) -> None:
-        await self._publisher.close()
+    async def _end_batch(self, publisher: Any, count: int) -> None:
+        ack = await publisher.close()  # raises for a batch the server ended early
+        if ack.batch_size not in (None, count):
+            raise RuntimeError(f"the batch ended with {ack!r}, not {count} messages stored")
 
     async def close(self) -> None:
         await self.flush()
@@ -508,9 +508,8 @@ class NatsioFastPublisherPeer(_FastPublisherPeer):
     def _new_publisher(self) -> Any:
         return importlib.import_module("natsio.jetstream_batch").fast_publisher(self.js)
 
-    async def _end_batch(self) -> None:
-        count = self._acked + len(self._unacked)
-        ack = await self._publisher.close()
+    async def _end_batch(self, publisher: Any, count: int) -> None:
+        ack = await publisher.close()  # raises for a batch the server ended early
         if ack is None or ack.size != count:
             raise RuntimeError(f"the batch ended with {ack!r}, not {count} messages stored")
 
