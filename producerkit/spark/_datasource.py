@@ -244,7 +244,8 @@ class ProducerkitWriter(_BatchBase):
         job = self.config.job
         if job is not None and job.prefix is not None:
             ids = exactly.transactional_ids(job.prefix, len(messages))
-            exactly.abort_job(self.config.sink, _handles(messages), ids)
+            # no SparkContext here to wait for the killed tasks: the ids once more later
+            exactly.abort_job(self.config.sink, _handles(messages), ids, again_after=10.0)
 
 
 class ProducerkitStreamWriter(_StreamBase):

@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -66,8 +67,10 @@ __all__ = [
     "check_job",
     "commit_batch",
     "commit_job",
+    "last_job",
     "new_job",
     "recover",
+    "wait_for_tasks",
     "write_task",
 ]
 
@@ -437,23 +440,62 @@ def _raise_refused(refused: Mapping[int, AtomicBatchError], committed: set[int])
 
 
 def abort_job(
-    config: SinkConfig, handles: Sequence[PreparedTransaction], ids: Iterable[str]
+    config: SinkConfig,
+    handles: Sequence[PreparedTransaction],
+    ids: Iterable[str],
+    *,
+    again_after: float | None = None,
 ) -> None:
     """A job that failed: abort the transactions of the tasks that succeeded, and initialize
-    every transactional id of the job (which aborts what the other attempts left open). Best
-    effort: what cannot be ended now, the broker aborts after the transaction timeout."""
+    every transactional id of the job (which aborts what the other attempts left open; call it
+    once the job's tasks ended: a task that begins its transaction after it would leave that
+    open). ``again_after``: where the tasks' end cannot be waited for, initialize the ids once
+    more after that many seconds (Spark kills a failed job's running tasks within seconds).
+    Best effort: what cannot be ended, the broker aborts after the transaction timeout."""
+    ids = list(ids)
     try:
         if handles:
             run(_end_each, config, handles, commit=False)
-        ids = list(ids)
         if ids:
             run(_abort_open, config, ids)
+            if again_after is not None:
+                time.sleep(again_after)
+                run(_abort_open, config, ids)
     except Exception:
         logger.warning(
             "exactly_once: could not abort the failed job's transactions (the broker aborts "
             "them after exactly_once_timeout)",
             exc_info=True,
         )
+
+
+def wait_for_tasks(context: Any, after_job: int, timeout: float = 60.0) -> None:
+    """Wait (at most ``timeout`` seconds) until no task runs any more in the jobs of this
+    thread's job group whose id is above ``after_job``: those of a publish that failed, whose
+    running tasks Spark kills (a task still starting could otherwise begin its transaction
+    after the driver aborted the job's)."""
+    tracker = context.statusTracker()
+    group = context.getLocalProperty("spark.jobGroup.id")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = [job for job in tracker.getJobIdsForGroup(group) if job > after_job]
+        stages = [
+            stage
+            for job in jobs
+            if (info := tracker.getJobInfo(job)) is not None
+            for stage in info.stageIds
+        ]
+        infos = [tracker.getStageInfo(stage) for stage in stages]
+        if not any(info is not None and info.numActiveTasks for info in infos):
+            return
+        time.sleep(0.2)
+    logger.warning("exactly_once: the failed job's tasks still run after %.0f s", timeout)
+
+
+def last_job(context: Any) -> int:
+    """The highest job id of this thread's job group so far (-1: none)."""
+    group = context.getLocalProperty("spark.jobGroup.id")
+    return max(context.statusTracker().getJobIdsForGroup(group), default=-1)
 
 
 # ---------------------------------------------------------------------- streaming

@@ -529,11 +529,16 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
         rows = job_df.collect()
     else:
         assert job.prefix is not None
+        context = df.sparkSession.sparkContext
+        before = exactly.last_job(context)
         try:
             rows = job_df.collect()
         except BaseException:
             partitions = df.rdd.getNumPartitions()  # at least the tasks' partition ids
-            exactly.abort_job(config, [], exactly.transactional_ids(job.prefix, partitions))
+            exactly.wait_for_tasks(context, before)
+            ids = exactly.transactional_ids(job.prefix, partitions)
+            # a killed task's Python worker may outlive its end by Spark's kill timeout (2 s)
+            exactly.abort_job(config, [], ids, again_after=5.0)
             raise
         handles = [
             PreparedTransaction(*json.loads(row.prepared))
