@@ -54,7 +54,6 @@ import random
 import socket
 import struct
 import sys
-import threading
 import time
 import uuid
 from array import array
@@ -207,27 +206,15 @@ class Ledger:
 
 class Stored:
     """What the broker holds, read back: copies per message id, whether a copy sits where its
-    Delivery said, and per-key order among first copies.
+    Delivery said, and per-key order among first copies. Filled by :meth:`visit` record by
+    record, or at once by :meth:`from_positions` (the cluster's live read-back); then
+    ``positions`` (partition -> the message id + 1 at each offset, 0: none of this run's) and
+    each message's ``key`` and ``sequence`` are kept too, for :func:`kafka_view`."""
 
-    ``live``: read while the load runs (the cluster's, whose mock keeps only the last 5 MB of
-    each partition): sized for every message the ledger can hold, and a copy read before its
-    message's Delivery was recorded is checked against it again by :meth:`finish`.
-    ``positions``: also keep which message sits at each offset of each partition, and each
-    message's key and sequence, for :func:`kafka_view` (some 10 bytes a message)."""
-
-    def __init__(self, ledger: Ledger, live: bool = False, positions: bool = False) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        size = len(ledger.status) if live else ledger.sent
-        self.live = live
-        self.copies = bytearray(size)
-        self.at_offset = bytearray(size)
-        # Copies that did not sit where their message's Delivery said when they were read:
-        # (id, partition, offset), checked again once every outcome is in (live reads).
-        self._unsettled = (array("I"), array("b"), array("I"))
-        #: partition -> the message id + 1 at each offset (0: none of this run's messages)
-        self.positions: dict[int, array[int]] | None = {} if positions else None
-        self.key = array("H", bytes(2 * size)) if positions else array("H")
-        self.sequence = array("I", bytes(4 * size)) if positions else array("I")
+        self.copies = bytearray(ledger.sent)
+        self.at_offset = bytearray(ledger.sent)
         self.records = 0
         self.warm_ups = 0
         self.duplicates = 0
@@ -236,6 +223,9 @@ class Stored:
         #: (id, stored offset, the id and stored offset of the later one it came after)
         self.order_examples: list[tuple[int, int, int, int]] = []
         self._last: dict[tuple[int, int], tuple[int, int, int]] = {}  # seq, id, offset
+        self.positions: dict[int, Any] | None = None
+        self.key: Any = None
+        self.sequence: Any = None
 
     def visit(self, partition: int, offset: int, value: bytes) -> None:
         if value == WARM_UP:
@@ -254,11 +244,6 @@ class Stored:
             return
         if ledger.partition[i] == partition and ledger.offset[i] == offset + 1:
             self.at_offset[i] = 1
-        elif self.live:
-            for column, item in zip(self._unsettled, (i, partition, offset), strict=True):
-                column.append(item)
-        if self.positions is not None:
-            self._place(partition, offset, i, key, seq)
         copies = self.copies[i]
         if copies:
             self.duplicates += 1
@@ -273,24 +258,62 @@ class Stored:
         else:
             self._last[(partition, key)] = (seq, i, offset)
 
-    def _place(self, partition: int, offset: int, i: int, key: int, seq: int) -> None:
-        assert self.positions is not None
-        column = self.positions.get(partition)
-        if column is None:
-            column = self.positions[partition] = array("I")
-        if offset >= len(column):
-            column.frombytes(bytes(4 * (offset + 1 - len(column))))
-        column[offset] = i + 1
-        self.key[i] = key
-        self.sequence[i] = seq
+    @classmethod
+    def from_positions(
+        cls, ledger: Ledger, read: dict[str, Any], positions: dict[int, Any]
+    ) -> Stored:
+        """The same figures as :meth:`visit` gives, at once, from what the live read-back
+        kept: ``positions`` (partition -> message id + 1 per offset, numpy), ``read``'s
+        ``key``, ``sequence``, ``records``, ``warm_ups`` and ``unknown`` (ids past the
+        messages sent count as unknown too)."""
+        import numpy as np
 
-    def finish(self) -> None:
-        """Every outcome is in: check the copies read before their Delivery again."""
-        ledger, at_offset = self.ledger, self.at_offset
-        for i, partition, offset in zip(*self._unsettled, strict=True):
-            if ledger.partition[i] == partition and ledger.offset[i] == offset + 1:
-                at_offset[i] = 1
-        self._unsettled = (array("I"), array("b"), array("I"))
+        stored = cls(ledger)
+        n = ledger.sent
+        stored.positions, stored.key, stored.sequence = positions, read["key"], read["sequence"]
+        stored.records, stored.warm_ups = read["records"], read["warm_ups"]
+        stored.unknown = read["unknown"]
+        everything = [ids[ids > 0].astype(np.int64) - 1 for ids in positions.values()]
+        ids = np.concatenate(everything) if everything else np.zeros(0, np.int64)
+        stored.unknown += int((ids >= n).sum())
+        copies = np.bincount(ids[ids < n], minlength=n)[:n]
+        stored.copies = bytearray(np.minimum(copies, 255).astype(np.uint8).tobytes())
+        stored.duplicates = int(np.maximum(copies - 1, 0).sum())
+        # A copy where the Delivery said: the message at its partition and offset is it.
+        partition = np.frombuffer(ledger.partition, np.int8)[:n]
+        offset = np.frombuffer(ledger.offset, np.uint32)[:n].astype(np.int64) - 1
+        at = np.zeros(n, bool)
+        for p, column in positions.items():
+            mine = np.flatnonzero((partition == p) & (offset >= 0) & (offset < len(column)))
+            at[mine] = column[offset[mine]] == mine + 1
+        stored.at_offset = bytearray(at.astype(np.uint8).tobytes())
+        # Per-key order among first copies, partition by partition, in offset order.
+        key, sequence = np.asarray(read["key"]), np.asarray(read["sequence"])
+        for _, column in sorted(positions.items()):
+            where = np.flatnonzero((column > 0) & (column <= n))
+            messages = column[where].astype(np.int64) - 1
+            _, first = np.unique(messages, return_index=True)
+            first.sort()
+            firsts, at_offsets = messages[first], where[first]
+            by_key = np.argsort(key[firsts], kind="stable")
+            ordered = firsts[by_key]
+            composite = (key[ordered].astype(np.int64) << 32) | sequence[ordered].astype(np.int64)
+            highest = np.maximum.accumulate(composite)
+            behind = np.flatnonzero(composite < np.concatenate(([-1], highest[:-1])))
+            stored.order_violations += len(behind)
+            for k in behind[: EXAMPLES - len(stored.order_examples)]:
+                j = k - 1  # the highest before it, in its key's run
+                while composite[j] != highest[k - 1]:
+                    j -= 1
+                stored.order_examples.append(
+                    (
+                        int(ordered[k]),
+                        int(at_offsets[by_key[k]]),
+                        int(ordered[j]),
+                        int(at_offsets[by_key[j]]),
+                    )
+                )
+        return stored
 
 
 # --------------------------------------------------------------------------- faults
@@ -345,6 +368,8 @@ class ClusterFaults:
         self.rng = rng
         self.brokers = cluster.broker_ids
         self.leaders = {p: self.brokers[p % len(self.brokers)] for p in range(partitions)}
+        #: told the leaders after each move
+        self.watchers: list[Callable[[dict[int, int]], None]] = []
         self.log = FaultLog()
         self.errors_pushed: Counter[str] = Counter()
 
@@ -416,6 +441,8 @@ class ClusterFaults:
         for partition, broker in moved.items():
             self.cluster.set_leader(self.topic, partition, broker)
             self.leaders[partition] = broker
+        for watcher in self.watchers:
+            watcher(self.leaders)
 
 
 async def inject_faults(
@@ -580,7 +607,7 @@ async def sample(
                 "acked": stats.acked - baseline.acked,
                 "failed": stats.failed - baseline.failed,
                 "rss_mb": round(rss_mb(), 1),
-                **({"read_lag": max(live.lag)} if live is not None else {}),
+                **({"read_lag": live.lag} if live is not None else {}),
             }
         )
         if t >= next_line:
@@ -589,7 +616,7 @@ async def sample(
                 f"  t={t:6.0f}s sent={ledger.sent:,} acked={stats.acked - baseline.acked:,} "
                 f"failed={stats.failed - baseline.failed:,} in flight={stats.in_flight:,} "
                 f"faults={','.join(active()) or '-'}"
-                + (f" read lag={max(live.lag):,} margin={live.margin}" if live else ""),
+                + (f" read lag={live.lag:,} margin={live.margin}" if live else ""),
                 flush=True,
             )
         await asyncio.sleep(SAMPLE_EVERY)
@@ -811,165 +838,294 @@ def record_batches(
 
 
 class LiveReader:
-    """Reads ``topic`` of the cluster from offset 0 while the load runs, straight from the mock
-    brokers' own ports (not through the recorders or the fault proxy), in a thread with its own
-    event loop: a Fetch v5 connection per broker, asking for the partitions ``leaders()`` says
-    it leads. The mock keeps only the last 5 MB (or 100,000 batches) of each partition, so a
-    read after a long run would find most of it gone, and it answers a Fetch with one batch a
-    partition, so a client that costs much per Fetch (aiokafka through the recorders, tried)
-    falls behind; this one stays well behind neither. Each record goes to ``visit`` in offset
-    order per partition, from this thread, and each batch's header (producer id, epoch, base
-    sequence, as the mock stored it) into :attr:`batches`.
-
-    A record it never got (a Fetch answered OFFSET_OUT_OF_RANGE: the mock dropped it first) is
-    a harness error in :attr:`errors`. :meth:`finish` reads on to each partition's high
-    watermark as a Fetch after the call gives it, then stops."""
+    """Reads ``topic`` of the cluster from offset 0 while the load runs, in a process of its own
+    (``_read_live``: the GIL of this one is the producer's, the proxy's and the recorders'),
+    straight from the mock brokers' own ports (not through the recorders or the fault proxy):
+    a Fetch v5 connection per broker, asking for the partitions it leads (:meth:`move` tells
+    it where they went). The mock keeps only the last 5 MB (or 100,000 batches) of each
+    partition, so a read after a long run would find most of it gone, and it answers a Fetch
+    with one batch a partition, found by walking the partition's batches from the oldest: a
+    reader behind walks less and catches up; one that falls behind by the whole 5 MB loses
+    records, a harness error. It keeps which message sits at each offset, each message's key
+    and sequence, and each batch's header (producer id, epoch, base sequence, as the mock
+    stored it); :meth:`finish` reads on to each partition's high watermark as a Fetch after
+    the call gives it, then hands them over (:attr:`result`)."""
 
     def __init__(
         self,
         addresses: tuple[str, ...],
         topic: str,
-        leaders: Callable[[], dict[int, int]],
-        visit: Callable[[int, int, bytes], None],
+        leaders: dict[int, int],
+        capacity: int,
     ) -> None:
-        self.addresses = addresses
-        self.topic = topic
-        self.leaders = leaders
-        self.visit = visit
-        partitions = len(leaders())
-        self.positions = [0] * partitions
-        self.lag = [0] * partitions  # records between each high watermark and the read
-        self.max_lag = 0
-        #: the fewest records between the read and the oldest the mock still keeps (None: it
-        #: kept every one)
-        self.margin: int | None = None
-        self.ends: list[int | None] = [None] * partitions  # high watermarks after finish()
-        #: partition -> (base offset, producer id, epoch, base sequence, count) of each batch
-        self.batches = {
-            p: (array("q"), array("q"), array("h"), array("i"), array("i"))
-            for p in range(partitions)
-        }
+        import multiprocessing
+        import tempfile
+
+        context = multiprocessing.get_context("spawn")
+        self.partitions = len(leaders)
+        self._leaders = context.Array("i", [leaders[p] for p in range(self.partitions)])
+        #: per partition the records behind its high watermark, then the margin over the
+        #: oldest record the mock keeps (-1: it dropped none yet), then the Fetches made
+        self._status = context.Array("q", [0] * self.partitions + [-1, 0])
+        self._finish = context.Event()
+        self._out = Path(tempfile.mkdtemp(prefix="chaos-read-")) / "read.npz"
+        self._process = context.Process(
+            target=_read_live,
+            args=(addresses, topic, capacity, self._leaders, self._status, self._finish),
+            kwargs={"out": str(self._out)},
+            name="chaos-live-reader",
+            daemon=True,
+        )
         self.errors: list[str] = []
-        self.fetches = 0
-        self.reconnects = 0
-        self._finishing = threading.Event()
-        self._done = False
-        self._thread = threading.Thread(target=self._run, name="chaos-live-reader", daemon=True)
+        self.result: dict[str, Any] = {}
 
     def start(self) -> None:
-        self._thread.start()
+        self._process.start()
 
-    def served(self) -> Iterator[ServedBatch]:
-        """Every batch read, partition by partition, in offset order."""
-        for partition, columns in self.batches.items():
-            for base_offset, producer, epoch, sequence, count in zip(*columns, strict=True):
-                yield ServedBatch(partition, base_offset, producer, epoch, sequence, count)
+    def move(self, leaders: dict[int, int]) -> None:
+        for partition, broker in leaders.items():
+            self._leaders[partition] = broker
+
+    @property
+    def lag(self) -> int:
+        """The most records a partition's read is behind its high watermark, now."""
+        return int(max(self._status[: self.partitions]))
+
+    @property
+    def margin(self) -> int | None:
+        """The fewest records the read was ahead of the oldest the mock keeps (None: it
+        dropped none)."""
+        margin = self._status[self.partitions]
+        return None if margin < 0 else int(margin)
 
     async def finish(self, wait: float = FINISH_WAIT) -> int:
         """Read on to the high watermarks (the load is over), at most ``wait`` s; returns their
         sum (the offsets the cluster assigned)."""
-        self._finishing.set()
-        await asyncio.to_thread(self._thread.join, wait)
-        if self._thread.is_alive():
-            self._done = True
-            self.errors.append(
-                f"the read-back stopped at {self.positions}, short of the high watermarks"
-                f" {self.ends}, after {wait:g} s"
-            )
-            await asyncio.to_thread(self._thread.join, 10.0)
-        return sum(end or 0 for end in self.ends)
+        import numpy as np
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._read())
-        except Exception as exc:  # the report says so: the read is incomplete
-            self.errors.append(f"the read-back failed: {type(exc).__name__}: {exc}")
+        self._finish.set()
+        await asyncio.to_thread(self._process.join, wait + 30.0)
+        if self._process.is_alive():
+            self._process.terminate()
+            self.errors.append(f"the read-back did not end within {wait + 30:g} s")
+            return 0
+        if not self._out.exists():
+            self.errors.append(f"the read-back process ended ({self._process.exitcode}) unread")
+            return 0
+        with np.load(self._out) as saved:
+            result = {name: saved[name] for name in saved.files}
+        self._out.unlink()
+        self._out.parent.rmdir()
+        summary = json.loads(str(result.pop("summary")))
+        self.errors += summary.pop("errors")
+        self.result = {**summary, **result}
+        return int(sum(end or 0 for end in summary["ends"]))
 
-    async def _read(self) -> None:
-        tasks = [
-            asyncio.ensure_future(self._broker(broker))
-            for broker in range(1, len(self.addresses) + 1)
-        ]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+    def positions(self) -> dict[int, Any]:
+        """Partition -> the message id + 1 at each offset read (0: none of this run's)."""
+        return {p: self.result[f"ids{p}"] for p in range(self.partitions)}
 
-    def _complete(self) -> bool:
-        return self._done or all(
-            end is not None and position >= end
-            for position, end in zip(self.positions, self.ends, strict=True)
-        )
+    def served(self) -> Iterator[ServedBatch]:
+        """Every batch read, partition by partition, in offset order."""
+        for p in range(self.partitions):
+            columns = self.result[f"batches{p}"]
+            for base_offset, producer, epoch, sequence, count in columns.T.tolist():
+                yield ServedBatch(p, base_offset, producer, epoch, sequence, count)
 
-    async def _broker(self, broker: int) -> None:
-        host, _, port = self.addresses[broker - 1].rpartition(":")
-        streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        correlation_id = 0
-        try:
-            while not self._complete():
-                wanted = sorted(p for p, b in self.leaders().items() if b == broker)
-                if not wanted:
-                    await asyncio.sleep(0.05)
-                    continue
-                finishing = self._finishing.is_set()
-                try:
-                    if streams is None:
-                        streams = await asyncio.wait_for(
-                            asyncio.open_connection(host, int(port)), 2.0
-                        )
-                    reader, writer = streams
-                    correlation_id += 1
-                    at = [(p, self.positions[p]) for p in wanted]
-                    writer.write(fetch_request(correlation_id, self.topic, at, 100))
-                    (size,) = _I32.unpack(await asyncio.wait_for(reader.readexactly(4), 10.0))
-                    frame = await asyncio.wait_for(reader.readexactly(size), 10.0)
-                except (OSError, asyncio.IncompleteReadError, TimeoutError):
-                    if streams is not None:
-                        streams[1].close()
-                        streams = None
-                        self.reconnects += 1
-                    await asyncio.sleep(0.1)  # a broker down: its partitions move soon
-                    continue
-                self.fetches += 1
-                self._take(frame, finishing)
-        finally:
-            if streams is not None:
-                streams[1].close()
 
-    def _take(self, frame: bytes, finishing: bool) -> None:
-        positions = self.positions
+class _Broker:
+    """The live reader's connection to one broker: its socket, the bytes of the answer coming,
+    and the partitions it was asked for (None: nothing asked)."""
+
+    __slots__ = ("after_finish", "asked", "buffer", "since", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.asked: list[int] | None = None
+        self.after_finish = False
+        self.since = 0.0
+
+
+def _read_live(
+    addresses: tuple[str, ...],
+    topic: str,
+    capacity: int,
+    leaders: Any,
+    status: Any,
+    finish: Any,
+    out: str,
+) -> None:
+    """The live read-back's process (see LiveReader): Fetches on every broker at once, one
+    outstanding each, until finished; then the whole read into ``out`` (an .npz)."""
+    import selectors
+
+    import numpy as np
+
+    partitions = len(leaders)
+    positions = [0] * partitions
+    ends: list[int | None] = [None] * partitions
+    ids = [array("I") for _ in range(partitions)]
+    keys = array("H", bytes(2 * capacity))
+    sequences = array("I", bytes(4 * capacity))
+    batches = [[array("q") for _ in range(5)] for _ in range(partitions)]
+    counts = {"records": 0, "warm_ups": 0, "unknown": 0, "fetches": 0, "reconnects": 0}
+    errors: list[str] = []
+    max_lag = 0
+    selector = selectors.DefaultSelector()
+    brokers: dict[int, _Broker] = {}
+    retry_at: dict[int, float] = {}
+    correlation_id = 0
+    deadline = math.inf
+    finishing = stop = False
+
+    def drop(broker: int) -> None:
+        connection = brokers.pop(broker)
+        selector.unregister(connection.sock)
+        connection.sock.close()
+        counts["reconnects"] += 1
+        retry_at[broker] = time.monotonic() + 0.1
+
+    def take(frame: bytes, after_finish: bool) -> bool:
+        nonlocal max_lag
         for partition, error, high, start, records in fetch_response(frame):
             if error == OFFSET_OUT_OF_RANGE:
-                self.errors.append(
-                    f"the read-back fell behind the mock's retention (5 MB a partition) and"
+                errors.append(
+                    "the read-back fell behind the mock's retention (5 MB a partition) and"
                     f" lost records of partition {partition} from offset {positions[partition]}"
                 )
-                self._done = True
-                return
+                return False
             if error:  # NOT_LEADER_OR_FOLLOWER: the leader moved; the next Fetch goes there
                 continue
+            column = ids[partition]
             for batch, values in record_batches(partition, records):
-                if batch.base_offset + batch.record_count <= positions[partition]:
+                end = batch.base_offset + batch.record_count
+                if end <= positions[partition]:
                     continue
                 if batch.base_offset > positions[partition]:
-                    self.errors.append(
+                    errors.append(
                         f"the read-back skipped offsets {positions[partition]}.."
                         f"{batch.base_offset - 1} of partition {partition}"
                     )
-                for column, item in zip(self.batches[partition], batch[1:], strict=True):
-                    column.append(item)
+                for array_, item in zip(batches[partition], batch[1:], strict=True):
+                    array_.append(item)
+                if end > len(column):
+                    column.frombytes(bytes(4 * (end - len(column))))
                 for offset, value in values:
-                    if offset >= positions[partition]:
-                        self.visit(partition, offset, value)
-                positions[partition] = batch.base_offset + batch.record_count
-            self.lag[partition] = high - positions[partition]
-            self.max_lag = max(self.max_lag, self.lag[partition])
+                    if value == WARM_UP:
+                        counts["warm_ups"] += 1
+                        continue
+                    counts["records"] += 1
+                    try:
+                        i_text, key_text, seq_text, _ = value.split(b" ", 3)
+                        i, key, seq = int(i_text), int(key_text), int(seq_text)
+                    except ValueError:
+                        counts["unknown"] += 1
+                        continue
+                    if not 0 <= i < capacity:
+                        counts["unknown"] += 1
+                        continue
+                    column[offset] = i + 1
+                    keys[i], sequences[i] = key, seq
+                positions[partition] = end
+            status[partition] = high - positions[partition]
+            max_lag = max(max_lag, high - positions[partition])
             if start > 0:  # the mock has dropped the partition's oldest batches
                 margin = positions[partition] - start
-                self.margin = margin if self.margin is None else min(self.margin, margin)
-            if finishing:
-                self.ends[partition] = high
+                if status[partitions] < 0 or margin < status[partitions]:
+                    status[partitions] = margin
+            if after_finish:
+                ends[partition] = high
+        return True
+
+    try:
+        while not stop:
+            now = time.monotonic()
+            if not finishing and finish.is_set():
+                finishing, deadline = True, now + FINISH_WAIT
+            if finishing and all(
+                end is not None and position >= end
+                for position, end in zip(positions, ends, strict=True)
+            ):
+                break
+            if now > deadline:
+                errors.append(
+                    f"the read-back stopped at {positions}, short of the high watermarks"
+                    f" {ends}, after {FINISH_WAIT:g} s"
+                )
+                break
+            leader_of = list(leaders)
+            for broker in range(1, len(addresses) + 1):
+                connection = brokers.get(broker)
+                if connection is not None and connection.asked is not None:
+                    if now - connection.since > 10.0:  # unanswered: start again
+                        drop(broker)
+                    continue
+                wanted = [p for p in range(partitions) if leader_of[p] == broker]
+                if not wanted or now < retry_at.get(broker, 0.0):
+                    continue
+                try:
+                    if connection is None:
+                        host, _, port = addresses[broker - 1].rpartition(":")
+                        sock = socket.create_connection((host, int(port)), timeout=2.0)
+                        connection = brokers[broker] = _Broker(sock)
+                        selector.register(sock, selectors.EVENT_READ, broker)
+                    correlation_id += 1
+                    at = [(p, positions[p]) for p in wanted]
+                    connection.sock.sendall(fetch_request(correlation_id, topic, at, 100))
+                except OSError:  # a broker down: its partitions move soon
+                    if broker in brokers:
+                        drop(broker)
+                    else:
+                        retry_at[broker] = now + 0.1
+                    continue
+                connection.asked, connection.after_finish = wanted, finishing
+                connection.since = now
+            for selected, _ in selector.select(timeout=0.05):
+                broker = selected.data
+                connection = brokers[broker]
+                try:
+                    chunk = connection.sock.recv(1 << 20)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    drop(broker)
+                    continue
+                buffer = connection.buffer
+                buffer += chunk
+                if len(buffer) < 4:
+                    continue
+                size = 4 + _I32.unpack_from(buffer)[0]
+                if len(buffer) < size:
+                    continue
+                frame = bytes(buffer[4:size])
+                del buffer[:size]
+                connection.asked = None
+                counts["fetches"] += 1
+                status[partitions + 1] = counts["fetches"]
+                stop = stop or not take(frame, connection.after_finish)
+    except Exception as exc:  # the report says so: the read is incomplete
+        errors.append(f"the read-back failed: {type(exc).__name__}: {exc}")
+    finally:
+        for connection in brokers.values():
+            connection.sock.close()
+    margin = status[partitions]
+    summary = {
+        **counts,
+        "errors": errors,
+        "ends": ends,
+        "max_lag": max_lag,
+        "margin": None if margin < 0 else margin,
+    }
+    arrays: dict[str, Any] = {
+        "summary": np.array(json.dumps(summary)),
+        "key": np.frombuffer(keys, np.uint16),
+        "sequence": np.frombuffer(sequences, np.uint32),
+    }
+    for p in range(partitions):
+        arrays[f"ids{p}"] = np.frombuffer(ids[p], np.uint32)
+        arrays[f"batches{p}"] = np.array([np.frombuffer(a, np.int64) for a in batches[p]])
+    np.savez(out, **arrays)
 
 
 async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, bytes], None]) -> int:
@@ -1595,10 +1751,12 @@ async def chaos(
     live: LiveReader | None = None
     cluster_faults: ClusterFaults | None = None
     if cluster is not None:  # read while the load runs: the mock keeps 5 MB a partition
-        stored = Stored(ledger, live=True, positions=True)
         cluster_rng = random.Random(f"{args.seed}-cluster")
         cluster_faults = ClusterFaults(cluster, topic, args.partitions, cluster_rng)
-        live = LiveReader(cluster.mock_addresses, topic, cluster_faults.leaders.copy, stored.visit)
+        live = LiveReader(
+            cluster.mock_addresses, topic, dict(cluster_faults.leaders), len(ledger.status)
+        )
+        cluster_faults.watchers.append(live.move)
         live.start()
     logs = [faults.log] + ([cluster_faults.log] if cluster_faults else [])
 
@@ -1661,8 +1819,9 @@ async def chaos(
     view = cluster_report = None
     if live is not None:
         assert cluster is not None and cluster_faults is not None
-        broker_count = await live.finish() - stored.warm_ups
-        stored.finish()
+        broker_count = await live.finish()
+        stored = Stored.from_positions(ledger, live.result, live.positions())
+        broker_count -= stored.warm_ups
         for error in live.errors:
             print(f"HARNESS ERROR: {error}", flush=True)
         harness_error = harness_error or "; ".join(live.errors[:3]) or None
@@ -1671,10 +1830,10 @@ async def chaos(
         cluster_report = {
             "brokers": len(cluster.broker_ids),
             "replication": REPLICATION,
-            "read_max_lag_records": live.max_lag,
-            "read_margin_records": live.margin,
-            "read_fetches": live.fetches,
-            "read_reconnects": live.reconnects,
+            "read_max_lag_records": live.result.get("max_lag"),
+            "read_margin_records": live.result.get("margin"),
+            "read_fetches": live.result.get("fetches"),
+            "read_reconnects": live.result.get("reconnects"),
             "records_by_verdict": view["records_by_verdict"],
             "sequence_gaps": view["sequence_gaps"],
             "unbatched_records": view["unbatched_records"],

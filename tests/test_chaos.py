@@ -169,16 +169,64 @@ def test_an_old_sequence_is_refused(chaos: ModuleType) -> None:
     assert replay.records == {"stored": 14, "refused_old_sequence": 2}
 
 
+def _stored_both_ways(
+    chaos: ModuleType, ledger: Any, records: list[tuple[int, int, int, int, int]]
+) -> tuple[Any, Any]:
+    """``records`` ((partition, offset, id, key, seq)) read back record by record (Stored.visit)
+    and all at once as the live read-back hands them over (Stored.from_positions)."""
+    import numpy as np
+
+    one_by_one = chaos.Stored(ledger)
+    positions: dict[int, Any] = {}
+    key, sequence = np.zeros(ledger.sent, np.uint16), np.zeros(ledger.sent, np.uint32)
+    for partition, offset, i, k, seq in records:
+        one_by_one.visit(partition, offset, b"%d %d %d x" % (i, k, seq))
+        column = positions.setdefault(partition, np.zeros(0, np.uint32))
+        if offset >= len(column):
+            column = positions[partition] = np.concatenate(
+                (column, np.zeros(offset + 1 - len(column), np.uint32))
+            )
+        column[offset] = i + 1
+        key[i], sequence[i] = k, seq
+    read = {"key": key, "sequence": sequence, "records": len(records), "warm_ups": 0}
+    return one_by_one, chaos.Stored.from_positions(ledger, {**read, "unknown": 0}, positions)
+
+
+def test_the_live_read_back_counts_as_a_read_record_by_record_does(chaos: ModuleType) -> None:
+    ledger = chaos.Ledger(5, 0.0)
+    ledger.sent = 5
+    for i, (partition, offset) in enumerate([(0, 0), (0, 1), (1, 0), (0, 9), (1, 1)]):
+        ledger.status[i] = chaos.ACKED
+        ledger.partition[i], ledger.offset[i] = partition, offset + 1
+    records = [
+        (0, 0, 0, 1, 0),
+        (0, 1, 1, 1, 1),
+        (0, 2, 0, 1, 0),  # a second copy of message 0
+        (1, 0, 4, 2, 1),  # message 4 where message 2 should be: 2 and 4 out of order
+        (1, 1, 2, 2, 0),
+        (1, 2, 3, 3, 0),  # message 3 acked at partition 0, offset 9
+    ]
+    one_by_one, at_once = _stored_both_ways(chaos, ledger, records)
+    for stored in (one_by_one, at_once):
+        assert bytes(stored.copies) == bytes([2, 1, 1, 1, 1])
+        assert bytes(stored.at_offset) == bytes([1, 1, 0, 0, 0])
+        assert (stored.duplicates, stored.unknown, stored.records) == (1, 0, 6)
+        assert stored.order_violations == 1
+        assert stored.order_examples == [(2, 1, 4, 0)]
+
+
 def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early(chaos: ModuleType) -> None:
     """Key 0's messages 0 (seq 0), 1 (seq 1), 2 (seq 2): the mock stored 2 past a gap (held)
     before 1, which Kafka would not have; and, in partition 1, the same without a gap, which
     the producer did."""
     ledger = chaos.Ledger(6, 0.0)
     ledger.sent = 6
-    stored = chaos.Stored(ledger, live=True, positions=True)
-    for partition, order in ((0, (0, 2, 1)), (1, (3, 5, 4))):
-        for offset, i in enumerate(order):
-            stored.visit(partition, offset, b"%d 0 %d x" % (i, i % 3))
+    records = [
+        (partition, offset, i, 0, i % 3)
+        for partition, order in ((0, (0, 2, 1)), (1, (3, 5, 4)))
+        for offset, i in enumerate(order)
+    ]
+    one_by_one, stored = _stored_both_ways(chaos, ledger, records)
     served = [
         chaos.ServedBatch(0, 0, 7, 0, 0, 1),
         chaos.ServedBatch(0, 1, 7, 0, 2, 1),  # past the gap at sequence 1
@@ -186,7 +234,7 @@ def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early(chaos: Mod
         *(chaos.ServedBatch(1, offset, 7, 0, offset, 1) for offset in range(3)),
     ]
     view = chaos.kafka_view(stored, served)
-    assert stored.order_violations == 2  # the mock's log
+    assert one_by_one.order_violations == stored.order_violations == 2  # the mock's log
     assert view["order_violations"] == 1
     assert view["order_examples"] == [4]
     assert view["records_by_verdict"] == {"stored": 5, "stored_late": 1}
