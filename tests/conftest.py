@@ -36,6 +36,15 @@ from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
 
+#: Kafka transactions (atomic batches, exactly-once) are producerkit's own Produce requests: on
+#: the public path (``PRODUCERKIT_CLIENT_PATH=public``, a run of CI) they are refused, typed
+#: (tests/test_transactions.py checks the refusal on every run).
+TRANSACTIONS_ON_THE_FAST_PATH = pytest.mark.skipif(
+    os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public",
+    reason="Kafka transactions need producerkit's own Produce requests (the public path "
+    "refuses them with AtomicBatchError kind='unsupported')",
+)
+
 BACKENDS = ["memory", "null", "kafka", "kafka-cluster", "jetstream", "nats"]
 
 

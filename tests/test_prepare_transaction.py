@@ -12,10 +12,13 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import TRANSACTIONS_ON_THE_FAST_PATH
 
 import producerkit as pk
 from producerkit import transactions
 from producerkit.testing.kafka_cluster import KafkaCluster
+
+pytestmark = TRANSACTIONS_ON_THE_FAST_PATH
 
 
 @pytest.fixture

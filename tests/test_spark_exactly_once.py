@@ -27,14 +27,14 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import read_jetstream
+from conftest import TRANSACTIONS_ON_THE_FAST_PATH, read_jetstream
 
 import producerkit as pk
 from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.pytest_plugin import NatsSessionBroker
 
 pyspark = pytest.importorskip("pyspark")
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, TRANSACTIONS_ON_THE_FAST_PATH]
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import TRANSACTIONS_ON_THE_FAST_PATH
 
 import producerkit as pk
 from producerkit.testing._recorder import _Tap
@@ -440,6 +441,7 @@ def test_confluent_kafka_transactions(kafka_cluster: KafkaCluster, cluster_topic
 
 
 @pytest.mark.anyio
+@TRANSACTIONS_ON_THE_FAST_PATH
 async def test_atomic_batches_40_by_250_one_raising(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -473,6 +475,7 @@ async def test_atomic_batches_40_by_250_one_raising(
 
 
 @pytest.mark.anyio
+@TRANSACTIONS_ON_THE_FAST_PATH
 async def test_an_end_txn_refused_leaves_its_messages_out(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import TRANSACTIONS_ON_THE_FAST_PATH
 
 import producerkit as pk
 from producerkit.testing.brokers import create_kafka_topic
@@ -21,6 +22,7 @@ from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
+fast_path_only = TRANSACTIONS_ON_THE_FAST_PATH
 
 PARTITIONS = 6
 
@@ -32,6 +34,7 @@ def cluster_topic(kafka_cluster: KafkaCluster) -> str:
     return name
 
 
+@fast_path_only
 async def test_batches_commit_whole_and_a_raising_block_aborts(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -58,6 +61,7 @@ async def test_batches_commit_whole_and_a_raising_block_aborts(
     assert len(stored) == 9875  # read_uncommitted: the aborted ones are in the log
 
 
+@fast_path_only
 async def test_messages_count_as_acked_only_at_the_commit(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -70,6 +74,7 @@ async def test_messages_count_as_acked_only_at_the_commit(
         assert producer.stats.acked == 20
 
 
+@fast_path_only
 @pytest.mark.parametrize(
     ("errors", "kind"),
     [
@@ -96,6 +101,7 @@ async def test_an_end_txn_the_cluster_refuses_fails_the_batch_typed(
         assert (stats.acked, stats.failed, stats.in_flight) == (0, 50, 0)
 
 
+@fast_path_only
 async def test_a_coordinator_busy_for_a_while_is_asked_again(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -110,6 +116,7 @@ async def test_a_coordinator_busy_for_a_while_is_asked_again(
         assert producer.stats.acked == 30
 
 
+@fast_path_only
 async def test_a_message_failing_aborts_the_batch(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -125,6 +132,7 @@ async def test_a_message_failing_aborts_the_batch(
         assert producer.stats.acked == 1
 
 
+@fast_path_only
 async def test_one_transaction_open_at_a_time_per_producer(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -149,6 +157,7 @@ async def test_one_transaction_open_at_a_time_per_producer(
     )
 
 
+@fast_path_only
 async def test_a_broker_without_transactions_is_a_typed_error_at_the_first_batch(
     kafka_cluster: KafkaCluster, cluster_topic: str
 ) -> None:
@@ -160,6 +169,7 @@ async def test_a_broker_without_transactions_is_a_typed_error_at_the_first_batch
         assert raised.value.kind == "unsupported"
 
 
+@fast_path_only
 async def test_a_newer_producer_of_the_transactional_id_fences_the_older(
     kafka_broker: SessionBroker, topic: str
 ) -> None:
@@ -200,3 +210,17 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+async def test_transactions_on_the_public_path_are_refused_typed(
+    kafka_cluster: KafkaCluster, cluster_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka transactions are producerkit's own Produce requests: on aiokafka's public API (the
+    fallback where its internals are not as expected) the first batch says so, typed."""
+    monkeypatch.setenv("PRODUCERKIT_CLIENT_PATH", "public")
+    async with pk.Producer(kafka_cluster.url, topic=cluster_topic, timeout=5.0) as producer:
+        with pytest.raises(pk.AtomicBatchError, match="public API") as raised:
+            async with producer.atomic_batch() as batch:
+                await batch.produce(b"v")
+        assert raised.value.kind == "unsupported"
+        assert producer.stats.produced == 0
