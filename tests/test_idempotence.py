@@ -126,10 +126,17 @@ async def test_sequence_errors_bump_the_epoch_and_store_each_message_once(
     """The broker lost the producer's state (or the sequence before a batch): the producer
     drains, has its epoch bumped (KIP-360) and sends what was not acked again, numbered anew;
     nothing is lost, nothing stored twice, every key in order. (The fast path's own sender:
-    aiokafka's has its own handling on the public path.)"""
+    aiokafka's has its own handling on the public path.)
+
+    One batch per partition in flight: the error is injected into one request, and the mock,
+    which checks no idempotent producer's sequences, stores the next requests' batches where a
+    broker that lost the sequence would refuse them too; with five in flight, order then rests
+    on the broker (as for the Java client and librdkafka)."""
     monkeypatch.setenv("PRODUCERKIT_CLIENT_PATH", "fast")
     count = 10_000
-    async with pk.Producer(kafka_cluster.url, topic=cluster_topic, timeout=30.0) as producer:
+    async with pk.Producer(
+        kafka_cluster.url, topic=cluster_topic, timeout=30.0, max_batches_in_flight=1
+    ) as producer:
         sender = producer.backend._sender  # type: ignore[attr-defined]
         first = sender.producer_id
         with caplog.at_level(logging.WARNING, logger="producerkit.kafka"):

@@ -71,7 +71,9 @@ async def test_concurrent_blocking_produces_share_the_limit_in_order(
                 group.start_soon(one, number)
                 await anyio.sleep(0)  # each one queued before the next (first come...)
         elapsed = time.monotonic() - started
-    assert 0.18 <= elapsed <= 0.6, elapsed  # at least 199 intervals of 1 ms; a busy machine adds
+    assert elapsed >= 0.18, elapsed  # at least 199 intervals of 1 ms
+    if backend.cluster is None:  # the cluster's recorder forwards in a thread of this process,
+        assert elapsed <= 0.6, elapsed  # sharing its GIL: its round trips say nothing of the limit
     # ... first served: each partition's messages were sent, stored and acked in the order they
     # were produced. Across partitions the acks may come in any order: Kafka's sticky keyless
     # partitioning puts runs of these messages on different partitions, each batch acked alone
