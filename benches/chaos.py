@@ -1276,11 +1276,13 @@ def kafka_view(stored: Stored, served: Iterable[ServedBatch]) -> dict[str, Any]:
     every batch read (with the header the mock stored it with) through KafkaReplay. Extra
     copies count where Kafka stores them too (``stored`` and ``held`` batches: a message
     stored under two sequences, sent twice by the producer); copies in batches Kafka
-    deduplicates or refuses do not. Order: in the mock's log order, among each message's
-    first copy Kafka stores, a sequence below a higher one of its key before it is a violation,
-    unless that higher one sits in a held batch (Kafka stores it later, after the batch that
-    fills its gap: the mock's doing, not the producer's). Records read that no batch read
-    holds are taken as stored (``unbatched``; none expected)."""
+    deduplicates or refuses do not. Order, among each message's first copy Kafka stores, two
+    ways: in the mock's log order, a sequence below a higher one of its key before it, unless
+    that higher one sits in a held batch (Kafka stores it later, after the batch that fills its
+    gap: the mock's doing, not the producer's); and in the order Kafka keeps an epoch's
+    records in, their sequence numbers, a key's messages out of produce order (which also
+    covers held batches among themselves). Records read that no batch read holds are taken as
+    stored (``unbatched``; none expected)."""
     import numpy as np
 
     assert stored.positions is not None
@@ -1288,6 +1290,12 @@ def kafka_view(stored: Stored, served: Iterable[ServedBatch]) -> dict[str, Any]:
     key = np.frombuffer(stored.key, np.uint16)
     sequence = np.frombuffer(stored.sequence, np.uint32)
     marks = {p: np.zeros(len(column), np.uint8) for p, column in stored.positions.items()}
+    # Each record's stamp: producer id (-1: none), epoch, its own sequence (base + index).
+    stamps = {
+        p: (np.full(len(column), -1, np.int64), np.zeros(len(column), np.int64))
+        for p, column in stored.positions.items()
+    }
+    record_sequence = {p: np.zeros(len(column), np.int64) for p, column in stored.positions.items()}
     replays: dict[int, KafkaReplay] = {}
     codes = {"stored": _STORED, "held": _HELD}
     for batch in served:
@@ -1297,25 +1305,41 @@ def kafka_view(stored: Stored, served: Iterable[ServedBatch]) -> dict[str, Any]:
         verdict = codes.get(replay.add(batch), _NOT_STORED)
         mark = marks.get(batch.partition)
         if mark is not None:
-            mark[batch.base_offset : batch.base_offset + batch.record_count] = verdict
+            start, end = batch.base_offset, min(batch.base_offset + batch.record_count, len(mark))
+            mark[start:end] = verdict
+            producer, epoch = stamps[batch.partition]
+            producer[start:end], epoch[start:end] = batch.producer_id, batch.epoch
+            record_sequence[batch.partition][start:end] = np.arange(
+                batch.base_sequence, batch.base_sequence + end - start
+            )
     verdicts: Counter[str] = Counter()
     for replay in replays.values():
         replay.close()
         verdicts.update(replay.records)
     kept: list[Any] = []
-    order_violations = 0
+    order_violations = in_sequence = 0  # in_sequence: those only the sequence order shows
     examples: list[int] = []
     unbatched = 0
     for partition, column in sorted(stored.positions.items()):
         ids, mark = np.frombuffer(column, np.uint32), marks[partition]
         unbatched += int(((ids > 0) & (mark == 0)).sum())
-        keep = (ids > 0) & (mark != _NOT_STORED)
-        messages = ids[keep].astype(np.int64) - 1
-        held = mark[keep] == _HELD
+        at = np.flatnonzero((ids > 0) & (mark != _NOT_STORED))
+        messages = ids[at].astype(np.int64) - 1
+        held = mark[at] == _HELD
         kept.append(messages)
         _, first = np.unique(messages, return_index=True)
         first.sort()
         firsts, firsts_held = messages[first], held[first]
+        producer, epoch = stamps[partition]
+        where = at[first]
+        behind_in_sequence = _out_of_sequence(
+            firsts,
+            key,
+            sequence,
+            producer[where],
+            epoch[where],
+            record_sequence[partition][where],
+        )
         by_key = np.argsort(key[firsts], kind="stable")
         ordered, ordered_held = firsts[by_key], firsts_held[by_key]
         base = key[ordered].astype(np.int64) << 32
@@ -1323,21 +1347,47 @@ def kafka_view(stored: Stored, served: Iterable[ServedBatch]) -> dict[str, Any]:
         # The highest sequence of the key before each first copy, held ones left out.
         highest = np.maximum.accumulate(np.where(ordered_held, base, composite))
         before = np.concatenate(([-1], highest[:-1]))
-        behind = composite < before
-        order_violations += int(behind.sum())
-        examples += ordered[behind][: EXAMPLES - len(examples)].tolist()
+        behind = ordered[composite < before]
+        # A message behind either way counts once.
+        behind_either = np.union1d(behind, behind_in_sequence)
+        order_violations += len(behind_either)
+        in_sequence += len(np.setdiff1d(behind_in_sequence, behind))
+        examples += behind_either[: EXAMPLES - len(examples)].tolist()
     all_kept = np.concatenate(kept) if kept else np.zeros(0, np.int64)
     kafka_copies = np.bincount(all_kept, minlength=n)[:n]
     raw_copies = np.frombuffer(stored.copies, np.uint8)[:n]
     return {
         "duplicates": int(np.maximum(kafka_copies - 1, 0).sum()),
         "order_violations": order_violations,
+        "order_violations_in_sequence": in_sequence,
         "order_examples": examples,
         "records_by_verdict": dict(sorted(verdicts.items())),
         "sequence_gaps": sum(replay.gaps for replay in replays.values()),
         "unbatched_records": unbatched,
         "stored_only_in_batches_kafka_refuses": int(((raw_copies > 0) & (kafka_copies == 0)).sum()),
     }
+
+
+def _out_of_sequence(
+    messages: Any, key: Any, sequence: Any, producer: Any, epoch: Any, stamped: Any
+) -> Any:
+    """``messages`` (with a producer's stamp) out of produce order within their key when each
+    producer id and epoch's are taken in the order of the sequence numbers they were stamped
+    with (``stamped``), as Kafka keeps them: the ones behind a higher sequence of their key."""
+    import numpy as np
+
+    has = producer >= 0
+    messages, producer, epoch, stamped = messages[has], producer[has], epoch[has], stamped[has]
+    if not len(messages):
+        return messages
+    _, segment = np.unique(np.stack((producer, epoch)), axis=1, return_inverse=True)
+    keys = key[messages].astype(np.int64)
+    order = np.lexsort((stamped, keys, segment.ravel()))
+    group = (segment.ravel()[order] << 16) | keys[order]
+    composite = (group << 32) | sequence[messages[order]].astype(np.int64)
+    highest = np.maximum.accumulate(composite)
+    behind = composite < np.concatenate(([-1], highest[:-1]))
+    return messages[order][behind]
 
 
 def cluster_summary(batches: BatchLog, topic: str, pushed: Counter[str]) -> dict[str, Any]:
@@ -1848,6 +1898,7 @@ async def chaos(
             "read_fetches": live.result.get("fetches"),
             "read_reconnects": live.result.get("reconnects"),
             "records_by_verdict": view["records_by_verdict"],
+            "order_violations_in_sequence": view["order_violations_in_sequence"],
             "sequence_gaps": view["sequence_gaps"],
             "unbatched_records": view["unbatched_records"],
             "stored_only_in_batches_kafka_refuses": view["stored_only_in_batches_kafka_refuses"],

@@ -241,6 +241,27 @@ def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early(chaos: Mod
     assert view["duplicates"] == 0
 
 
+def test_held_batches_are_judged_in_sequence_order(chaos: ModuleType) -> None:
+    """Past a gap that never closes (sequence 1 never stored) the mock stored two batches Kafka
+    would hold; in the mock's order they look fine, but the producer numbered message 1 after
+    message 2: Kafka would store them in sequence order, 2 before 1."""
+    ledger = chaos.Ledger(3, 0.0)
+    ledger.sent = 3
+    _, stored = _stored_both_ways(
+        chaos, ledger, [(0, 0, 0, 0, 0), (0, 1, 1, 0, 1), (0, 2, 2, 0, 2)]
+    )
+    served = [
+        chaos.ServedBatch(0, 0, 7, 0, 0, 1),
+        chaos.ServedBatch(0, 1, 7, 0, 3, 1),  # message 1, numbered 3
+        chaos.ServedBatch(0, 2, 7, 0, 2, 1),  # message 2, numbered 2
+    ]
+    view = chaos.kafka_view(stored, served)
+    assert stored.order_violations == 0  # the mock's log
+    assert view["records_by_verdict"] == {"stored": 1, "stored_after_bump": 2}
+    assert (view["order_violations"], view["order_violations_in_sequence"]) == (1, 1)
+    assert view["order_examples"] == [1]
+
+
 def test_record_batches_decodes_what_the_mock_serves(chaos: ModuleType) -> None:
     """Fetches of the mock's own ports through the harness's wire code: every record where its
     Delivery said, in batches stamped as the recorder saw producerkit's idempotent producer
