@@ -41,11 +41,21 @@ def test_a_producer_left_open_reports_what_was_never_acked(
         assert f"{stats.failed} of them were never acknowledged" in report
 
 
-def test_a_closed_producer_reports_nothing(topic: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_closed_producer_reports_nothing(
+    backend: BackendCase, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    producers: list[Producer] = []
+
     async def main() -> None:
-        async with Producer("memory://", topic=topic) as producer:
-            await producer.produce(b"v", nonblocking=True)
+        async with Producer(backend.url, topic=topic, timeout=10, **backend.options) as producer:
+            producers.append(producer)
+            for number in range(50):
+                await producer.produce(b"v", key=b"%d" % number, nonblocking=True)
 
     with caplog.at_level(logging.WARNING, logger="producerkit.producer"):
         asyncio.run(main())
+    (producer,) = producers
+    stats = producer.stats
+    assert producer.closed
+    assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (50, 50, 0, 0)
     assert not [record for record in caplog.records if "never closed" in record.getMessage()]
