@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 import pytest
+from conftest import BackendCase
 
 import producerkit as pk
-from producerkit.testing.pytest_plugin import NatsSessionBroker, SessionBroker
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork() here")
 
@@ -55,20 +55,10 @@ def _fork_and_use(sync: pk.SyncProducer) -> dict[str, Any]:
     return answer
 
 
-@pytest.mark.parametrize("name", ["kafka", "jetstream", "memory"])
 def test_a_forked_child_gets_a_typed_error_at_once_and_the_parent_goes_on(
-    name: str, request: pytest.FixtureRequest, topic: str
+    backend: BackendCase, topic: str
 ) -> None:
-    if name == "kafka":
-        broker: SessionBroker = request.getfixturevalue("kafka_broker")
-        url, options = broker.url, {}
-    elif name == "jetstream":
-        nats: NatsSessionBroker = request.getfixturevalue("nats_broker")
-        url, options = nats.jetstream_url, {"create_stream": True}
-        topic = topic.replace("-", "")
-    else:
-        url, options = "memory://fork-test", {}
-    with pk.SyncProducer(url, topic=topic, timeout=5.0, **options) as sync:
+    with pk.SyncProducer(backend.url, topic=topic, timeout=5.0, **backend.options) as sync:
         sync.produce(b"before the fork", key=b"k")
         sync.produce(b"in flight at the fork", key=b"k", nonblocking=True)
         seen = _fork_and_use(sync)
