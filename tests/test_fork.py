@@ -72,8 +72,10 @@ def test_a_forked_child_gets_a_typed_error_at_once_and_the_parent_goes_on(
 
 
 @pytest.mark.anyio
-async def test_an_async_producer_in_a_forked_child_raises_too() -> None:
-    async with pk.Producer("memory://", topic="t") as producer:
+async def test_an_async_producer_in_a_forked_child_raises_too(
+    backend: BackendCase, topic: str
+) -> None:
+    async with pk.Producer(backend.url, topic=topic, timeout=5.0, **backend.options) as producer:
         await producer.produce(b"before")
         reading, writing = os.pipe()
         pid = os.fork()
