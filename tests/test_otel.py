@@ -150,31 +150,42 @@ async def test_latency_sampling_and_off(backend: BackendCase, topic: str) -> Non
         otel.ProducerMetrics(every.provider, latency_every=0)
 
 
-async def test_several_producers_on_one_provider_are_all_read() -> None:
+async def test_several_producers_on_one_provider_are_all_read(
+    backend: BackendCase, topic: str
+) -> None:
     """OpenTelemetry keeps the first instrument of a name: a second ProducerMetrics on the same
     provider must still be read, and the attributes tell the producers apart."""
     reader = Reader()
     seen: list[pk.Outcome] = []
+    system = backend.url.partition("://")[0]
+    options = {"timeout": 10, **backend.options}
 
     async def main() -> None:
         orders = otel.ProducerMetrics(reader.provider, attributes={"service.component": "a"})
-        async with orders.watch(pk.Producer("memory://", topic="orders", on_outcome=orders)) as p:
+        producer = pk.Producer(backend.url, topic=f"{topic}orders", on_outcome=orders, **options)
+        async with orders.watch(producer) as p:
             for _ in range(30):
                 await p.produce(b"o", nonblocking=True)
         # the helper, with a hook of the caller's own
         async with otel.instrumented(
-            "null://", topic="audit", meter_provider=reader.provider, on_outcome=seen.append
+            backend.url,
+            topic=f"{topic}audit",
+            meter_provider=reader.provider,
+            on_outcome=seen.append,
+            **options,
         ) as q:
             for _ in range(20):
                 await q.produce(b"a", nonblocking=True)
             assert q.closed is False
 
     await main()
-    assert reader.total("producerkit.messages.produced", **{"messaging.system": "memory"}) == 30
-    assert reader.total("producerkit.messages.produced", **{"messaging.system": "null"}) == 20
+    assert reader.total("producerkit.messages.produced", **{"messaging.system": system}) == 50
     assert reader.total("producerkit.messages.acked", **{"service.component": "a"}) == 30
     assert (
-        reader.total("producerkit.messages.acked", **{"messaging.destination.name": "audit"}) == 20
+        reader.total(
+            "producerkit.messages.acked", **{"messaging.destination.name": f"{topic}audit"}
+        )
+        == 20
     )
     assert sum(len(outcome.numbers) for outcome in seen) == 20
 
