@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producerkit._message import message_size
 from producerkit._record import Message, Record, Slot
 from producerkit._types import DeliveryCallback
 from producerkit._window import ErrorCallback, InFlightWindow, OutcomeCallback
+
+if TYPE_CHECKING:
+    from producerkit._core import Core
 
 
 class ByteBoundedWindow(InFlightWindow):
@@ -32,6 +35,7 @@ class ByteBoundedWindow(InFlightWindow):
         resume_at: float = 0.5,
         unwritten: Callable[[list[Record]], set[int]] = lambda records: set(),
         on_delivery: DeliveryCallback | None = None,
+        core: Core | None = None,
     ) -> None:
         super().__init__(
             limit,
@@ -43,6 +47,7 @@ class ByteBoundedWindow(InFlightWindow):
             resume_at=resume_at,
             unwritten=unwritten,
             on_delivery=on_delivery,
+            core=core,
         )
         self.byte_limit = byte_limit
         self.byte_low_water = int(byte_limit * resume_at)
@@ -50,9 +55,12 @@ class ByteBoundedWindow(InFlightWindow):
         self.peak_bytes_in_flight = 0
 
     def is_full(self, size: int) -> bool:
-        return super().is_full(size) or (
-            bool(self.pending) and self.bytes_in_flight + size > self.byte_limit
-        )
+        return super().is_full(size) or self._over_bytes(size)
+
+    def _over_bytes(self, size: int) -> bool:
+        """The byte bound: whether ``size`` more bytes would pass it (a message larger than
+        the whole bound goes alone, into an empty window)."""
+        return bool(self.pending) and self.bytes_in_flight + size > self.byte_limit
 
     def admit(
         self,
@@ -64,7 +72,7 @@ class ByteBoundedWindow(InFlightWindow):
         reserved: bool = False,
     ) -> Record | None:
         size = message_size(message.value, message.key, message.headers)
-        if self.pending and self.bytes_in_flight + size > self.byte_limit:
+        if self._over_bytes(size):
             return None
         record = super().admit(message, partition, connection, slot, context, reserved)
         if record is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -25,7 +24,7 @@ from producerkit._connections import (
     open_connections,
     unwritten,
 )
-from producerkit._fast import speedups
+from producerkit._core import DECLINED, ProducerCore, active, produce_door
 from producerkit._handoff import Handoff
 from producerkit._lifecycle import LeftOpenGuard, StatsTimer, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
@@ -34,7 +33,7 @@ from producerkit._rate import RateLimit
 from producerkit._record import Message, Record
 from producerkit._routing import new_router
 from producerkit._spool import FailureReports
-from producerkit._submit import DECLINED, Submitter
+from producerkit._submit import Submitter
 from producerkit._topics import Topics
 from producerkit._types import Delivery, DeliveryCallback, Failure, Outcome, Stats
 from producerkit._urls import parse_url
@@ -71,7 +70,7 @@ _CLOSED: Final = 3
 DEFAULT_MAX_IN_FLIGHT_MESSAGES: Final = 1000
 
 
-class Producer:
+class Producer(ProducerCore):  # type: ignore[misc]
     """Publishes messages to Kafka, NATS, JetStream, memory or nowhere, with the same calls.
 
     ``async with Producer(url, topic=...) as producer:`` connects, and on leaving flushes and
@@ -145,8 +144,13 @@ class Producer:
 
         key_partitioner = partitioners.resolve(partitioner)
         self._keyless = partitioners.resolve_keyless(keyless or spec.default_keyless)
+        core = active()  # the core's hot path: C where it was built (see _core)
         self._router = new_router(
-            key_partitioner, partitioners.modulo_hash(key_partitioner), self._keyless, connections
+            core,
+            key_partitioner,
+            partitioners.modulo_hash(key_partitioner),
+            self._keyless,
+            connections,
         )
         self._rate: RateLimit | None = None
         if max_rate is not None or max_bytes_rate is not None:
@@ -160,18 +164,18 @@ class Producer:
             self._window: InFlightWindow = InFlightWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
                 untrack=untrack, resume_at=resume_at, unwritten=self._unwritten,
-                on_delivery=on_delivery,
+                on_delivery=on_delivery, core=core,
             )  # fmt: skip
         else:
             self._window = ByteBoundedWindow(
                 self._limit, self._timeout, connections, on_error, on_outcome,
                 byte_limit=max_in_flight_bytes, untrack=untrack, resume_at=resume_at,
-                unwritten=self._unwritten, on_delivery=on_delivery,
+                unwritten=self._unwritten, on_delivery=on_delivery, core=core,
             )  # fmt: skip
         self._topics = Topics(self._rules, self._timeout)
         self._reports = _Reports(self._window, self._topics.forget, self._batch_sent)
         self._submitter = Submitter(
-            self._window, self._router, self._topics, self._rate, spec.translate_error
+            core, self._window, self._router, self._topics, self._rate, spec.translate_error
         )
         self._state = _NEW
         self._running = False  # the hot path's one-attribute view of _state == _RUNNING
@@ -181,7 +185,8 @@ class Producer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handoff: Handoff | None = None
         self._forked_from: int | None = None  # the parent's pid, in a forked child
-        self._admission: Any = None  # the C fast path of produce(), while running
+        #: The core's Admission while running (produce()'s plain messages), else None.
+        self._admission = None
         self._stats_timer = (
             None if on_stats is None else StatsTimer(on_stats, lambda: self.stats, stats_interval)
         )
@@ -223,17 +228,10 @@ class Producer:
             self._submitter.sends = [connection.send for connection in self._connections]
             self._window.on_full = self._ship_now
             self._submitter.open = True
-            self._admission = self._submitter.fused_path(
+            self._admission = self._submitter.admission(
                 self._rules,
                 takes_all=self._rate is None and self.settings.max_in_flight_bytes is None,
             )
-            if (
-                speedups is not None
-                and self._admission is not None
-                and type(self).produce is Producer.produce
-            ):
-                # This producer's produce(): its plain nonblocking messages without a frame.
-                vars(self)["produce"] = speedups.ProduceDoor(Producer.produce, weakref.ref(self))
             self._handoff = Handoff(loop, self._window, self._submitter.submit_handed)
             self._state = _RUNNING
             self._running = True
@@ -287,10 +285,10 @@ class Producer:
         """Publish one message.
 
         Waits for the broker's ack and returns its Delivery, or with ``nonblocking=True`` returns
-        None once the message is handed off. (On a running producer with the C speedups, a
-        nonblocking call that the fused path takes returns an awaitable that has already
-        finished rather than a coroutine: awaiting it is the same, and a task can be made of
-        it.) Raises MessageError (nothing sent) for a bad
+        None once the message is handed off. (On a running producer with the C core, a plain
+        nonblocking call returns an awaitable that has already finished rather than a
+        coroutine: awaiting it is the same, and a task can be made of it.) Raises MessageError
+        (nothing sent) for a bad
         message, ProducerClosed after close(); a blocking produce raises the message's own error
         (ProduceTimeout, DeliveryError, ...) if it fails. ``context`` is handed to the
         producer's ``on_delivery`` callback with this message's outcome. ``expect``
@@ -305,16 +303,17 @@ class Producer:
         the millisecond) is the Kafka record's CreateTime instead of the produce time; NATS and
         JetStream refuse it (MessageError: they store no publisher time).
         """
+        # The door: a plain nonblocking message through the core's Admission (what the C
+        # ProduceDoor runs without this frame); else DECLINED, and the checked path below.
         admission = self._admission
         if admission is not None and nonblocking:
-            # A plain message in one C call, the same submit as below (or DECLINED).
             outcome = admission.admit(
                 value, key, topic, partition, headers, msg_id, context, expect, timestamp
             )
             if outcome is None:
                 return None
             if outcome is not DECLINED:
-                await self._submitter.hand_off(*outcome)
+                await outcome
                 return None
         if not self._running:
             await self._ensure_running()
@@ -330,6 +329,11 @@ class Producer:
             return None
         delivery: Delivery = await waiter
         return delivery
+
+    if not TYPE_CHECKING:
+        # The class holds produce() behind its door (the C core's runs the lines above
+        # without a frame; the Python core's door is the method itself).
+        produce = produce_door(produce)
 
     async def produce_batch(
         self,

@@ -1,17 +1,17 @@
-/* producerkit._speedups: optional C for the costs Python cannot shed on the hot path.
+/* producerkit._speedups: the core's hot path in C, and the Kafka record batch.
  *
- * Leaf functions, each the twin of a Python one, chosen in the module that owns that twin:
- * encode_batch (producerkit.backends.kafka.record_batch: a whole Kafka record batch in one call,
- * its exact size computed first, the CRC-32C by the SSE4.2 instruction where the CPU has it),
- * crc32c, untracked (see untracked_doc), pop_run (producerkit._window: settling a whole acked
- * Kafka batch), Router.route (producerkit._routing) and WindowCore.admit (producerkit._window).
+ * The core (WindowCore, Router, Admission, pop_run, tell_run, SlotsMaker as new_delivery,
+ * ProducerCore, ProduceDoor) is the C implementation of producerkit/_core_py.py: the same
+ * names and signatures, and that module says what each does. producerkit/_core.py chooses one
+ * implementation for the whole core at import. No function here looks up an attribute of a
+ * producerkit object by name: what the C code calls is handed to it by its constructor.
  *
- * One fused path: Admission, Producer.produce's plain nonblocking message in one call (the same
- * route() and admit() as above; see Admission_doc for why it stays and its decline rule).
+ * The leaf functions encode_batch, encode_records, frame_batch, crc32c, untracked and
+ * partition_runs are the twins of Python functions in producerkit.backends.kafka (record_batch,
+ * accumulator, idempotence) and producerkit._record, chosen there.
  *
- * The module is optional: producerkit/_fast.py falls back to Python (and aiokafka's builder)
- * when it did not compile (no compiler or Python headers at install time) or when
- * PRODUCERKIT_NO_SPEEDUPS is set. The differential tests compare each twin.
+ * The module is optional: producerkit/_fast.py loads it, unless it did not compile (no
+ * compiler or Python headers at install time) or PRODUCERKIT_NO_SPEEDUPS is set.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -623,11 +623,11 @@ error:
 /* ------------------------------------------------------------------------------ deliveries */
 
 PyDoc_STRVAR(SlotsMaker_doc,
-"SlotsMaker(cls, names)\n\n"
+"SlotsMaker(cls, slots)\n\n"
 "A constructor of cls, a class whose fields are plain object slots (an attrs frozen slots\n"
-"class): maker(*values) is an instance whose slot names[i] holds values[i], made without\n"
-"running cls.__init__ (no checks, no conversions: the caller passes what __init__ would\n"
-"store). Every name must be an object slot of cls; at most 8.");
+"class): maker(*values) is an instance whose slot slots[i] (a slot's member descriptor, as\n"
+"vars(cls) holds it) holds values[i], made without running cls.__init__ (no checks, no\n"
+"conversions: the caller passes what __init__ would store). At most 8.");
 
 #define MAKER_MAX 8
 
@@ -655,28 +655,27 @@ static PyObject *SlotsMaker_vectorcall(SlotsMaker *self, PyObject *const *args, 
 }
 
 static int SlotsMaker_init(SlotsMaker *self, PyObject *args, PyObject *kwargs) {
-    PyObject *cls, *names;
-    static char *keywords[] = {"cls", "names", NULL};
+    PyObject *cls, *slots;
+    static char *keywords[] = {"cls", "slots", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!:SlotsMaker", keywords, &PyType_Type,
-                                     &cls, &PyTuple_Type, &names))
+                                     &cls, &PyTuple_Type, &slots))
         return -1;
-    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    Py_ssize_t count = PyTuple_GET_SIZE(slots);
     if (count > MAKER_MAX) {
-        PyErr_SetString(PyExc_ValueError, "SlotsMaker: at most 8 names");
+        PyErr_SetString(PyExc_ValueError, "SlotsMaker: at most 8 slots");
         return -1;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *descr = PyObject_GetAttr(cls, PyTuple_GET_ITEM(names, i));
-        if (descr == NULL) return -1;
+        PyObject *descr = PyTuple_GET_ITEM(slots, i);
         int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                   ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (slot) self->offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
+                   ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+                   PyType_IsSubtype((PyTypeObject *)cls,
+                                    ((PyMemberDescrObject *)descr)->d_common.d_type);
         if (!slot) {
-            PyErr_Format(PyExc_TypeError, "SlotsMaker: %R is no object slot of %R",
-                         PyTuple_GET_ITEM(names, i), cls);
+            PyErr_Format(PyExc_TypeError, "SlotsMaker: %R is no object slot of %R", descr, cls);
             return -1;
         }
+        self->offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
     }
     Py_XSETREF(self->cls, (PyTypeObject *)Py_NewRef(cls));
     self->count = count;
@@ -876,8 +875,8 @@ error:
 /* ------------------------------------------------------------------------------ routing */
 
 PyDoc_STRVAR(Router_doc,
-"Router(partitioner, key_hash, keyless, connections, native_hash=0)\n\n"
-"The C twin of producerkit._routing.PyRouter (same constructor, same route()). native_hash:\n"
+"Router(partitioner, key_hash, keyless_partition, connections, not_a_partition, native_hash=0)\n\n"
+"The C implementation of producerkit._core_py.Router (same constructor, same route()). native_hash:\n"
 "the address of a C function uint64 f(const void *data, size_t size, uint64 seed) that computes\n"
 "key_hash(key) for a bytes key with seed 0 (xxHash's XXH3_64bits_withSeed where key_hash is\n"
 "xxhash's xxh3_64_intdigest: see producerkit._routing.native_hash), called instead of key_hash;\n"
@@ -888,24 +887,25 @@ typedef struct {
     PyObject *partitioner; /* partitioner(key, n) -> int */
     PyObject *key_hash;    /* h with partition h(key) % n, or None */
     uint64_t (*native_hash)(const void *, size_t, uint64_t); /* key_hash in C, or NULL */
-    PyObject *keyless;     /* KeylessPartitioner: keyless.partition(topic, n) */
+    PyObject *keyless_partition; /* keyless_partition(topic, n) -> int */
+    PyObject *not_a_partition;   /* the error class for a partitioner's result that is no int */
     Py_ssize_t connections;
     Py_ssize_t round_robin;
 } Router;
 
-static PyObject *str_partition;
-
 static int Router_traverse(Router *self, visitproc visit, void *arg) {
     Py_VISIT(self->partitioner);
     Py_VISIT(self->key_hash);
-    Py_VISIT(self->keyless);
+    Py_VISIT(self->keyless_partition);
+    Py_VISIT(self->not_a_partition);
     return 0;
 }
 
 static int Router_clear(Router *self) {
     Py_CLEAR(self->partitioner);
     Py_CLEAR(self->key_hash);
-    Py_CLEAR(self->keyless);
+    Py_CLEAR(self->keyless_partition);
+    Py_CLEAR(self->not_a_partition);
     return 0;
 }
 
@@ -940,13 +940,15 @@ static int check_native_hash(uint64_t (*native_hash)(const void *, size_t, uint6
 }
 
 static int Router_init(Router *self, PyObject *args, PyObject *kwargs) {
-    PyObject *partitioner, *key_hash, *keyless;
+    PyObject *partitioner, *key_hash, *keyless_partition, *not_a_partition;
     Py_ssize_t connections;
     unsigned long long native_address = 0;
-    static char *names[] = {"partitioner", "key_hash", "keyless", "connections", "native_hash",
+    static char *names[] = {"partitioner", "key_hash",        "keyless_partition",
+                            "connections", "not_a_partition", "native_hash",
                             NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOn|K:Router", names, &partitioner,
-                                     &key_hash, &keyless, &connections, &native_address))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnO|K:Router", names, &partitioner,
+                                     &key_hash, &keyless_partition, &connections,
+                                     &not_a_partition, &native_address))
         return -1;
     uint64_t (*native_hash)(const void *, size_t, uint64_t) = NULL;
     if (native_address != 0) {
@@ -960,7 +962,8 @@ static int Router_init(Router *self, PyObject *args, PyObject *kwargs) {
     Router_clear(self);
     self->partitioner = Py_NewRef(partitioner);
     self->key_hash = Py_NewRef(key_hash);
-    self->keyless = Py_NewRef(keyless);
+    self->keyless_partition = Py_NewRef(keyless_partition);
+    self->not_a_partition = Py_NewRef(not_a_partition);
     self->connections = connections;
     self->round_robin = 0;
     self->native_hash = native_hash;
@@ -995,21 +998,17 @@ static PyObject *key_partition(Router *self, PyObject *key, PyObject *n_obj) {
     return PyLong_FromUnsignedLongLong(h % (unsigned long long)n);
 }
 
-/* Raise producerkit.errors.ConfigurationError for a partitioner's result that is no partition. */
-static void not_a_partition(PyObject *partition) {
-    PyObject *errors = PyImport_ImportModule("producerkit.errors");
-    PyObject *error = errors == NULL ? NULL : PyObject_GetAttrString(errors, "ConfigurationError");
-    Py_XDECREF(errors);
-    if (error == NULL) return;
-    PyErr_Format(error, "the partitioner returned %R, which is not a partition number (an int)",
+/* Raise the router's not_a_partition for a partitioner's result that is no partition. */
+static void not_a_partition(Router *self, PyObject *partition) {
+    PyErr_Format(self->not_a_partition,
+                 "the partitioner returned %R, which is not a partition number (an int)",
                  partition);
-    Py_DECREF(error);
 }
 
 /* A connection index from an int in [0, connections) or not: -1 with ConfigurationError set. */
 static Py_ssize_t connection_of(Router *self, PyObject *number) {
     if (!PyLong_CheckExact(number)) {
-        not_a_partition(number);
+        not_a_partition(self, number);
         return -1;
     }
     PyObject *count = PyLong_FromSsize_t(self->connections);
@@ -1029,9 +1028,8 @@ static int route(Router *self, PyObject *topic, PyObject *key, PyObject *partiti
         if (key != Py_None) {
             partition = key_partition(self, key, n_obj);
         } else {
-            PyObject *call_args[3] = {self->keyless, topic, n_obj};
-            partition = PyObject_VectorcallMethod(str_partition, call_args,
-                                                  3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            PyObject *call_args[2] = {topic, n_obj};
+            partition = PyObject_Vectorcall(self->keyless_partition, call_args, 2, NULL);
         }
         if (partition == NULL) return -1;
     } else {
@@ -1171,8 +1169,8 @@ static PyObject *new_record(void) {
 
 PyDoc_STRVAR(WindowCore_doc,
 "WindowCore(limit, timeout, watch, untrack=False)\n\n"
-"The C twin of producerkit._window_core.PyWindowCore: the ledger every message reads (pending,\n"
-"limit, peak_in_flight, timeout, handed, taken, watching) and admit().");
+"The C implementation of producerkit._core_py.WindowCore: the ledger every message reads\n"
+"(pending, limit, peak_in_flight, timeout, handed, taken, watching), full() and admit().");
 
 typedef struct {
     PyObject_HEAD
@@ -1184,6 +1182,13 @@ typedef struct {
     int untrack;
     char watching; /* the window's deadline timer is armed: no watch() until it is disarmed */
 } WindowCore;
+
+/* The in-flight bound: whether the window holds limit messages, those admitted and not
+ * settled and those handed over by other threads and not yet admitted. Every admission asks
+ * it (WindowCore.full in Python). */
+static inline int window_full(WindowCore *window) {
+    return PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit;
+}
 
 static int WindowCore_traverse(WindowCore *self, visitproc visit, void *arg) {
     Py_VISIT(self->pending);
@@ -1257,8 +1262,8 @@ static double monotonic(void) {
 static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *partition,
                        Py_ssize_t connection, PyObject *slot, PyObject *context, int untrack,
                        PyObject *deadline) {
+    if (window_full(self)) return Py_NewRef(Py_None);
     Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
-    if (in_flight + self->handed - self->taken >= self->limit) return Py_NewRef(Py_None);
     PyObject *seq = PyLong_FromLongLong(self->last_seq + 1);
     deadline = deadline == NULL ? PyFloat_FromDouble(monotonic() + self->timeout)
                                 : Py_NewRef(deadline);
@@ -1321,7 +1326,13 @@ static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ss
                  nargs == 5 ? args[4] : Py_None, self->untrack, NULL);
 }
 
+static PyObject *WindowCore_full(WindowCore *self, PyObject *unused) {
+    return PyBool_FromLong(window_full(self));
+}
+
 static PyMethodDef WindowCore_methods[] = {
+    {"full", (PyCFunction)WindowCore_full, METH_NOARGS,
+     "full() -> whether the window holds limit messages (the in-flight bound)"},
     {"admit", (PyCFunction)(void (*)(void))WindowCore_admit, METH_FASTCALL,
      "admit(message, partition, connection, slot, context=None) -> Record, or None if the "
      "window is full"},
@@ -1359,25 +1370,11 @@ static PyTypeObject WindowCoreType = {
 /* ------------------------------------------------------------------------------ produce */
 
 PyDoc_STRVAR(Admission_doc,
-"Admission(router, window, sends, send_failed, topics, default_topic, max_payload,\n"
-"          takes_context=False)\n\n"
-"Producer.produce's fast path for a plain nonblocking message, fused in one call: the checks of\n"
-"MessageRules.message for such a message, then Producer._submit's route, admit and send, with\n"
-"the same C Router.route and WindowCore.admit. The producer builds it only where nothing of the\n"
-"rest applies (no rate limit, byte bound or trace context; serializers run before it).\n\n"
-"admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) declines\n"
-"(returns DECLINED, having done nothing) every message but one with: bytes value, bytes or None\n"
-"key, no partition, headers, msg_id, expectation or timestamp, no context unless takes_context\n"
-"(then the record carries it, for on_delivery), a topic whose partition\n"
-"count is known (in topics), a size within max_payload, and room in the window. That is its\n"
-"whole decline rule; Producer.produce takes every declined message through the Python path.\n"
-"A taken message is routed, admitted and passed to sends[connection](record); a send raising\n"
-"an Exception is passed to send_failed(record, exc). Returns None, or (record, awaitable) when\n"
-"the send returned one.\n\n"
-"Kept in C, though it fuses validation, routing, admission and the send, because the same\n"
-"messages through the Python path (MessageRules.message, then Submitter.submit) ran at 1/3.3\n"
-"of its rate on null:// and 1/1.5 on Kafka with Tansu's null storage (benches/fused_path.py,\n"
-"rounds interleaved), where the allowance for such a type was 10 %.");
+"Admission(router, window, sends, send_failed, hand_off, topics, default_topic, max_payload,\n"
+"          *, takes_context=False, stamps=False, value_serializer=None, trace_headers=None)\n\n"
+"The C implementation of producerkit._core_py.Admission: a plain message (admit) or chunk\n"
+"(admit_chunk) checked, routed, admitted and sent in one call; everything else DECLINED\n"
+"(NotImplemented) for the checked path. Its docstrings there are the contract.");
 
 typedef struct {
     PyObject_HEAD
@@ -1385,6 +1382,7 @@ typedef struct {
     WindowCore *window;
     PyObject *sends;         /* tuple: each connection's send(record) */
     PyObject *send_failed;   /* send_failed(record, exc) */
+    PyObject *hand_off;      /* hand_off(record, awaitable) -> awaitable */
     PyObject *topics;        /* dict: validated topic -> partition count (None: unpartitioned) */
     PyObject *default_topic; /* str or None */
     Py_ssize_t max_payload;
@@ -1401,6 +1399,7 @@ static int Admission_traverse(Admission *self, visitproc visit, void *arg) {
     Py_VISIT(self->window);
     Py_VISIT(self->sends);
     Py_VISIT(self->send_failed);
+    Py_VISIT(self->hand_off);
     Py_VISIT(self->topics);
     Py_VISIT(self->default_topic);
     Py_VISIT(self->value_serializer);
@@ -1413,6 +1412,7 @@ static int Admission_clear(Admission *self) {
     Py_CLEAR(self->window);
     Py_CLEAR(self->sends);
     Py_CLEAR(self->send_failed);
+    Py_CLEAR(self->hand_off);
     Py_CLEAR(self->topics);
     Py_CLEAR(self->default_topic);
     Py_CLEAR(self->value_serializer);
@@ -1427,18 +1427,19 @@ static void Admission_dealloc(Admission *self) {
 }
 
 static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
-    PyObject *router, *window, *sends, *send_failed, *topics, *default_topic;
+    PyObject *router, *window, *sends, *send_failed, *hand_off, *topics, *default_topic;
     Py_ssize_t max_payload;
     int takes_context = 0, stamps = 0;
     PyObject *value_serializer = Py_None, *trace_headers = Py_None;
-    static char *names[] = {"router",        "window",        "sends",       "send_failed",
-                            "topics",        "default_topic", "max_payload", "takes_context",
-                            "stamps",        "value_serializer", "trace_headers", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!OO!On|$ppOO:Admission", names,
+    static char *names[] = {"router",        "window",        "sends",         "send_failed",
+                            "hand_off",      "topics",        "default_topic", "max_payload",
+                            "takes_context", "stamps",        "value_serializer",
+                            "trace_headers", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!OOO!On|$ppOO:Admission", names,
                                      &RouterType, &router, &WindowCoreType, &window, &PyTuple_Type,
-                                     &sends, &send_failed, &PyDict_Type, &topics, &default_topic,
-                                     &max_payload, &takes_context, &stamps, &value_serializer,
-                                     &trace_headers))
+                                     &sends, &send_failed, &hand_off, &PyDict_Type, &topics,
+                                     &default_topic, &max_payload, &takes_context, &stamps,
+                                     &value_serializer, &trace_headers))
         return -1;
     if (PyTuple_GET_SIZE(sends) != ((Router *)router)->connections) {
         PyErr_SetString(PyExc_ValueError, "Admission: one send per connection");
@@ -1449,6 +1450,7 @@ static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
     self->window = (WindowCore *)Py_NewRef(window);
     self->sends = Py_NewRef(sends);
     self->send_failed = Py_NewRef(send_failed);
+    self->hand_off = Py_NewRef(hand_off);
     self->topics = Py_NewRef(topics);
     self->default_topic = Py_NewRef(default_topic);
     self->max_payload = max_payload;
@@ -1478,8 +1480,7 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
         return Py_NewRef(DECLINED); /* first message to it: the Python path learns its count */
     }
     WindowCore *window = self->window;
-    if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
-        return Py_NewRef(DECLINED);
+    if (window_full(window)) return Py_NewRef(DECLINED);
     /* Owned from here: the value (serialized), the headers (the trace context's), the stamp. */
     PyObject *value = Py_NewRef(args[0]), *headers = Py_NewRef(Py_None), *stamp = Py_None;
     PyObject *outcome = Py_NewRef(DECLINED), *record = NULL;
@@ -1522,6 +1523,7 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
                    NULL);
     Py_DECREF(partition);
     if (record == NULL) goto error;
+    if (record == Py_None) goto done; /* a serializer's call filled the window: DECLINED */
     Py_CLEAR(outcome);
     PyObject *handed_off =
         PyObject_Vectorcall(PyTuple_GET_ITEM(self->sends, connection), &record, 1, NULL);
@@ -1535,7 +1537,8 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     } else if (handed_off == Py_None) {
         outcome = handed_off;
     } else {
-        outcome = PyTuple_Pack(2, record, handed_off);
+        PyObject *call[2] = {record, handed_off};
+        outcome = PyObject_Vectorcall(self->hand_off, call, 2, NULL);
         Py_DECREF(handed_off);
     }
     goto done;
@@ -1643,8 +1646,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
             break;
         }
         PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
-        if (PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit)
-            break; /* full: the caller waits for room and goes on from here */
+        if (window_full(window)) break; /* full: the caller waits for room and goes on */
         if (!checked && !plain_item(self, PyList_GET_ITEM(values, i), key, tombstones)) {
             declined = 1;
             break;
@@ -1701,7 +1703,7 @@ static PyMethodDef Admission_methods[] = {
      "connection) | (end, records by connection, error or DECLINED) | DECLINED"},
     {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
      "admit(value, key, topic, partition, headers, msg_id, context, expect, timestamp) -> None | "
-     "(record, awaitable) | DECLINED"},
+     "awaitable | DECLINED"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1797,24 +1799,66 @@ static PyTypeObject DoneType = {
     .tp_methods = Done_methods,
 };
 
-PyDoc_STRVAR(ProduceDoor_doc,
-"ProduceDoor(produce, producer_ref)\n\n"
-"Producer.produce for one producer (producer_ref: a weak reference to it), taking its plain\n"
-"nonblocking messages without a Python frame: a call with one positional value, the keywords\n"
-"of produce and nonblocking true goes to producer._admission.admit as Producer.produce would\n"
-"send it; a taken message returns a finished awaitable (Done), whose await raises what admit\n"
-"raised, if it raised. Every other call, and every message admit declines, is\n"
-"produce(producer, *args, **kwargs): the method itself, returning its coroutine. __wrapped__\n"
-"is the method bound to the producer (inspect.signature follows it).");
+PyDoc_STRVAR(ProducerCore_doc,
+"The C implementation of producerkit._core_py.ProducerCore: the base of Producer, whose\n"
+"_admission (the running producer's Admission, else None) is a field ProduceDoor reads.");
 
 typedef struct {
     PyObject_HEAD
-    PyObject *function;     /* Producer.produce */
-    PyObject *producer_ref; /* weakref to the producer */
+    PyObject *admission; /* an Admission while the producer runs, else NULL or None */
+} ProducerCore;
+
+static int ProducerCore_traverse(ProducerCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->admission);
+    return 0;
+}
+
+static int ProducerCore_clear(ProducerCore *self) {
+    Py_CLEAR(self->admission);
+    return 0;
+}
+
+static void ProducerCore_dealloc(ProducerCore *self) {
+    PyObject_GC_UnTrack(self);
+    ProducerCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef ProducerCore_members[] = {
+    {"_admission", T_OBJECT, offsetof(ProducerCore, admission), 0,
+     "the running producer's Admission, else None"},
+    {NULL},
+};
+
+static PyTypeObject ProducerCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.ProducerCore",
+    .tp_basicsize = sizeof(ProducerCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = ProducerCore_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)ProducerCore_dealloc,
+    .tp_traverse = (traverseproc)ProducerCore_traverse,
+    .tp_clear = (inquiry)ProducerCore_clear,
+    .tp_members = ProducerCore_members,
+};
+
+PyDoc_STRVAR(ProduceDoor_doc,
+"ProduceDoor(produce)\n\n"
+"The C implementation of producerkit._core_py.ProduceDoor: Producer.produce as the class holds\n"
+"it, a method descriptor. A call with one positional value, produce's keywords and\n"
+"nonblocking true, on a producer whose _admission is an Admission, goes to admit() as\n"
+"produce()'s first lines send it, without a Python frame: a message taken returns an\n"
+"awaitable already finished (Done, raising what admit raised, if it raised) or the hand-off\n"
+"to await. Every other call, and every message DECLINED, is produce(producer, *args,\n"
+"**kwargs): the method itself. Instances have a __dict__, for functools.update_wrapper.");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *function; /* Producer.produce's own function */
+    PyObject *dict;     /* __wrapped__, __name__, __doc__, ... */
     vectorcallfunc vectorcall;
 } ProduceDoor;
 
-static PyObject *str_admission, *str_submitter, *str_hand_off;
 /* produce's keywords, interned, in admit's order of arguments (1..8), then nonblocking. */
 static PyObject *door_keywords[9];
 static const char *door_keyword_names[9] = {"key",     "topic",   "partition", "headers",
@@ -1823,13 +1867,13 @@ static const char *door_keyword_names[9] = {"key",     "topic",   "partition", "
 
 static int ProduceDoor_traverse(ProduceDoor *self, visitproc visit, void *arg) {
     Py_VISIT(self->function);
-    Py_VISIT(self->producer_ref);
+    Py_VISIT(self->dict);
     return 0;
 }
 
 static int ProduceDoor_clear(ProduceDoor *self) {
     Py_CLEAR(self->function);
-    Py_CLEAR(self->producer_ref);
+    Py_CLEAR(self->dict);
     return 0;
 }
 
@@ -1839,49 +1883,19 @@ static void ProduceDoor_dealloc(ProduceDoor *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The producer, or NULL with an exception set if it is gone. New reference. */
-static PyObject *door_producer(ProduceDoor *self) {
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject *producer;
-    if (PyWeakref_GetRef(self->producer_ref, &producer) < 0) return NULL;
-#else
-    PyObject *producer = Py_XNewRef(PyWeakref_GetObject(self->producer_ref));
-    if (producer == NULL) return NULL;
-    if (producer == Py_None) Py_CLEAR(producer);
-#endif
-    if (producer == NULL)
-        PyErr_SetString(PyExc_ReferenceError, "produce() of a producer that no longer exists");
-    return producer;
-}
-
-static PyObject *door_fallback(ProduceDoor *self, PyObject *producer, PyObject *const *args,
-                               Py_ssize_t nargs, PyObject *kwnames) {
-    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
-    PyObject *small[16], **call = small;
-    if (total + 1 > 16) {
-        call = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
-        if (call == NULL) return PyErr_NoMemory();
-    }
-    call[0] = producer;
-    for (Py_ssize_t i = 0; i < total; i++) call[i + 1] = args[i];
-    PyObject *result = PyObject_Vectorcall(self->function, call, (size_t)nargs + 1, kwnames);
-    if (call != small) PyMem_Free(call);
-    return result;
-}
-
 static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* args[0] is the producer (the door is a method descriptor), args[1] the value. */
 static PyObject *ProduceDoor_vectorcall(ProduceDoor *self, PyObject *const *args, size_t nargsf,
                                         PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *producer = door_producer(self);
-    if (producer == NULL) return NULL;
-    PyObject *result = NULL, *admission = NULL;
     PyObject *fields[9] = {NULL, Py_None, Py_None, Py_None, Py_None,
                            Py_None, Py_None, Py_None, Py_None};
     int nonblocking = 0;
-    if (nargs != 1) goto fallback;
-    fields[0] = args[0];
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], &ProducerCoreType)) goto produce;
+    PyObject *admission = ((ProducerCore *)args[0])->admission;
+    if (admission == NULL || !Py_IS_TYPE(admission, &AdmissionType)) goto produce;
+    fields[0] = args[1];
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, i);
@@ -1892,95 +1906,64 @@ static PyObject *ProduceDoor_vectorcall(ProduceDoor *self, PyObject *const *args
             if (PyUnicode_Check(name) &&
                 PyUnicode_CompareWithASCIIString(name, door_keyword_names[k]) == 0)
                 found = k;
-        if (found < 0) goto fallback; /* the method says what is wrong with it */
+        if (found < 0) goto produce; /* the method says what is wrong with it */
         if (found == 8) {
             nonblocking = PyObject_IsTrue(args[nargs + i]);
-            if (nonblocking < 0) goto done;
+            if (nonblocking < 0) return NULL;
         } else {
             fields[found + 1] = args[nargs + i];
         }
     }
-    if (!nonblocking) goto fallback;
-    admission = PyObject_GetAttr(producer, str_admission);
-    if (admission == NULL) goto done;
-    if (!Py_IS_TYPE(admission, &AdmissionType)) goto fallback; /* not running: None */
+    if (!nonblocking) goto produce;
+    Py_INCREF(admission); /* admit may run Python code (a serializer) that stops the producer */
     PyObject *outcome = Admission_admit((Admission *)admission, fields, 9);
+    Py_DECREF(admission);
     if (outcome == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done; /* KeyboardInterrupt, ... */
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt, ... */
         PyObject *error = raised_exception();
         Done *failed = PyObject_New(Done, &DoneType);
         if (failed != NULL)
             failed->error = error;
         else
             Py_DECREF(error);
-        result = (PyObject *)failed;
-        goto done;
+        return (PyObject *)failed;
     }
     if (outcome == Py_None) {
         Py_DECREF(outcome);
-        result = Py_NewRef(DONE);
-        goto done;
+        return Py_NewRef(DONE);
     }
-    if (outcome == DECLINED) {
-        Py_DECREF(outcome);
-        goto fallback;
-    }
-    /* (record, awaitable): the send has something to await, as produce() awaits it. */
-    PyObject *submitter = PyObject_GetAttr(producer, str_submitter);
-    if (submitter != NULL) {
-        PyObject *call[3] = {submitter, PyTuple_GET_ITEM(outcome, 0), PyTuple_GET_ITEM(outcome, 1)};
-        result = PyObject_VectorcallMethod(str_hand_off, call, 3, NULL);
-        Py_DECREF(submitter);
-    }
+    if (outcome != DECLINED) return outcome; /* the hand-off, to await as produce() awaits it */
     Py_DECREF(outcome);
-    goto done;
-fallback:
-    result = door_fallback(self, producer, args, nargs, kwnames);
-done:
-    Py_XDECREF(admission);
-    Py_DECREF(producer);
-    return result;
+produce:
+    return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
 }
 
 static PyObject *ProduceDoor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *function, *producer_ref;
-    if (!PyArg_ParseTuple(args, "OO:ProduceDoor", &function, &producer_ref)) return NULL;
-    if (!PyWeakref_CheckRef(producer_ref)) {
-        PyErr_SetString(PyExc_TypeError, "ProduceDoor: producer_ref must be a weak reference");
-        return NULL;
-    }
+    PyObject *function;
+    if (!PyArg_ParseTuple(args, "O:ProduceDoor", &function)) return NULL;
     ProduceDoor *self = (ProduceDoor *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->function = Py_NewRef(function);
-    self->producer_ref = Py_NewRef(producer_ref);
     self->vectorcall = (vectorcallfunc)ProduceDoor_vectorcall;
     return (PyObject *)self;
 }
 
-static PyObject *ProduceDoor_get(ProduceDoor *self, void *name) {
-    return PyObject_GetAttrString(self->function, (const char *)name);
-}
-
-static PyObject *ProduceDoor_wrapped(ProduceDoor *self, void *unused) {
-    PyObject *producer = door_producer(self);
-    if (producer == NULL) return NULL;
-    PyObject *method = PyMethod_New(self->function, producer);
-    Py_DECREF(producer);
-    return method;
+/* producer.produce: the door bound to the producer, as a method. */
+static PyObject *ProduceDoor_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
 }
 
 static PyGetSetDef ProduceDoor_getset[] = {
-    {"__wrapped__", (getter)ProduceDoor_wrapped, NULL, NULL, "produce, bound to the producer"},
-    {"__name__", (getter)ProduceDoor_get, NULL, NULL, "__name__"},
-    {"__qualname__", (getter)ProduceDoor_get, NULL, NULL, "__qualname__"},
-    {"__doc__", (getter)ProduceDoor_get, NULL, NULL, "__doc__"},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject ProduceDoorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.ProduceDoor",
     .tp_basicsize = sizeof(ProduceDoor),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = ProduceDoor_doc,
     .tp_new = ProduceDoor_new,
     .tp_dealloc = (destructor)ProduceDoor_dealloc,
@@ -1988,6 +1971,8 @@ static PyTypeObject ProduceDoorType = {
     .tp_clear = (inquiry)ProduceDoor_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(ProduceDoor, vectorcall),
+    .tp_descr_get = ProduceDoor_get,
+    .tp_dictoffset = offsetof(ProduceDoor, dict),
     .tp_getset = ProduceDoor_getset,
 };
 
@@ -2031,25 +2016,20 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
         PyType_Ready(&SlotsMakerType) < 0 || PyType_Ready(&DoneType) < 0 ||
         PyType_Ready(&ExactBytesType) < 0 ||
-        PyType_Ready(&ProduceDoorType) < 0)
+        PyType_Ready(&ProduceDoorType) < 0 || PyType_Ready(&ProducerCoreType) < 0)
         return NULL;
     if (DONE == NULL) {
         DONE = (PyObject *)PyObject_New(Done, &DoneType);
         if (DONE == NULL) return NULL;
         ((Done *)DONE)->error = NULL;
-        str_admission = PyUnicode_InternFromString("_admission");
-        str_submitter = PyUnicode_InternFromString("_submitter");
-        str_hand_off = PyUnicode_InternFromString("hand_off");
-        if (!str_admission || !str_submitter || !str_hand_off) return NULL;
         for (int k = 0; k < 9; k++) {
             door_keywords[k] = PyUnicode_InternFromString(door_keyword_names[k]);
             if (door_keywords[k] == NULL) return NULL;
         }
     }
     if (DECLINED == NULL) {
-        DECLINED = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
-        str_partition = PyUnicode_InternFromString("partition");
-        if (!DECLINED || !str_partition) return NULL;
+        DECLINED = Py_NewRef(Py_NotImplemented); /* shared with the Python implementation */
+        if (!DECLINED) return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -2082,7 +2062,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(module, "SlotsMaker", (PyObject *)&SlotsMakerType) < 0 ||
         PyModule_AddObjectRef(module, "ExactBytes", (PyObject *)&ExactBytesType) < 0 ||
         PyModule_AddObjectRef(module, "Done", (PyObject *)&DoneType) < 0 ||
-        PyModule_AddObjectRef(module, "ProduceDoor", (PyObject *)&ProduceDoorType) < 0) {
+        PyModule_AddObjectRef(module, "ProduceDoor", (PyObject *)&ProduceDoorType) < 0 ||
+        PyModule_AddObjectRef(module, "ProducerCore", (PyObject *)&ProducerCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

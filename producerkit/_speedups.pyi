@@ -1,6 +1,5 @@
 """Types of the optional C module built from _speedups.c (loaded by producerkit._fast)."""
 
-import weakref
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
@@ -51,7 +50,7 @@ class Record(tuple[Any, ...]):
     def __new__(cls, *fields: Any) -> Record: ...
 
 class SlotsMaker:
-    def __init__(self, cls: type, names: tuple[str, ...]) -> None: ...
+    def __init__(self, cls: type, slots: tuple[Any, ...]) -> None: ...
     def __call__(self, *values: Any) -> Any: ...
 
 class ExactBytes:
@@ -60,7 +59,15 @@ class ExactBytes:
     def __call__(self, obj: Any) -> Any: ...
 
 class Router:
-    def __init__(self, partitioner: Any, key_hash: Any, keyless: Any, connections: int) -> None: ...
+    def __init__(
+        self,
+        partitioner: Any,
+        key_hash: Any,
+        keyless_partition: Any,
+        connections: int,
+        not_a_partition: type[Exception],
+        native_hash: int = 0,
+    ) -> None: ...
     def route(
         self, topic: str, key: bytes | None, partition: int | None, num_partitions: int | None
     ) -> tuple[int | None, int]: ...
@@ -80,6 +87,7 @@ class WindowCore:
         watch: Callable[[Any], object],
         untrack: bool = False,
     ) -> None: ...
+    def full(self) -> bool: ...
     def admit(
         self,
         message: tuple[Any, ...],
@@ -95,13 +103,13 @@ class Done:
     def throw(self, *args: Any) -> Any: ...
     def close(self) -> None: ...
 
+class ProducerCore:
+    _admission: Any
+
 class ProduceDoor:
-    @property
-    def __wrapped__(self) -> Callable[..., Any]: ...
-    def __init__(
-        self, produce: Callable[..., Any], producer_ref: weakref.ReferenceType[Any]
-    ) -> None: ...
+    def __init__(self, produce: Callable[..., Any]) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __get__(self, obj: object, owner: type | None = None) -> Any: ...
 
 class Admission:
     def __init__(
@@ -110,6 +118,7 @@ class Admission:
         window: WindowCore,
         sends: tuple[Any, ...],
         send_failed: Any,
+        hand_off: Any,
         topics: dict[str, int | None],
         default_topic: str | None,
         max_payload: int,

@@ -1,37 +1,37 @@
-"""The one way into flight: :meth:`Submitter.submit`.
+"""The way into flight: the core's ``Admission`` for plain messages, :meth:`Submitter.submit`
+for the rest.
 
-Every message a producer sends, from ``produce()``, from another thread (``_handoff``) or from a
+A plain message (see ``_core_py.Admission.admit``) or chunk goes in through the producer's
+Admission (its core's: C or Python, ``producerkit._core``), which :meth:`Submitter.admission`
+makes. Every other message, from ``produce()``, from another thread (``_handoff``) or from a
 facade, is a validated :class:`~producerkit._record.Message` submitted here: its topic's partition
-count (learned once, ``_topics``), its partition and connection (``_routing``), its turn under the
-rate limit (``_rate``), room and admission in the window (``_window``), then its connection's
-``send()``. Until admission a message is nobody's and a failure raises to the caller; from
-admission on its outcome is the window's.
+count (learned once, ``_topics``), its partition and connection (the core's Router), its turn
+under the rate limit (``_rate``), room and admission in the window (``_window``), then its
+connection's ``send()``. Until admission a message is nobody's and a failure raises to the
+caller; from admission on its outcome is the window's.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any
 
 from producerkit._batch import Columns, message_at, transformed
-from producerkit._fast import speedups
+from producerkit._core import DECLINED
+from producerkit._core_py import Send, send
 from producerkit._message import MessageRules, check_partition
 from producerkit._rate import RateLimit
 from producerkit._record import Message, Record, Slot
-from producerkit._routing import Router
 from producerkit._topics import UNKNOWN, Topics
 from producerkit._window import InFlightWindow
 from producerkit.backends.base import Connection
 from producerkit.errors import ProducerClosed, ProducerkitError
 
-#: A connection's ``send(record)``.
-Send = Callable[[Record], "Awaitable[None] | None"]
+if TYPE_CHECKING:
+    from producerkit._core import Core
 
-#: produce()'s fused C path for plain messages (see its docstring), where it was built, and
-#: what it returns for a message it leaves to the Python path.
-_Admission: Any = speedups.Admission if speedups is not None else None
-DECLINED: Final = speedups.DECLINED if speedups is not None else object()
+__all__ = ["ADMITTED_AT_ONCE", "DECLINED", "Submitter"]
 
 #: The most messages of a plain chunk admitted and handed to their connections at once: their
 #: records (and sequence numbers) are still in the CPU's cache when they are handed over, and
@@ -44,7 +44,8 @@ class Submitter:
 
     __slots__ = (
         "__weakref__",
-        "_handed_fused",
+        "_core",
+        "_handed_admission",
         "_rate",
         "_router",
         "_topics",
@@ -58,12 +59,14 @@ class Submitter:
 
     def __init__(
         self,
+        core: Core,
         window: InFlightWindow,
-        router: Router,
+        router: Any,
         topics: Topics,
         rate: RateLimit | None,
         translate_error: Callable[[BaseException], ProducerkitError],
     ) -> None:
+        self._core = core
         self._window = window
         self._router = router
         self._topics = topics
@@ -76,22 +79,22 @@ class Submitter:
         #: the producer began to close are still admitted.
         self.open = False
         self.closing = False
-        self._handed_fused: Any = None  # the fused path for handed-over messages (fused_path)
+        self._handed_admission: Any = None  # the Admission for handed-over messages
 
-    def fused_path(self, rules: MessageRules, *, takes_all: bool) -> Any:
-        """``produce()``'s fused C path (``_speedups.Admission``): :meth:`submit` with the
-        checks of ``rules`` for a plain message, in one call; None where it was not built, or
-        where messages need what it does not do (``takes_all`` false: a rate limit or a byte
-        bound; or serializers, trace context). Its decline rule for each message is in its
-        docstring. Call once the connections are known."""
-        self._handed_fused = None
-        if _Admission is None or not takes_all or rules.key_serializer is not None:
+    def admission(self, rules: MessageRules, *, takes_all: bool) -> Any:
+        """The producer's Admission (its core's): :meth:`submit` with the checks of ``rules``
+        for a plain message or chunk, in one call. None where messages need what it does not
+        do (``takes_all`` false: a rate limit or a byte bound; or a key serializer). Its decline
+        rule is in ``_core_py.Admission.admit``. Call once the connections are known."""
+        self._handed_admission = None
+        if not takes_all or rules.key_serializer is not None:
             return None
-        fused = _Admission(
+        admission = self._core.Admission(
             self._router,
             self._window.core,
             tuple(self.sends),
             self.send_failed,
+            self.hand_off,
             self._topics.counts,
             rules.default_topic,
             rules.max_payload,
@@ -100,10 +103,10 @@ class Submitter:
             value_serializer=rules.value_serializer,
             trace_headers=rules.trace_headers,
         )
-        # A handed-over message was checked (and transformed) as a Message already: the fused
-        # path takes it only where it would not transform it again.
-        self._handed_fused = None if rules.transforms else fused
-        return fused
+        # A handed-over message was checked (and transformed) as a Message already: the
+        # Admission takes it only where it would not transform it again.
+        self._handed_admission = None if rules.transforms else admission
+        return admission
 
     def submit(
         self, message: Message, slot: Slot, context: Any = None, reserved: bool = False
@@ -131,20 +134,18 @@ class Submitter:
         self, message: Message, slot: Slot, context: Any = None
     ) -> Awaitable[None] | None:
         """:meth:`submit` for a message handed over by another thread (its room reserved):
-        a plain nonblocking one in one C call through the fused path, as ``produce()`` takes
-        it, where that was built and takes it; any other through :meth:`submit`."""
-        fused = self._handed_fused
-        if fused is not None and slot is None:
+        a plain nonblocking one through the Admission, as ``produce()`` takes it, where it
+        takes it; any other through :meth:`submit`."""
+        admission = self._handed_admission
+        if admission is not None and slot is None:
             core = self._window.core
             core.taken += 1  # its reserved room is its record's, if admitted
-            outcome = fused.admit(
+            outcome = admission.admit(
                 message.value, message.key, message.topic, message.partition, message.headers,
                 message.msg_id, context, None, message.timestamp,
             )  # fmt: skip
-            if outcome is None:
-                return None
             if outcome is not DECLINED:
-                return self.hand_off(*outcome)
+                return outcome  # type: ignore[no-any-return]
             core.taken -= 1  # declined, nothing done: still its reserved room
         return self.submit(message, slot, context, True)
 
@@ -212,17 +213,17 @@ class Submitter:
         columns: Columns,
         topic: str | None,
         rules: MessageRules,
-        fused: Any,
+        admission: Any,
     ) -> None:
         """Every message of ``columns``, in order, as :meth:`submit` would each. A plain chunk
-        (values and keys only) goes through the fused C path ``ADMITTED_AT_ONCE`` messages (or
+        (values and keys only) goes through the Admission ``ADMITTED_AT_ONCE`` messages (or
         the window's room) at a time, each part's records handed to their connections at once;
         the rest, every message checked before any is admitted, through :meth:`submit`.
         Serializers and the trace context are applied to whole columns first."""
         columns = transformed(rules, columns, topic)
         start = 0
-        if fused is not None and columns.plain and columns.size:
-            start = await self._submit_plain(columns, topic, rules, fused)
+        if admission is not None and columns.plain and columns.size:
+            start = await self._submit_plain(columns, topic, rules, admission)
         messages = [message_at(rules, columns, topic, i) for i in range(start, columns.size)]
         for index, message in enumerate(messages, start):
             context = None if columns.contexts is None else columns.contexts[index]
@@ -231,18 +232,18 @@ class Submitter:
                 await waiting
 
     async def _submit_plain(
-        self, columns: Columns, topic: str | None, rules: MessageRules, fused: Any
+        self, columns: Columns, topic: str | None, rules: MessageRules, admission: Any
     ) -> int:
-        """:meth:`submit_batch`'s fused C path for a plain chunk: where it stopped (the size,
-        or the first message it leaves to the checked path). Raises what admitting raised,
-        once the records admitted before it are handed over."""
+        """:meth:`submit_batch` for a plain chunk, through the Admission: where it stopped (the
+        size, or the first message it leaves to the checked path). Raises what admitting
+        raised, once the records admitted before it are handed over."""
         name = rules.default_topic if topic is None else topic
         if type(name) is str:
             await self._topics.learn(name)
         start = 0
         while start < columns.size:
             stop = min(start + ADMITTED_AT_ONCE, columns.size)
-            outcome = fused.admit_chunk(
+            outcome = admission.admit_chunk(
                 columns.values, columns.keys, name, start, stop, rules.takes_tombstones
             )
             if outcome is DECLINED:
@@ -277,14 +278,7 @@ class Submitter:
     def send(self, record: Record) -> Awaitable[None] | None:
         """Hand an admitted record to its connection: None, or an awaitable that finishes the
         hand-off. If the connection raises, the record fails."""
-        try:
-            handed_off = self.sends[record.connection](record)
-        except Exception as exc:
-            self.send_failed(record, exc)
-            return None
-        if handed_off is None:
-            return None
-        return self.hand_off(record, handed_off)
+        return send(self.sends, self.send_failed, self.hand_off, record)
 
     def send_failed(self, record: Record, exc: BaseException) -> None:
         """What a connection raised as it was handed a record, translated at the backend's

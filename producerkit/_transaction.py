@@ -27,8 +27,9 @@ import anyio
 
 from producerkit._atomic import _TOLD, _pairs
 from producerkit._batch import Columns, columns_of, message_at, transformed
+from producerkit._core import DECLINED
 from producerkit._record import Record
-from producerkit._submit import ADMITTED_AT_ONCE, DECLINED
+from producerkit._submit import ADMITTED_AT_ONCE
 from producerkit.errors import AtomicBatchError, ProducerkitError
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ class KafkaAtomicBatch:
     ) -> None:
         self._start = start
         self._prepare = prepare
-        #: The producer's fused C admission (``Submitter.fused_path``) while it runs, or None:
+        #: The producer's Admission (``Submitter.admission``) while it runs, or None:
         #: what :meth:`produce_batch` admits a plain chunk with.
         self._fused = fused
         #: With ``prepare``: the transaction left open once the block ended (None before).
@@ -278,14 +279,14 @@ class KafkaAtomicBatch:
     async def _admit_plain(
         self, fused: Any, connection: Connection, columns: Columns, topic: str
     ) -> int:
-        """:meth:`produce_batch` for a plain chunk (values and keys), as
-        ``Submitter._submit_plain`` does it but into the transaction's connection: admitted
-        in C ``ADMITTED_AT_ONCE`` at a time (each record's partition routed as ``produce()``
-        routes it). Where it stopped: the size, or the first message it leaves to the checked
-        path; raises what admitting raised, once the records before it are handed over. Its
-        records carry no slot: the batch tells their failure as its own when it fails them
-        (``_told``); one that passes its deadline first is failed by the window as any
-        message is (kept for ``flush()``, given to ``on_error``), and the batch with it."""
+        """:meth:`produce_batch` for a plain chunk (values and keys), as ``Submitter._submit_plain``
+        does it but into the transaction's connection: admitted through the Admission
+        ``ADMITTED_AT_ONCE`` at a time (each record's partition routed as ``produce()`` routes it).
+        Where it stopped: the size, or the first message it leaves to the checked path; raises what
+        admitting raised, once the records before it are handed over. Its records carry no slot: the
+        batch tells their failure as its own when it fails them (``_told``); one that passes its
+        deadline first is failed by the window as any message is (kept for ``flush()``, given to
+        ``on_error``), and the batch with it."""
         expect, start = self._transactions.reports.expect, 0
         while start < columns.size:
             stop = min(start + ADMITTED_AT_ONCE, columns.size)

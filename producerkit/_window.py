@@ -15,8 +15,8 @@ admission, hence by deadline), or returns None when the window is full. A record
 until exactly one of :meth:`InFlightWindow.acked` / :meth:`InFlightWindow.failed` removes it. That
 single ledger gives ``produced == acked + failed + in_flight`` at every moment, per-message
 deadlines with one timer for the whole window (no task or timer per message), and the list of what
-is left at close. The core is :class:`PyWindowCore`, or its C twin ``_speedups.WindowCore`` where
-it was built (``producerkit._window_core``; the differential tests compare them).
+is left at close. The core is the producer's ``Core.WindowCore`` (``producerkit._core``: C where
+it was built, else ``producerkit._core_py.WindowCore``), whose ``full()`` is the in-flight bound.
 
 Messages another thread hands to the producer (``producerkit._handoff``) count as in flight from
 the moment they are handed: :meth:`InFlightWindow.reserve` takes their room in the calling
@@ -30,7 +30,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producerkit._logging import FailureLog
 from producerkit._record import Message, Record, Slot
@@ -43,8 +43,10 @@ from producerkit._types import (
     Stats,
     failure_of,
 )
-from producerkit._window_core import WindowCore, delivery_of, new_delivery, pop_run, tell_run
 from producerkit.errors import ProduceError, ProduceTimeout, Purged
+
+if TYPE_CHECKING:
+    from producerkit._core import Core
 
 logger = logging.getLogger("producerkit.producer")
 
@@ -63,12 +65,15 @@ class InFlightWindow:
         "_empty_waiters",
         "_failure_log",
         "_loop",
+        "_new_delivery",
         "_on_delivery",
         "_on_error",
         "_on_outcome",
         "_per_connection",
+        "_pop_run",
         "_purging",
         "_room_waiters",
+        "_tell_run",
         "_unwritten",
         "_waiting",
         "acked_count",
@@ -98,8 +103,16 @@ class InFlightWindow:
         resume_at: float = 0.5,
         unwritten: Callable[[list[Record]], set[int]] = lambda records: set(),
         on_delivery: DeliveryCallback | None = None,
+        core: Core | None = None,
     ) -> None:
-        self.core = WindowCore(limit, timeout, self.watch, untrack)
+        if core is None:
+            from producerkit._core import active
+
+            core = active()
+        self.core = core.WindowCore(limit, timeout, self.watch, untrack)
+        self._pop_run = core.pop_run
+        self._tell_run = core.tell_run
+        self._new_delivery = core.new_delivery
         #: ``unwritten(records)``: the seqs of those their connections still hold unwritten
         #: (they are then never written), asked of records failed by their deadline or at close.
         self._unwritten = unwritten
@@ -178,14 +191,14 @@ class InFlightWindow:
 
     def is_full(self, size: int) -> bool:
         """Whether a message of ``size`` bytes must wait for room."""
-        return self.in_flight >= self.limit
+        return bool(self.core.full())
 
     def reserve(self) -> bool:
         """In another thread (holding the handoff's lock): room for one message handed over to
         the loop, taken now; False if the window is full. The loop then admits it with
         ``admit(..., reserved=True)``, or fails it with :meth:`fail_unadmitted`."""
         core = self.core
-        if len(self.pending) + core.handed - core.taken >= core.limit:
+        if core.full():
             return False
         core.handed += 1
         return True
@@ -240,7 +253,7 @@ class InFlightWindow:
         on_delivery = self._on_delivery
         if on_delivery is not None:  # delivery_of and _tell, inlined: this runs per message
             stamp = record.timestamp
-            delivery = new_delivery(
+            delivery = self._new_delivery(
                 record.topic,
                 record.partition,
                 offset,
@@ -254,7 +267,7 @@ class InFlightWindow:
             if slot is not None and not slot.done():
                 slot.set_result(delivery)
         elif slot is not None and not slot.done():
-            slot.set_result(delivery_of(record, offset, duplicate))
+            slot.set_result(self.delivery_of(record, offset, duplicate))
         if observe and self._on_outcome is not None:
             self._observe((record,), None)
 
@@ -266,18 +279,18 @@ class InFlightWindow:
         ``stored_at``: the broker's LogAppendTime (epoch ms) where the topic keeps one."""
         observed = self._settling(records) if self._on_outcome is not None else None
         if self._on_delivery is not None:
-            count = tell_run(
-                self.pending, records, first_offset, stored_at, new_delivery,
+            count = self._tell_run(
+                self.pending, records, first_offset, stored_at, self._new_delivery,
                 self._on_delivery, self._report_raised,
             )  # fmt: skip
         else:
-            count, waiting = pop_run(self.pending, records)
+            count, waiting = self._pop_run(self.pending, records)
             for position in waiting or ():  # blocking produces in this run: each its offset
                 record = records[position]
                 slot = record.slot
                 if slot is not None and not slot.done():
                     offset = None if first_offset is None else first_offset + position
-                    slot.set_result(delivery_of(record, offset, stored_at=stored_at))
+                    slot.set_result(self.delivery_of(record, offset, stored_at=stored_at))
         if count:
             self.acked_count += count
             if self._per_connection:
@@ -286,6 +299,25 @@ class InFlightWindow:
                 self._wake(len(self.pending))
         if observed:
             self._observe(observed, None)
+
+    def delivery_of(
+        self,
+        record: Record,
+        offset: int | None,
+        duplicate: bool = False,
+        stored_at: int | None = None,
+    ) -> Delivery:
+        """The Delivery of a record stored at ``offset``: its timestamp is the broker's
+        LogAppendTime (``stored_at``, epoch ms) where it gave one, else the CreateTime the
+        producer fixed for the record, else None."""
+        stamp = stored_at if stored_at is not None else record.timestamp
+        return self._new_delivery(
+            record.topic,
+            record.partition,
+            offset,
+            duplicate,
+            None if stamp is None else stamp / 1000,
+        )
 
     def _tell(self, result: Delivery | Failure, context: Any) -> None:
         """Tell ``on_delivery`` of one outcome; what it raises is logged, never propagated."""

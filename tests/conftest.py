@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from producerkit import _core
 from producerkit.backends import spec_for
 from producerkit.backends.base import BackendSpec
 from producerkit.backends.memory import get_store
@@ -46,6 +47,27 @@ TRANSACTIONS_ON_THE_FAST_PATH = pytest.mark.skipif(
 )
 
 BACKENDS = ["memory", "null", "kafka", "kafka-cluster", "jetstream", "nats"]
+
+#: The backends the ``backend`` fixture also runs on the Python core where the C one is the
+#: default (``producerkit._core``): memory:// for the window, routing and admission, and Kafka
+#: on Tansu for settling batches; the other backends settle through the same functions.
+_PYTHON_CORE_TOO = ("memory", "kafka")
+
+
+def _backend_params() -> list[Any]:
+    default = _core.active()
+    params = [pytest.param((name, default.name), id=name) for name in BACKENDS]
+    if default is not _core.PYTHON:
+        params += [pytest.param((name, "python"), id=f"{name}-pycore") for name in _PYTHON_CORE_TOO]
+    return params
+
+
+@pytest.fixture(params=_core.IMPLEMENTATIONS, ids=lambda core: f"{core.name}core")
+def core(request: pytest.FixtureRequest) -> Iterator[_core.Core]:
+    """Each implementation of the core this installation has (Python, and C where it was
+    built), active for the test: producers made in it take that core."""
+    with _core.using(request.param) as chosen:
+        yield chosen
 
 
 _REAL_BACKENDS = ("kafka", "kafka-cluster", "jetstream", "nats")
@@ -67,9 +89,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
-        if (
-            any(name in fixtures for name in _BROKER_FIXTURES)
-            or params.get("backend") in _REAL_BACKENDS
+        backend = params.get("backend")
+        if any(name in fixtures for name in _BROKER_FIXTURES) or (
+            backend is not None and backend[0] in _REAL_BACKENDS
         ):
             item.add_marker(pytest.mark.brokers)
         if params.get("anyio_backend") == _UVLOOP and item.get_closest_marker("brokers") is None:
@@ -139,8 +161,11 @@ class BackendCase:
         options: dict[str, Any],
         broker: SessionBroker | None = None,
         cluster: KafkaCluster | None = None,
+        core: _core.Core | None = None,
     ) -> None:
         self.name = name
+        #: The core its producers take (see the ``backend`` fixture): C where it was built.
+        self.core = core or _core.active()
         self.url = url
         self.options = options
         self.spec: BackendSpec = spec_for(url.partition("://")[0].lower())
@@ -188,7 +213,7 @@ class BackendCase:
     def with_options(self, **options: Any) -> BackendCase:
         """The same backend with more options for its producers."""
         case = BackendCase(
-            self.name, self.url, {**self.options, **options}, self.broker, self.cluster
+            self.name, self.url, {**self.options, **options}, self.broker, self.cluster, self.core
         )
         case.store = self.store
         return case
@@ -230,14 +255,23 @@ class BackendCase:
         ]
 
     def __repr__(self) -> str:
-        return f"<BackendCase {self.name} {self.url}>"
+        return f"<BackendCase {self.name} {self.url} ({self.core.name} core)>"
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> BackendCase:
-    """Each behaviour test runs on every backend: skip (or assert the typed refusal) by what
+@pytest.fixture(params=_backend_params())
+def backend(request: pytest.FixtureRequest) -> Iterator[BackendCase]:
+    """Each behaviour test runs on every backend, and memory:// and Kafka on the Python core
+    too (ids ``memory-pycore``, ``kafka-pycore``): skip (or assert the typed refusal) by what
     ``backend.spec`` declares, never by the backend's name."""
-    name = request.param
+    name, core_name = request.param
+    (core,) = (core for core in _core.IMPLEMENTATIONS if core.name == core_name)
+    with _core.using(core):
+        case = _backend_case(request, name)
+        case.core = core
+        yield case
+
+
+def _backend_case(request: pytest.FixtureRequest, name: str) -> BackendCase:
     if name == "memory":
         return BackendCase(name, f"memory://{uuid.uuid4().hex}", {})
     if name == "null":

@@ -1,32 +1,33 @@
-"""The C twins do exactly what their Python twins do: ``_speedups.Router.route`` what
-``_routing.PyRouter.route`` does, ``_speedups.WindowCore.admit`` what
-``_window_core.PyWindowCore.admit`` does (and ``_speedups.Record`` reads as ``_record.Record``),
-and produce()'s fused C path for plain nonblocking messages (``_speedups.Admission``) what the
-Python path does: the same records, partitions, connections, counts and failures, message for
-message. The produce cases run the same messages through the fused path (nonblocking) and the
-Python path (blocking) on memory:// and compare what was stored."""
+"""The core's two implementations (``producerkit._core``: C where it was built, and Python)
+do the same: each test of the core runs on both (the ``core`` fixture), and property tests feed
+both the same inputs and compare what they do (``Router.route``, ``WindowCore.admit``,
+``Admission.admit`` and ``admit_chunk``: the same records, partitions, connections, counts,
+declines and errors). The produce cases run the same messages through the Admission
+(nonblocking) and the checked path (blocking) on memory:// and compare what was stored."""
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import producerkit as pk
-from producerkit import partitioners
-from producerkit._fast import SPEEDUPS, speedups
+from producerkit import _core, partitioners
+from producerkit._core import DECLINED, Core
+from producerkit._fast import SPEEDUPS
 from producerkit._record import Message, Record
-from producerkit._routing import PyRouter, native_hash
-from producerkit._window_core import PyWindowCore
+from producerkit._routing import native_hash
 from producerkit.backends.memory import MemoryConnection
 
 pytestmark = pytest.mark.anyio
 
-needs_speedups = pytest.mark.skipif(speedups is None, reason=f"producerkit._speedups: {SPEEDUPS}")
+#: The tests that compare the two implementations need both.
+needs_both = pytest.mark.skipif(_core.C is None, reason=f"producerkit._speedups: {SPEEDUPS}")
 
 Produced = tuple[Any, Any, str | None, Any]  # value, key, topic, headers
 
@@ -69,7 +70,7 @@ async def _publish(nonblocking: bool, batch: list[Produced], options: dict[str, 
     connections=st.sampled_from([1, 2, 3]),
     partitioner=st.sampled_from(["xxhash", "murmur2", "crc32", _custom_partitioner]),
 )
-async def test_the_fused_path_stores_what_the_python_path_stores(
+async def test_the_admission_stores_what_the_checked_path_stores(
     batch: list[Produced], connections: int, partitioner: Any
 ) -> None:
     options = {"connections": connections, "partitioner": partitioner}
@@ -79,7 +80,7 @@ async def test_the_fused_path_stores_what_the_python_path_stores(
 
 
 async def test_a_send_that_raises_fails_its_message_on_either_path(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, core: Core
 ) -> None:
     """A backend's send() raising is reported as that message's failure (translated), once,
     and the producer goes on: on the fused path (nonblocking) as on the Python path."""
@@ -105,25 +106,35 @@ async def test_a_send_that_raises_fails_its_message_on_either_path(
         assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (7, 4, 3, 0)
 
 
-def _fused(topics: dict[str, int | None], limit: int = 10) -> tuple[Any, list[Any], Any]:
-    """A C Admission over a C router and window core whose one connection keeps what it is
-    sent: (admission, sent records, core)."""
-    assert speedups is not None
+def _router(core: Core, partitioner: Any = partitioners.xxhash, connections: int = 1) -> Any:
+    return core.Router(
+        partitioner, None, partitioners.RoundRobinPartitioner().partition, connections,
+        pk.ConfigurationError,
+    )  # fmt: skip
+
+
+async def _handed_off(record: Any, handed_off: Any) -> None:
+    await handed_off
+
+
+def _admission(
+    core: Core, topics: dict[str, int | None], limit: int = 10, **options: Any
+) -> tuple[Any, list[Any], Any]:
+    """An Admission of ``core`` whose one connection keeps what it is sent: (admission, sent
+    records, window core)."""
     sent: list[Any] = []
-    core = speedups.WindowCore(limit, 5.0, lambda record: None)
-    router = speedups.Router(partitioners.xxhash, None, partitioners.RoundRobinPartitioner(), 1)
-    admission = speedups.Admission(
-        router, core, (sent.append,), lambda record, exc: None, topics, "t", 1000
-    )
-    return admission, sent, core
+    window = core.WindowCore(limit, 5.0, lambda record: None)
+    admission = core.Admission(
+        _router(core), window, (sent.append,), lambda record, exc: None, _handed_off, topics,
+        "t", options.pop("max_payload", 1000), **options,
+    )  # fmt: skip
+    return admission, sent, window
 
 
-@needs_speedups
-def test_the_fused_path_declines_all_but_plain_messages_to_known_topics() -> None:
+def test_the_admission_declines_all_but_plain_messages_to_known_topics(core: Core) -> None:
     """Its whole decline rule: it returns DECLINED, having counted nothing, for anything but a
     plain nonblocking message with room in the window."""
-    assert speedups is not None
-    admission, sent, core = _fused({"t": 3})
+    admission, sent, window = _admission(core, {"t": 3})
     plain = (b"v", b"k", None, None, None, None, None, None, None)
     declined = [
         ("text", None, None, None, None, None, None, None, None),  # converted in Python
@@ -138,35 +149,28 @@ def test_the_fused_path_declines_all_but_plain_messages_to_known_topics() -> Non
         (b"x" * 1001, None, None, None, None, None, None, None, None),  # over max_payload
     ]
     for call in declined:
-        assert admission.admit(*call) is speedups.DECLINED, call
-    assert not sent and not core.pending
+        assert admission.admit(*call) is DECLINED, call
+    assert not sent and not window.pending
     assert admission.admit(*plain) is None
     assert len(sent) == 1 and sent[0].topic == "t" and sent[0].partition in range(3)
 
 
-@needs_speedups
-def test_the_fused_path_declines_when_the_window_is_full() -> None:
-    assert speedups is not None
-    admission, sent, core = _fused({"t": 1}, limit=2)
+def test_the_admission_declines_when_the_window_is_full(core: Core) -> None:
+    admission, sent, window = _admission(core, {"t": 1}, limit=2)
     plain = (b"v", None, None, None, None, None, None, None, None)
     assert admission.admit(*plain) is None and admission.admit(*plain) is None
-    assert admission.admit(*plain) is speedups.DECLINED  # the window's own limit
-    core.handed += 1  # one handed over by another thread holds room too
-    del core.pending[next(iter(core.pending))]
-    assert admission.admit(*plain) is speedups.DECLINED
+    assert window.full() and admission.admit(*plain) is DECLINED  # the window's own limit
+    window.handed += 1  # one handed over by another thread holds room too
+    del window.pending[next(iter(window.pending))]
+    assert window.full() and admission.admit(*plain) is DECLINED
     assert len(sent) == 2
 
 
-@needs_speedups
-def test_the_fused_path_serializes_adds_the_trace_and_carries_the_context() -> None:
+def test_the_admission_serializes_adds_the_trace_and_carries_the_context(core: Core) -> None:
     """With a value serializer, trace headers and on_delivery, a message is still taken whole:
     its value serialized, the trace context's pairs as its headers (counted in its size), its
     context and a CreateTime on its record; a serializer or trace that raises, or pairs of the
-    wrong shape, decline with nothing counted (the Python path then says what is wrong)."""
-    assert speedups is not None
-    sent: list[Any] = []
-    core = speedups.WindowCore(10, 5.0, lambda record: None)
-    router = speedups.Router(partitioners.xxhash, None, partitioners.RoundRobinPartitioner(), 1)
+    wrong shape, decline with nothing counted (the checked path then says what is wrong)."""
     pairs: Any = (("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"),)
 
     def serialize(value: Any) -> bytes:
@@ -174,10 +178,9 @@ def test_the_fused_path_serializes_adds_the_trace_and_carries_the_context() -> N
             raise ValueError("boom")
         return repr(value).encode()
 
-    admission = speedups.Admission(
-        router, core, (sent.append,), lambda record, exc: None, {"t": 3}, "t", 200,
-        takes_context=True, stamps=True, value_serializer=serialize,
-        trace_headers=lambda: pairs,
+    admission, sent, window = _admission(
+        core, {"t": 3}, max_payload=200, takes_context=True, stamps=True,
+        value_serializer=serialize, trace_headers=lambda: pairs,
     )  # fmt: skip
     before = int(time.time() * 1000)
     assert admission.admit({"n": 1}, b"k", None, None, None, None, "ctx", None, None) is None
@@ -189,17 +192,38 @@ def test_the_fused_path_serializes_adds_the_trace_and_carries_the_context() -> N
         ("x" * 140, None),  # 142 bytes of value, with the 66 of the trace: over 200
     ]
     for value, _ in declined:
-        assert admission.admit(value, None, None, None, None, None, None, None, None) is (
-            speedups.DECLINED
-        )
+        assert admission.admit(value, None, None, None, None, None, None, None, None) is (DECLINED)
     pairs = [("traceparent", "not bytes")]
-    assert admission.admit(1, None, None, None, None, None, None, None, None) is speedups.DECLINED
-    assert len(sent) == 1 and len(core.pending) == 1
+    assert admission.admit(1, None, None, None, None, None, None, None, None) is DECLINED
+    assert len(sent) == 1 and len(window.pending) == 1
 
 
-async def test_extras_on_the_fused_path_match_the_python_path() -> None:
+def test_a_send_that_returns_an_awaitable_is_handed_off(core: Core) -> None:
+    """What a connection's send returns to await comes back through hand_off; a send that
+    raises fails its record (send_failed) and the call returns None."""
+    failed: list[tuple[Any, BaseException]] = []
+    pending: Any = object()
+
+    def send(record: Any) -> Any:
+        if record.value == b"bad":
+            raise ConnectionError("down")
+        return pending
+
+    window = core.WindowCore(10, 5.0, lambda record: None)
+    admission = core.Admission(
+        _router(core), window, (send,), lambda record, exc: failed.append((record, exc)),
+        lambda record, handed_off: ("handed", record.value, handed_off), {"t": 1}, "t", 100,
+    )  # fmt: skip
+    plain = (None, None, None, None, None, None, None, None)
+    assert admission.admit(b"ok", *plain) == ("handed", b"ok", pending)
+    assert admission.admit(b"bad", *plain) is None
+    assert [(record.value, str(exc)) for record, exc in failed] == [(b"bad", "down")]
+    assert len(window.pending) == 2  # the failed one is the window's to settle
+
+
+async def test_extras_through_the_admission_match_the_checked_path(core: Core) -> None:
     """json, propagate_trace and on_delivery with a context: what a nonblocking produce (the
-    fused path) stores and tells is what a blocking one (the Python path) does."""
+    Admission) stores and tells is what a blocking one (the checked path) does."""
     from opentelemetry.sdk.trace import TracerProvider
 
     told: list[tuple[Any, Any]] = []
@@ -227,9 +251,9 @@ async def test_extras_on_the_fused_path_match_the_python_path() -> None:
     assert told == [("Delivery", n) for n in range(20)] * 2
 
 
-async def test_a_partitioner_returning_no_int_is_named_at_the_call_over_several_connections() -> (
-    None
-):
+async def test_a_partitioner_returning_no_int_is_named_at_the_call_over_several_connections(
+    core: Core,
+) -> None:
     """With connections=2 the connection is picked from the partition: a user's partitioner
     returning a float is a ConfigurationError at the call, nothing is counted, and the producer
     goes on."""
@@ -251,20 +275,24 @@ async def test_a_partitioner_returning_no_int_is_named_at_the_call_over_several_
 
 def _routers(partitioner: Any, keyless: str, connections: int) -> tuple[Any, Any]:
     """A Python and a C router over the same partitioner, each with its own keyless state."""
-    assert speedups is not None
+    assert _core.C is not None
     resolved = partitioners.resolve(partitioner)
     key_hash = partitioners.modulo_hash(resolved)
     made = []
-    for kind in (PyRouter, speedups.Router):
+    for core in (_core.PYTHON, _core.C):
         keyless_partitioner = partitioners.resolve_keyless(keyless)
         if isinstance(keyless_partitioner, partitioners.StickyPartitioner):
             keyless_partitioner = partitioners.StickyPartitioner(random.Random(7))
-        extra = {} if kind is PyRouter else {"native_hash": native_hash(key_hash)}
-        made.append(kind(resolved, key_hash, keyless_partitioner, connections, **extra))
+        address = native_hash(key_hash) if core is _core.C else 0
+        router = core.Router(
+            resolved, key_hash, keyless_partitioner.partition, connections,
+            pk.ConfigurationError, native_hash=address,
+        )  # fmt: skip
+        made.append(router)
     return made[0], made[1]
 
 
-@needs_speedups
+@needs_both
 @settings(max_examples=80, deadline=None)
 @given(
     routes=st.lists(
@@ -295,7 +323,7 @@ def test_the_c_router_routes_as_the_python_router(
         assert c.route(topic, key, partition, num_partitions) == expected
 
 
-@needs_speedups
+@needs_both
 def test_the_c_router_hashes_keys_of_every_length_in_c_as_xxhash_does() -> None:
     """The default partitioner's hash in C (xxHash's XXH3_64bits_withSeed, found in the xxhash
     package): every key length XXH3 treats apart lands where xxh3_64_intdigest puts it."""
@@ -314,33 +342,29 @@ def test_the_c_router_hashes_keys_of_every_length_in_c_as_xxhash_does() -> None:
     # Another function with the same signature is refused at construction.
     extension = xxhash._xxhash  # type: ignore[attr-defined]
     wrong = ctypes.cast(ctypes.CDLL(extension.__file__).XXH64, ctypes.c_void_p).value
+    assert _core.C is not None
     with pytest.raises(ValueError, match="native_hash differs"):
-        speedups.Router(  # type: ignore[union-attr]
+        _core.C.Router(
             partitioners.xxhash, xxhash.xxh3_64_intdigest,
-            partitioners.RoundRobinPartitioner(), 1, native_hash=wrong,
+            partitioners.RoundRobinPartitioner().partition, 1, pk.ConfigurationError,
+            native_hash=wrong,
         )  # fmt: skip
     assert native_hash(partitioners.murmur2) == 0  # no C function for other hashes
 
 
-@needs_speedups
-def test_the_routers_refuse_a_partitioner_returning_no_int_alike() -> None:
-    assert speedups is not None
-
+@needs_both
+def test_the_routers_refuse_a_partitioner_returning_no_int_alike(core: Core) -> None:
     def bad(key: bytes, num_partitions: int) -> Any:
         return "three"
 
-    python, c = (
-        kind(bad, None, partitioners.RoundRobinPartitioner(), 2)
-        for kind in (PyRouter, speedups.Router)
-    )
-    for router in (python, c):
+    for router in (_router(core, bad, 2),):
         with pytest.raises(pk.ConfigurationError, match="not a partition number"):
             router.route("t", b"k", None, 4)
         with pytest.raises(pk.ConfigurationError, match="not a partition number"):
             router.route("t", b"k", None, None)  # unpartitioned: the key picks the connection
 
 
-@needs_speedups
+@needs_both
 @settings(max_examples=40, deadline=None)
 @given(
     admits=st.lists(
@@ -362,11 +386,11 @@ def test_the_routers_refuse_a_partitioner_returning_no_int_alike() -> None:
 def test_the_c_window_core_admits_as_the_python_one(
     admits: list[tuple[Any, ...]], untrack: bool, limit: int
 ) -> None:
-    assert speedups is not None
+    assert _core.C is not None
     watched: tuple[list[Any], list[Any]] = ([], [])
     cores = [
-        kind(limit, 5.0, found.append, untrack)
-        for kind, found in zip((PyWindowCore, speedups.WindowCore), watched, strict=True)
+        implementation.WindowCore(limit, 5.0, found.append, untrack)
+        for implementation, found in zip((_core.PYTHON, _core.C), watched, strict=True)
     ]
     for value, key, partition, headers, msg_id, stamp, connection, settle in admits:
         message = Message(value, key, "t", None, headers, msg_id, stamp)
@@ -395,18 +419,13 @@ def test_the_c_window_core_admits_as_the_python_one(
     assert [r.seq for r in watched[0]] == [r.seq for r in watched[1]]
 
 
-@pytest.mark.parametrize("c_loop", [True, False], ids=["tell_run", "python"])
 async def test_an_acked_run_tells_on_delivery_alike_in_c_and_python(
-    c_loop: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    core: Core, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each record still pending told once, at its offset, with its context and CreateTime
     (or the broker's LogAppendTime); a callback that raises is logged and the run goes on."""
-    from producerkit import _window, _window_core
+    from producerkit import _window
 
-    if c_loop and speedups is None:
-        pytest.skip(f"producerkit._speedups: {SPEEDUPS}")
-    if not c_loop:
-        monkeypatch.setattr(_window, "tell_run", _window_core.py_tell_run)
     told: list[tuple[Any, Any]] = []
 
     def on_delivery(result: Any, context: Any) -> None:
@@ -414,7 +433,7 @@ async def test_an_acked_run_tells_on_delivery_alike_in_c_and_python(
         if context == "c1":
             raise RuntimeError("a bad callback")
 
-    window = _window.InFlightWindow(10, 5.0, 1, None, on_delivery=on_delivery)
+    window = _window.InFlightWindow(10, 5.0, 1, None, on_delivery=on_delivery, core=core)
     message = Message(b"v", b"k", "t", None, None, None, 1_700_000_000_123)
     records = [window.admit(message, 2, 0, None, f"c{n}") for n in range(4)]
     assert all(record is not None for record in records)
@@ -431,3 +450,142 @@ async def test_an_acked_run_tells_on_delivery_alike_in_c_and_python(
     assert window.acked_count == 4 and not window.pending
     assert "on_delivery callback raised" in caplog.text
     window.stop_timer()
+
+
+def _both_admissions(
+    topics: dict[str, int | None], limit: int, connections: int, partitioner: Any
+) -> list[tuple[Any, list[Any], Any]]:
+    """A Python and a C Admission over equal routers and window cores, each connection
+    keeping what it is sent: [(admission, sent records, window core)] for each."""
+    assert _core.C is not None
+    made = []
+    for core in (_core.PYTHON, _core.C):
+        sent: list[Any] = []
+        window = core.WindowCore(limit, 5.0, lambda record: None)
+        router = core.Router(
+            partitioners.resolve(partitioner), None,
+            partitioners.RoundRobinPartitioner().partition, connections, pk.ConfigurationError,
+        )  # fmt: skip
+        admission = core.Admission(
+            router, window, (sent.append,) * connections, lambda record, exc: None,
+            _handed_off, dict(topics), "t", 40,
+        )  # fmt: skip
+        made.append((admission, sent, window))
+    return made
+
+
+def _outcome(call: Callable[..., Any], *args: Any) -> Any:
+    """What ``call(*args)`` returned, or the type and text of what it raised."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+def _fields(record: Any) -> tuple[Any, ...]:
+    return tuple(getattr(record, name) for name in Record._fields if name != "deadline")
+
+
+def _returns_a_float(key: bytes, num_partitions: int) -> Any:
+    return 1.5 if key == b"!" else len(key) % num_partitions
+
+
+@needs_both
+@settings(max_examples=80, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(
+            # Mostly what it takes, and each thing it declines now and then.
+            st.one_of(*[st.binary(max_size=30)] * 8, st.text(max_size=3), st.none()),
+            st.one_of(*[st.none(), st.binary(max_size=12)] * 4, st.just(b"!"), st.text(max_size=2)),
+            st.sampled_from([*[None] * 6, "t", "u", "unknown", 7]),
+            st.sampled_from([*[None] * 9, 1]),  # partition
+            st.sampled_from([*[None] * 9, {"h": b"1"}]),  # headers
+            st.sampled_from([False, False, False, True]),  # settle the oldest record first
+        ),
+        min_size=5,
+        max_size=40,
+    ),
+    limit=st.sampled_from([3, 100]),
+    connections=st.sampled_from([1, 2]),
+    partitioner=st.sampled_from(["xxhash", "murmur2", _returns_a_float]),
+)
+@example(
+    calls=[(b"v", None, None, None, None, False)] * 5, limit=3, connections=1, partitioner="xxhash"
+)
+def test_the_two_admissions_agree_message_for_message(
+    calls: list[tuple[Any, ...]], limit: int, connections: int, partitioner: Any
+) -> None:
+    """The same calls into the Python and the C Admission: the same outcomes (taken, DECLINED,
+    or the same error), the same records sent (partition, connection, fields), the same
+    window (pending, peak)."""
+    both = _both_admissions({"t": 4, "u": None}, limit, connections, partitioner)
+    for value, key, topic, partition, headers, settle in calls:
+        outcomes = []
+        for admission, _, window in both:
+            if settle and window.pending:
+                del window.pending[next(iter(window.pending))]
+            outcomes.append(
+                _outcome(
+                    admission.admit, value, key, topic, partition, headers, None, None, None, None
+                )
+            )
+        assert outcomes[0] == outcomes[1], (value, key, topic)
+    (_, python_sent, python_window), (_, c_sent, c_window) = both
+    assert [_fields(r) for r in python_sent] == [_fields(r) for r in c_sent]
+    assert list(python_window.pending) == list(c_window.pending)
+    assert python_window.peak_in_flight == c_window.peak_in_flight
+
+
+@needs_both
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.binary(max_size=30), st.none(), st.text(max_size=2)), min_size=1, max_size=30
+    ),
+    keyed=st.booleans(),
+    topic=st.sampled_from([None, "t", "u", "unknown"]),
+    tombstones=st.booleans(),
+    limit=st.sampled_from([5, 100]),
+    connections=st.sampled_from([1, 2]),
+    partitioner=st.sampled_from(["xxhash", _returns_a_float]),
+    data=st.data(),
+)
+def test_the_two_admissions_agree_chunk_for_chunk(
+    values: list[Any],
+    keyed: bool,
+    topic: str | None,
+    tombstones: bool,
+    limit: int,
+    connections: int,
+    partitioner: Any,
+    data: st.DataObject,
+) -> None:
+    """admit_chunk from the start and from a later point, on both implementations: the same
+    end, the same records by connection, the same stop (DECLINED or the same error)."""
+    keys = (
+        data.draw(
+            st.lists(
+                st.one_of(st.binary(max_size=6), st.just(b"!"), st.none()),
+                min_size=len(values),
+                max_size=len(values),
+            )
+        )
+        if keyed
+        else None
+    )
+    start = data.draw(st.sampled_from([0, len(values) // 2]))
+    both = _both_admissions({"t": 3, "u": None}, limit, connections, partitioner)
+    outcomes = []
+    for admission, _, _ in both:
+        outcome = _outcome(
+            admission.admit_chunk, values, keys, topic, start, len(values), tombstones
+        )
+        if type(outcome) is tuple and len(outcome) >= 2 and type(outcome[1]) is list:
+            end, by_connection, *stopped = outcome
+            if stopped and isinstance(stopped[0], Exception):
+                stopped = [(type(stopped[0]), str(stopped[0]))]
+            outcome = (end, [[_fields(r) for r in rs] for rs in by_connection], *stopped)
+        outcomes.append(outcome)
+    assert outcomes[0] == outcomes[1]
+    assert list(both[0][2].pending) == list(both[1][2].pending)

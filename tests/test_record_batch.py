@@ -4,6 +4,8 @@ aiokafka's own batch reader. A Kafka round trip through each encoder is in test_
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -187,15 +189,10 @@ def test_records_in_flight_are_not_tracked_by_the_gc_when_they_hold_no_reference
     assert gc.is_tracked(_speedups.untracked(record(1, b"v", None, (("h", b"1"),))))
 
 
-@pytest.mark.parametrize("twin", ["c", "python"])
-def test_pop_run_settles_a_run_and_names_the_blocking_ones(twin: str) -> None:
+def test_pop_run_settles_a_run_and_names_the_blocking_ones(core: Any) -> None:
     import asyncio
 
-    from producerkit._window_core import py_pop_run
-
-    if twin == "c" and _speedups is None:
-        pytest.skip("producerkit._speedups was not built")
-    pop_run = py_pop_run if twin == "python" else _speedups.pop_run
+    pop_run = core.pop_run
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
@@ -206,7 +203,7 @@ def test_pop_run_settles_a_run_and_names_the_blocking_ones(twin: str) -> None:
         assert pop_run(pending, records) == (4, [3])
         assert pending == {}
         assert pop_run(pending, records) == (0, None)
-        if twin == "c":
+        if core.name == "c":
             with pytest.raises(TypeError, match="not a producerkit Record"):
                 pop_run({}, [(1, 2)])
     finally:
