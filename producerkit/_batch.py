@@ -36,7 +36,7 @@ class Columns(NamedTuple):
 
     @property
     def plain(self) -> bool:
-        """Whether every message has only a value and a key (what the fused path takes)."""
+        """Whether every message has only a value and a key (what the core's Admission takes)."""
         return (
             self.headers is None
             and self.partitions is None

@@ -1,10 +1,10 @@
-"""The optional C speedups (``producerkit/_speedups.c``), loaded once for the whole package.
+"""The optional C extension (``producerkit/_speedups.c``), loaded once for the whole package.
 
-They are built at install time where a C compiler and Python's headers are; without them, or
-with ``PRODUCERKIT_NO_SPEEDUPS=1``, producerkit runs the same logic in Python (the tests run it
-both ways). Each C function is chosen, over its Python twin, in the module that owns the twin
-(``_window``, ``_routing``, ``backends.kafka.record_batch``, ``_producer``). ``SPEEDUPS`` says
-whether they are on, for benchmarks and bug reports.
+It is built at install time where a C compiler and Python's headers are; without it, or with
+``PRODUCERKIT_NO_SPEEDUPS=1``, ``speedups`` is None. ``producerkit._core`` chooses the core's
+implementation from it (C, else ``producerkit._core_py``); the Kafka backend's leaf functions
+(record_batch, accumulator, idempotence) and ``serializers`` choose their C twins from it too.
+``SPEEDUPS`` says whether it is on, for benchmarks and bug reports.
 """
 
 from __future__ import annotations

@@ -387,7 +387,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
             return KafkaAtomicBatch(self._ensure_running, self._transactions,
                                     self.partitions_for, self._submitter, self._window,
                                     self._rules, topic, self._timeout,
-                                    prepare=prepare, fused=lambda: self._admission)  # fmt: skip
+                                    prepare=prepare, admission=lambda: self._admission)  # fmt: skip
         from producerkit._atomic import AtomicBatch
 
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,

@@ -25,7 +25,8 @@
 #include <nmmintrin.h>
 #endif
 
-/* Positions in producerkit._types.Record (checked against the Python constants at import). */
+/* Positions in producerkit._record.Record (checked against the Python constants at import, by
+ * producerkit._fast). */
 #define R_SEQ 0
 #define R_VALUE 1
 #define R_KEY 2

@@ -173,13 +173,13 @@ class KafkaAtomicBatch:
         timeout: float,
         *,
         prepare: bool = False,
-        fused: Callable[[], Any] | None = None,
+        admission: Callable[[], Any] | None = None,
     ) -> None:
         self._start = start
         self._prepare = prepare
         #: The producer's Admission (``Submitter.admission``) while it runs, or None:
         #: what :meth:`produce_batch` admits a plain chunk with.
-        self._fused = fused
+        self._admission = admission
         #: With ``prepare``: the transaction left open once the block ended (None before).
         self.prepared: PreparedTransaction | None = None
         self._transactions = transactions
@@ -255,11 +255,11 @@ class KafkaAtomicBatch:
             pairs = [None if item is None else _pairs(item) or None for item in columns.headers]
             columns = columns._replace(headers=pairs)
         start = 0
-        fused = None if self._fused is None else self._fused()
+        admission = None if self._admission is None else self._admission()
         plain_topic = name or self._rules.default_topic
-        if fused is not None and columns.plain and columns.size and type(plain_topic) is str:
+        if admission is not None and columns.plain and columns.size and type(plain_topic) is str:
             await self._add_topic(plain_topic)
-            start = await self._admit_plain(fused, connection, columns, plain_topic)
+            start = await self._admit_plain(admission, connection, columns, plain_topic)
         messages = [message_at(self._rules, columns, name, i) for i in range(start, columns.size)]
         for added in dict.fromkeys(message.topic for message in messages):
             await self._add_topic(added)
@@ -277,7 +277,7 @@ class KafkaAtomicBatch:
                 raise self._failed
 
     async def _admit_plain(
-        self, fused: Any, connection: Connection, columns: Columns, topic: str
+        self, admission: Any, connection: Connection, columns: Columns, topic: str
     ) -> int:
         """:meth:`produce_batch` for a plain chunk (values and keys), as ``Submitter._submit_plain``
         does it but into the transaction's connection: admitted through the Admission
@@ -290,7 +290,7 @@ class KafkaAtomicBatch:
         expect, start = self._transactions.reports.expect, 0
         while start < columns.size:
             stop = min(start + ADMITTED_AT_ONCE, columns.size)
-            outcome = fused.admit_chunk(
+            outcome = admission.admit_chunk(
                 columns.values, columns.keys, topic, start, stop, self._rules.takes_tombstones
             )
             if outcome is DECLINED:
@@ -428,7 +428,7 @@ class KafkaAtomicBatch:
 
 
 def _told(record: Record) -> Record:
-    """``record`` as the batch fails it: one the fused path admitted (no slot) carries the
+    """``record`` as the batch fails it: one the Admission admitted (no slot) carries the
     batch's ``_TOLD`` then, as :meth:`KafkaAtomicBatch.produce`'s do from their admission, so
     its failure is the batch's to raise (not kept for ``flush()``, ``on_error`` or the
     spool)."""

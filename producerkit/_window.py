@@ -177,7 +177,7 @@ class InFlightWindow:
         context: Any = None,
         reserved: bool = False,
     ) -> Record | None:
-        """The core's admit (see :meth:`PyWindowCore.admit`): the record, or None if full.
+        """The core's admit (see ``_core_py.WindowCore.admit``): the record, or None if full.
         ``reserved``: the message was handed over by another thread and holds room of its own
         (see :meth:`reserve`), which it gives up as it is admitted."""
         core = self.core
