@@ -433,11 +433,12 @@ def tell_run(
     make_delivery: Callable[..., Delivery],
     on_delivery: Callable[[Delivery, Any], object],
     report: Callable[[Exception], object],
+    answer: Callable[[Any, Delivery], object],
 ) -> int:
     """:func:`pop_run`'s settling, telling ``on_delivery`` of each record still pending (its
     Delivery at ``first_offset`` + its position, the broker's ``stored_at`` or its own
-    timestamp; what the callback raises goes to ``report``) and answering its slot. Returns how
-    many records were still pending."""
+    timestamp; what the callback raises goes to ``report``) and ``answer(slot, delivery)``
+    where it has a slot. Returns how many records were still pending."""
     pop = pending.pop
     count = 0
     offset = first_offset
@@ -453,12 +454,17 @@ def tell_run(
                 on_delivery(delivery, record.context)
             except Exception as exc:
                 report(exc)
-            slot = record.slot
-            if slot is not None and not slot.done():
-                slot.set_result(delivery)
+            if record.slot is not None:
+                answer(record.slot, delivery)
         if offset is not None:
             offset += 1
     return count
+
+
+def answer_slot(slot: Any, result: Delivery) -> None:
+    """Give a waiting caller's slot its result, unless it has one already (it was cancelled)."""
+    if not slot.done():
+        slot.set_result(result)
 
 
 #: ``new_delivery(topic, partition, offset, duplicate, timestamp)``: a Delivery.

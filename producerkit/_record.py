@@ -25,7 +25,7 @@ Slot: TypeAlias = "asyncio.Future[Delivery] | concurrent.futures.Future[Delivery
 
 
 class Message(NamedTuple):
-    """A message as :meth:`Producer.message` validated it: bytes, a topic, headers as pairs.
+    """A message as ``MessageRules.message`` validated it: bytes, a topic, headers as pairs.
 
     ``value`` is None for a tombstone (only on a backend that stores one); ``partition`` is the
     one the caller asked for, or None; ``timestamp`` the CreateTime in epoch milliseconds the

@@ -782,19 +782,18 @@ static PyTypeObject ExactBytesType = {
 };
 
 PyDoc_STRVAR(tell_run_doc,
-"tell_run(pending, records, first_offset, stored_at, make_delivery, on_delivery, report)\n"
-"    -> count\n\n"
+"tell_run(pending, records, first_offset, stored_at, make_delivery, on_delivery, report,\n"
+"         answer) -> count\n\n"
 "pop_run's settling with on_delivery (InFlightWindow.acked_run's loop): each record still in\n"
 "pending is removed and its make_delivery(topic, partition, offset, False, timestamp) told to\n"
-"on_delivery(delivery, record.context), then set as its future's result where it has one not\n"
-"done. Offsets run from first_offset by position (all None if it is None); timestamp is\n"
+"on_delivery(delivery, record.context), then answer(slot, delivery) where it has a slot. Offsets run from first_offset by position (all None if it is None); timestamp is\n"
 "stored_at, else the record's CreateTime, in epoch seconds (None if neither). An Exception\n"
 "on_delivery raises goes to report(exc), and the run goes on. Returns how many were removed.");
 
 static PyObject *tell_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+    if (nargs != 8 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "tell_run(pending: dict, records: list, first_offset, "
-                                         "stored_at, make_delivery, on_delivery, report)");
+                                         "stored_at, make_delivery, on_delivery, report, answer)");
         return NULL;
     }
     PyObject *pending = args[0], *records = args[1], *make = args[4], *tell = args[5];
@@ -847,18 +846,12 @@ static PyObject *tell_run(PyObject *module, PyObject *const *args, Py_ssize_t na
             if (told == NULL) goto error_delivery;
         }
         Py_DECREF(told);
-        PyObject *future = PyTuple_GET_ITEM(record, R_FUTURE);
-        if (future != Py_None) {
-            PyObject *done = PyObject_CallMethod(future, "done", NULL);
-            if (done == NULL) goto error_delivery;
-            int is_done = PyObject_IsTrue(done);
-            Py_DECREF(done);
-            if (is_done < 0) goto error_delivery;
-            if (!is_done) {
-                PyObject *set = PyObject_CallMethod(future, "set_result", "O", delivery);
-                if (set == NULL) goto error_delivery;
-                Py_DECREF(set);
-            }
+        PyObject *slot = PyTuple_GET_ITEM(record, R_FUTURE);
+        if (slot != Py_None) {
+            PyObject *answer_args[2] = {slot, delivery};
+            PyObject *answered = PyObject_Vectorcall(args[7], answer_args, 2, NULL);
+            if (answered == NULL) goto error_delivery;
+            Py_DECREF(answered);
         }
         Py_DECREF(delivery);
         continue;
@@ -2004,7 +1997,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "producerkit._speedups",
-    "Optional C speedups for producerkit (Kafka record batches, untracked records).", -1, methods,
+    "producerkit's core in C (see producerkit/_core_py.py) and the Kafka record batch.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {

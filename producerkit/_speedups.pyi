@@ -44,6 +44,7 @@ def tell_run(
     make_delivery: Callable[..., Any],
     on_delivery: Callable[[Any, Any], object],
     report: Callable[[Exception], object],
+    answer: Callable[[Any, Any], object],
 ) -> int: ...
 
 class Record(tuple[Any, ...]):

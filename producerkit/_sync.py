@@ -4,7 +4,7 @@ A facade over an anyio blocking portal: the producer runs on an event loop of it
 portal's thread, so it works the same whether or not the calling thread runs a loop (notebooks),
 and any number of threads may share one. It holds no message and no count of its own:
 
-- ``produce()`` validates in the calling thread (``Producer.message``), so bad input raises
+- ``produce()`` validates in the calling thread (``MessageRules.message``), so bad input raises
   there, at the call, against the producer's own partition counts (where it knows none for the
   topic, the first message or the first after the broker reported the topic changed, the call
   asks the loop, as an async produce would), then

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from producerkit._core_py import answer_slot
 from producerkit._logging import FailureLog
 from producerkit._record import Message, Record, Slot
 from producerkit._types import (
@@ -281,7 +282,7 @@ class InFlightWindow:
         if self._on_delivery is not None:
             count = self._tell_run(
                 self.pending, records, first_offset, stored_at, self._new_delivery,
-                self._on_delivery, self._report_raised,
+                self._on_delivery, self._report_raised, answer_slot,
             )  # fmt: skip
         else:
             count, waiting = self._pop_run(self.pending, records)
