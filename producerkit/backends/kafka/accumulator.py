@@ -2,8 +2,8 @@
 
 Instead of one ``send()`` (and one future) per message, records are appended to an open list per
 partition; a full list is encoded as record batches in one call (``record_batch``: C where it
-was built, else aiokafka's builder), or, on the public path and for the idempotent producer,
-filled into aiokafka's own ``BatchBuilder``.
+was built, else aiokafka's builder), or, on the public path, filled into aiokafka's own
+``BatchBuilder``.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Accumulator:
         self._request_timeout = request_timeout
         self._timeout = timeout
         self._fail = fail
-        #: Set on the public path and for the idempotent producer: batches are aiokafka's
+        #: Set on the public path: batches are aiokafka's
         #: BatchBuilders from ``new_builder``, filled directly when ``fast_fill``.
         self.new_builder: Callable[[], Any] | None = None
         self.fast_fill = False

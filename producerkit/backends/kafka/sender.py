@@ -2,8 +2,9 @@
 
 On the fast path producerkit writes its own Produce requests, one per leader carrying one batch
 per partition, on aiokafka's connections (``_aiokafka_compat.ProduceWire``), and acks every
-record of a batch from the partition's result: offset ``base_offset + index``. On the public
-path, and for the idempotent producer, each batch goes through aiokafka's ``send_batch()``.
+record of a batch from the partition's result: offset ``base_offset + index``; the idempotent
+producer's batches too, each stamped with its producer id and sequence (see below). On the
+public path each batch goes through aiokafka's ``send_batch()``.
 
 Batching needs no linger: a partition's batch stays open while its previous batch is with the
 broker (one in flight per partition by default, which also keeps per-key order), so batches grow
