@@ -81,7 +81,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     Only these run on uvloop too: a loop's differences show in its sockets and transports, and
     the tests of memory://, null:// and pure logic would double the suite's time for nothing, so
-    their ``uvloop`` case is deselected."""
+    their ``uvloop`` case is deselected; so is that of a backend on the Python core (``-pycore``:
+    what the core changes, no loop changes)."""
     on_asyncio_only: list[pytest.Item] = []
     kept: list[pytest.Item] = []
     for item in items:
@@ -94,7 +95,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             backend is not None and backend[0] in _REAL_BACKENDS
         ):
             item.add_marker(pytest.mark.brokers)
-        if params.get("anyio_backend") == _UVLOOP and item.get_closest_marker("brokers") is None:
+        on_uvloop = params.get("anyio_backend") == _UVLOOP
+        python_core = backend is not None and backend[1] == _core.PYTHON.name
+        if on_uvloop and (item.get_closest_marker("brokers") is None or python_core):
             on_asyncio_only.append(item)
         else:
             kept.append(item)
