@@ -9,7 +9,9 @@ C extension built in place: ``python setup.py build_ext --inplace`` there), ``--
 Every case runs in a fresh interpreter that imports producerkit from one tree, against brokers
 started once here (Tansu with null storage, nats-server with JetStream in memory), so the two
 trees meet the same brokers, messages and machine; in each round the trees' order alternates.
-The table gives each tree's best round and the median of the per-round after/before ratios.
+The table gives each tree's best round and the median of the per-round after/before ratios, of
+msg/s and of the client's CPU per message (this process's CPU time over the timed part, its
+threads included: the figure that holds on a bigger machine).
 
 Cases publish 512-byte values with 10,000 distinct keys, as fast as they can, and count acked
 messages: ``null`` (null://), ``kafka`` (defaults; a new topic of 4 partitions), ``kafka-preset``
@@ -59,28 +61,28 @@ WORKER = textwrap.dedent(
         async with pk.Producer(url, topic=topic, **options) as producer:
             await producer.produce(b"warm-up", key=b"warm-up")
             produce = producer.produce
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             for key in keys:
                 await produce(value, key=key, nonblocking=True)
             await producer.flush()
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             assert producer.stats.acked == count + 1, producer.stats
-        return elapsed
+        return elapsed, cpu
 
     def run_sync():
         with pk.SyncProducer(url, topic=topic, **options) as producer:
             producer.produce(b"warm-up", key=b"warm-up")
             produce = producer.produce
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             for key in keys:
                 produce(value, key=key, nonblocking=True)
             producer.flush()
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             assert producer.stats.acked == count + 1, producer.stats
-        return elapsed
+        return elapsed, cpu
 
-    elapsed = run_sync() if case.startswith("sync-") else asyncio.run(run_async())
-    print(round(count / elapsed))
+    elapsed, cpu = run_sync() if case.startswith("sync-") else asyncio.run(run_async())
+    print(round(count / elapsed), cpu / count * 1e6)
     """
 )
 
@@ -93,7 +95,8 @@ def url_for(case: str, kafka: str, nats: str) -> str:
     return f"jetstream://{nats}"
 
 
-def run_case(tree: Path, case: str, url: str, count: int) -> int:
+def run_case(tree: Path, case: str, url: str, count: int) -> tuple[int, float]:
+    """One run: its msg/s and the client's CPU µs per message."""
     topic = f"rev{uuid.uuid4().hex[:10]}"
     if url.startswith("kafka://"):  # Tansu's null storage does not create topics itself
         asyncio.run(create_kafka_topic(url, topic, 4))
@@ -106,7 +109,8 @@ def run_case(tree: Path, case: str, url: str, count: int) -> int:
     )
     if done.returncode != 0:
         raise RuntimeError(f"{case} on {tree} failed:\n{done.stderr[-2000:]}")
-    return int(done.stdout.split()[-1])
+    rate, cpu = done.stdout.split()[-2:]
+    return int(rate), float(cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
 
     rates: dict[str, dict[str, list[int]]] = {case: {"before": [], "after": []} for case in cases}
+    cpus: dict[str, dict[str, list[float]]] = {case: {"before": [], "after": []} for case in cases}
     with (
         _brokers.kafka(args.kafka_url, storage="null://sink") as kafka,
         _brokers.nats(args.nats_url) as nats,
@@ -136,16 +141,37 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 url = url_for(case, kafka_url, nats.host_port)
                 for name in order:
-                    rate = run_case(trees[name], case, url, args.messages)
+                    rate, cpu = run_case(trees[name], case, url, args.messages)
                     rates[case][name].append(rate)
-                    print(f"round {number + 1} {case:13} {name:6} {rate:>10,} msg/s", flush=True)
+                    cpus[case][name].append(cpu)
+                    print(
+                        f"round {number + 1} {case:13} {name:6} {rate:>10,} msg/s "
+                        f"{cpu:6.2f} µs CPU/msg",
+                        flush=True,
+                    )
     report: dict[str, Any] = {"rounds": args.rounds, "messages": args.messages, "cases": {}}
-    print(f"\n{'case':13} {'before':>12} {'after':>12} {'median ratio':>13}")
+    print(
+        f"\n{'case':13} {'before':>12} {'after':>12} {'median ratio':>13} "
+        f"{'CPU µs/msg before':>18} {'after':>6} {'median ratio':>13}"
+    )
     for case in cases:
         before, after = rates[case]["before"], rates[case]["after"]
         ratio = statistics.median(a / b for a, b in zip(after, before, strict=True))
-        report["cases"][case] = {"before": before, "after": after, "median_ratio": ratio}
-        print(f"{case:13} {max(before):>12,} {max(after):>12,} {ratio:>13.3f}")
+        cpu_before, cpu_after = cpus[case]["before"], cpus[case]["after"]
+        cpu_ratio = statistics.median(a / b for a, b in zip(cpu_after, cpu_before, strict=True))
+        report["cases"][case] = {
+            "before": before,
+            "after": after,
+            "median_ratio": ratio,
+            "cpu_us_before": cpu_before,
+            "cpu_us_after": cpu_after,
+            "cpu_median_ratio": cpu_ratio,
+        }
+        print(
+            f"{case:13} {max(before):>12,} {max(after):>12,} {ratio:>13.3f} "
+            f"{statistics.median(cpu_before):>18.2f} {statistics.median(cpu_after):>6.2f} "
+            f"{cpu_ratio:>13.3f}"
+        )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
