@@ -121,7 +121,7 @@ TINY: dict[str, dict[str, list[str]]] = {
 }
 
 #: What a bench needs beyond producerkit's own dependencies and the brokers' wheels (which the
-#: session fixtures check): modules, and ``java`` (a command).
+#: session fixtures check): modules, and ``java`` (a command). A key ``bench[run]`` is one run's.
 NEEDS: dict[str, tuple[str, ...]] = {
     "bench_partitioners.py": ("pytest_benchmark",),
     "bench_spark.py": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java"),
@@ -132,6 +132,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "sync_throughput.py": ("confluent_kafka",),
     "test_bench_hotpaths.py": ("pytest_benchmark",),
     "throughput.py": ("confluent_kafka",),
+    "throughput.py[batch]": ("confluent_kafka", "pyarrow"),  # its Arrow chunks
 }
 
 #: Most seconds one tiny run may take (Spark's JVM start is most of bench_spark.py's ~20 s).
@@ -174,7 +175,7 @@ def test_bench_runs_with_a_tiny_workload(
     nats_broker: SessionBroker,
     tmp_path: Path,
 ) -> None:
-    missing = _missing(NEEDS.get(bench, ()))
+    missing = _missing(NEEDS.get(f"{bench}[{run}]", NEEDS.get(bench, ())))
     if missing is not None:
         pytest.skip(f"benches/{bench} needs {missing}, which this environment lacks")
     fill = {
