@@ -20,6 +20,7 @@ answer was lost (possibly stored).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 import weakref
@@ -76,6 +77,28 @@ class _ToldByTheBatch:
 _TOLD: Final[Any] = _ToldByTheBatch()
 
 
+class OpenBatches:
+    """A producer's atomic batches (JetStream's and Kafka's) whose blocks are running, each with
+    the task that opened it: a ``flush()`` in that task must not wait for the batch's commit,
+    which comes after the flush, when the block ends. A batch has ``written()`` (wait until
+    its messages so far are written and answered, their acks held for the commit) and
+    ``in_flight()`` (its messages in the producer's window)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Any, asyncio.Task[Any] | None] = {}
+
+    def opened(self, batch: Any) -> None:
+        self._open[batch] = asyncio.current_task()
+
+    def closed(self, batch: Any) -> None:
+        self._open.pop(batch, None)
+
+    def of_this_task(self) -> list[Any]:
+        """The batches the running task has open."""
+        task = asyncio.current_task()
+        return [batch for batch, opener in self._open.items() if opener is task]
+
+
 class AtomicBatch:
     """One atomic batch (see the module docstring): an async context manager, whose
     :meth:`produce` adds a message."""
@@ -88,8 +111,10 @@ class AtomicBatch:
         rules: MessageRules,
         topic: str | None,
         timeout: float,
+        open_batches: OpenBatches,
     ) -> None:
         self._start = start
+        self._open_batches = open_batches
         self._submitter = submitter
         self._window = window
         self._rules = rules
@@ -109,11 +134,21 @@ class AtomicBatch:
         """Messages produced into the batch so far."""
         return self._count
 
+    async def written(self) -> None:
+        """Its messages so far are written as they are produced (the last one goes with the
+        commit): nothing to wait for."""
+
+    def in_flight(self) -> int:
+        """Its messages in the producer's window: they settle at the commit or the abort."""
+        pending = self._window.pending
+        return sum(1 for record in self._records if record.seq in pending)
+
     async def __aenter__(self) -> AtomicBatch:
         await self._start()
         self._semaphore = _open_batches.setdefault(self._submitter, anyio.Semaphore(MAX_OPEN))
         await self._semaphore.acquire()  # at most MAX_OPEN at once: the others wait here
         self._connection = int(self.id[:8], 16) % len(self._submitter.connections)
+        self._open_batches.opened(self)
         self._open = True
         return self
 
@@ -217,6 +252,7 @@ class AtomicBatch:
             if self._held is not None:
                 await self._commit(self._held)
         finally:
+            self._open_batches.closed(self)
             if self._semaphore is not None:
                 self._semaphore.release()
 

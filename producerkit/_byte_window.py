@@ -107,9 +107,9 @@ class ByteBoundedWindow(InFlightWindow):
         self.bytes_in_flight += message_size(message.value, message.key, message.headers)
         super().fail_unadmitted(message, slot, context, exc)
 
-    def _wake(self, in_flight: int) -> None:
+    def _wake_drained(self, in_flight: int) -> None:
         if self.bytes_in_flight <= self.byte_low_water:
-            super()._wake(in_flight)
+            super()._wake_drained(in_flight)
 
     def byte_counts(self) -> tuple[int | None, int | None]:
         return self.bytes_in_flight, self.peak_bytes_in_flight

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from producerkit import partitioners
-    from producerkit._atomic import AtomicBatch
+    from producerkit._atomic import AtomicBatch, OpenBatches
     from producerkit._transaction import KafkaAtomicBatch, Transactions
     from producerkit.backends.base import Reports
     from producerkit.jetstream import Expect
@@ -182,6 +182,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Connection] = []
         self._transactions: Transactions | None = None  # Kafka's atomic batches, once asked
+        self._open_batches: OpenBatches | None = None  # atomic batches open, once one is
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handoff: Handoff | None = None
         self._forked_from: int | None = None  # the parent's pid, in a forked child
@@ -386,12 +387,19 @@ class Producer(ProducerCore):  # type: ignore[misc]
                 )
             return KafkaAtomicBatch(self._ensure_running, self._transactions,
                                     self.partitions_for, self._submitter, self._window,
-                                    self._rules, topic, self._timeout,
+                                    self._rules, topic, self._timeout, self._batches_open(),
                                     prepare=prepare, admission=lambda: self._admission)  # fmt: skip
         from producerkit._atomic import AtomicBatch
 
         return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,
-                           topic, self._timeout)  # fmt: skip
+                           topic, self._timeout, self._batches_open())  # fmt: skip
+
+    def _batches_open(self) -> OpenBatches:
+        if self._open_batches is None:
+            from producerkit._atomic import OpenBatches
+
+            self._open_batches = OpenBatches()
+        return self._open_batches
 
     def _ship_now(self) -> None:
         """The window is full: what lingers for more messages goes now (none will come)."""
@@ -480,7 +488,10 @@ class Producer(ProducerCore):  # type: ignore[misc]
         """Wait until nothing is in flight; raise ProduceError with every failure since last time.
 
         With ``timeout``, raise ProduceTimeout at that deadline if messages are still in flight
-        (they stay in flight and keep their own deadlines).
+        (they stay in flight and keep their own deadlines). Inside an atomic batch's block (in
+        the task that opened it), the batch's messages count as acked only at its commit, when
+        the block ends: ``flush()`` waits until they were written (on Kafka, answered by the
+        broker), and every other message settled.
         """
         timeout = _checked_timeout(timeout)
         self._check_not_forked()
@@ -498,7 +509,16 @@ class Producer(ProducerCore):  # type: ignore[misc]
         if self._handoff is not None:
             await self._handoff.drained()
         await asyncio.gather(*(connection.flush() for connection in self._connections))
-        await self._window.wait_empty()
+        mine = [] if self._open_batches is None else self._open_batches.of_this_task()
+        if not mine:
+            await self._window.wait_empty()
+        else:  # inside atomic batches: theirs settle when their blocks end, after this flush
+            for batch in mine:
+                await batch.written()
+            window = self._window
+            await window.wait_until(
+                lambda: window.in_flight <= sum(batch.in_flight() for batch in mine)
+            )
         self._failures.sync()
 
     async def close(self, timeout: float | None = None) -> None:

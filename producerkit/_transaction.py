@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
-from producerkit._atomic import _TOLD, _pairs
+from producerkit._atomic import _TOLD, OpenBatches, _pairs
 from producerkit._batch import Columns, columns_of, message_at, transformed
 from producerkit._core import DECLINED
 from producerkit._record import Record
@@ -171,11 +171,13 @@ class KafkaAtomicBatch:
         rules: MessageRules,
         topic: str | None,
         timeout: float,
+        open_batches: OpenBatches,
         *,
         prepare: bool = False,
         admission: Callable[[], Any] | None = None,
     ) -> None:
         self._start = start
+        self._open_batches = open_batches
         self._prepare = prepare
         #: The producer's Admission (``Submitter.admission``) while it runs, or None:
         #: what :meth:`produce_batch` admits a plain chunk with.
@@ -200,6 +202,19 @@ class KafkaAtomicBatch:
         """Messages produced into the batch so far."""
         return len(self._records)
 
+    async def written(self) -> None:
+        """Wait until its messages so far were sent and answered by the broker (their acks
+        held for the commit), or its timeout passed (their deadlines then fail them)."""
+        assert self._connection is not None
+        await self._connection.flush()
+        with anyio.move_on_after(self._timeout):
+            await self._transactions.reports.all_answered()
+
+    def in_flight(self) -> int:
+        """Its messages still in the producer's window: they settle at the commit or abort."""
+        pending = self._window.pending
+        return sum(1 for record in self._records if record.seq in pending)
+
     async def __aenter__(self) -> KafkaAtomicBatch:
         await self._start()
         transactions = self._transactions
@@ -212,6 +227,7 @@ class KafkaAtomicBatch:
             raise
         transactions.reports.begin()
         transactions.added = set()
+        self._open_batches.opened(self)
         self._open = True
         return self
 
@@ -367,6 +383,7 @@ class KafkaAtomicBatch:
             if self._records:
                 await self._commit()
         finally:
+            self._open_batches.closed(self)
             transactions.lock.release()
 
     async def _commit(self) -> None:

@@ -74,6 +74,7 @@ class InFlightWindow:
         "_pop_run",
         "_purging",
         "_room_waiters",
+        "_settle_waiters",
         "_tell_run",
         "_unwritten",
         "_waiting",
@@ -139,7 +140,9 @@ class InFlightWindow:
         self._failure_log = FailureLog(logger)
         self._room_waiters: deque[asyncio.Future[None]] = deque()
         self._empty_waiters: list[asyncio.Future[None]] = []
-        self._waiting = False  # either list has a waiter: one check per settled message
+        #: Woken at every settlement (wait_until).
+        self._settle_waiters: list[asyncio.Future[None]] = []
+        self._waiting = False  # a list has a waiter: one check per settled message
         #: Called when a caller starts waiting for room: what lingers for more messages should
         #: go now, as none will come until acks free room (the producer's connections').
         self.on_full: Callable[[], object] | None = None
@@ -418,12 +421,24 @@ class InFlightWindow:
         self.failed(record, exc, possibly_stored=False)
 
     def _wake(self, in_flight: int) -> None:
+        """A record settled, ``in_flight`` are left, and somebody waits (``_waiting``)."""
+        if self._settle_waiters:
+            waiters, self._settle_waiters = self._settle_waiters, []
+            self._waiting = bool(self._room_waiters or self._empty_waiters)
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._wake_drained(in_flight)
+
+    def _wake_drained(self, in_flight: int) -> None:
+        """Wake who waits for room, or for nothing in flight, where the window has drained
+        enough for them."""
         if in_flight <= self.low_water:
             self.wake_room_waiters()
             core = self.core
             if in_flight == 0 and self._empty_waiters and core.handed == core.taken:
                 waiters, self._empty_waiters = self._empty_waiters, []
-                self._waiting = False
+                self._waiting = bool(self._settle_waiters)
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
@@ -435,7 +450,16 @@ class InFlightWindow:
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-        self._waiting = bool(self._empty_waiters)
+        self._waiting = bool(self._empty_waiters or self._settle_waiters)
+
+    async def wait_until(self, done: Callable[[], bool]) -> None:
+        """Wait until ``done()``, asking it again at every settlement (never by polling)."""
+        loop = asyncio.get_running_loop()
+        while not done():
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._settle_waiters.append(waiter)
+            self._waiting = True
+            await waiter
 
     async def wait_empty(self) -> None:
         """Wait until nothing is in flight."""

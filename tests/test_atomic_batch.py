@@ -58,6 +58,26 @@ async def test_a_batch_is_stored_whole_at_its_commit(nats_broker: NatsSessionBro
     assert stored[-1]["headers"]["Nats-Batch-Commit"] == "1"
 
 
+async def test_a_flush_inside_the_batch_does_not_wait_for_its_commit(
+    nats_broker: NatsSessionBroker,
+) -> None:
+    """flush() in the block that opened the batch: the producer's other messages acked, the
+    batch's written and left for the commit, which comes when the block ends (it waited for
+    their deadlines, then the batch failed)."""
+    subject = _subject()
+    async with _producer(nats_broker, subject, timeout=10.0) as producer:
+        async with producer.atomic_batch() as batch:
+            for number in range(5):
+                await producer.produce(b"outside-%d" % number, nonblocking=True)
+                await batch.produce(b"m-%d" % number)
+            with anyio.fail_after(5):
+                await producer.flush()
+            stats = producer.stats
+            assert (stats.acked, stats.failed) == (5, 0)  # the batch's four admitted: in flight
+        stats = producer.stats
+    assert (stats.produced, stats.acked, stats.failed) == (10, 10, 0)
+
+
 async def test_the_hundred_batches_of_the_issue(nats_broker: NatsSessionBroker) -> None:
     """100 batches of 500: batch 37's first message expects a wrong last sequence (10071),
     batch 61's block raises after 250 messages. 98 x 500 stored, no partial batch."""

@@ -75,6 +75,35 @@ async def test_messages_count_as_acked_only_at_the_commit(
 
 
 @fast_path_only
+async def test_a_flush_inside_the_batch_waits_for_its_writes_not_for_its_commit(
+    kafka_cluster: KafkaCluster, cluster_topic: str
+) -> None:
+    """flush() in the block that opened the batch: the batch's messages are written and answered
+    (acked only at the commit, when the block ends) and the producer's other messages acked; it
+    does not wait for the commit, which comes after it (it waited for the messages' deadlines,
+    then the batch aborted)."""
+    async with pk.Producer(kafka_cluster.url, topic=cluster_topic, timeout=20.0) as producer:
+        async with producer.atomic_batch() as batch:
+            for index in range(30):
+                await producer.produce(b"outside-%d" % index, key=b"o", nonblocking=True)
+                await batch.produce(b"inside-%d" % index, key=b"k-%d" % (index % 3))
+            with anyio.fail_after(5):
+                await producer.flush()
+            stats = producer.stats
+            assert (stats.acked, stats.in_flight, stats.failed) == (30, 30, 0)
+            written = await anyio.to_thread.run_sync(kafka_cluster.read, cluster_topic)
+            assert len(written) == 60  # read_uncommitted: the batch's are in the log already
+        stats = producer.stats
+    assert (stats.produced, stats.acked, stats.failed) == (60, 60, 0)
+    committed = await anyio.to_thread.run_sync(
+        lambda: kafka_cluster.read(cluster_topic, isolation_level="read_committed")
+    )
+    assert sorted(record.value for record in committed) == sorted(
+        [b"outside-%d" % i for i in range(30)] + [b"inside-%d" % i for i in range(30)]
+    )
+
+
+@fast_path_only
 @pytest.mark.parametrize(
     ("errors", "kind"),
     [
