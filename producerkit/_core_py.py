@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from producerkit._record import Message, Record, Slot, new_message, new_record
 from producerkit._types import Delivery
@@ -276,59 +276,94 @@ class Admission:
         ``takes_context``, a topic whose partition count is known, a size within
         ``max_payload``, and room in the window. A serializer or trace context that raises
         declines too (the checked path reports what it raises)."""
-        if (
-            partition is not None
-            or headers is not None
-            or msg_id is not None
-            or expect is not None
-            or timestamp is not None
-            or (context is not None and not self._takes_context)
-            or (key is not None and type(key) is not bytes)
-        ):
+        if not self._takes(key, partition, headers, msg_id, context, expect, timestamp):
             return DECLINED
-        if topic is None:
-            topic = self._default_topic
-        if type(topic) is not str:
-            return DECLINED
-        count = self._topics.get(topic, _NO_COUNT)
+        known = self._known(topic)
         window = self._window
-        if count is _NO_COUNT or window.full():
+        if known is None or window.full():
             return DECLINED
-        if self._value_serializer is not None and value is not None:
-            try:
-                value = self._value_serializer(value)
-            except Exception:
-                return DECLINED
+        topic, count = known
+        key = cast("bytes | None", key)  # _takes checked it
+        value = self._serialized(value)
         if type(value) is not bytes:
             return DECLINED
+        trace = self._trace()
+        if trace is DECLINED:
+            return DECLINED
         size = len(value) if key is None else len(value) + len(key)
-        trace = None
-        if self._trace_headers is not None:
-            try:
-                trace = self._trace_headers()
-            except Exception:
-                return DECLINED
-            if trace is not None:
-                if type(trace) is not tuple:
-                    return DECLINED
-                for pair in trace:
-                    if (
-                        type(pair) is not tuple
-                        or len(pair) != 2
-                        or type(pair[0]) is not str
-                        or type(pair[1]) is not bytes
-                    ):
-                        return DECLINED
-                    size += len(pair[0]) + len(pair[1])
+        if trace is not None:
+            size += sum(len(name) + len(data) for name, data in trace)
         if size > self._max_payload:
             return DECLINED
         stamp = _now_ms() if self._stamps else None
-        routed, connection = self._router.route(topic, key, None, count)  # type: ignore[arg-type]
+        routed, connection = self._router.route(topic, key, None, count)
         message = new_message(value, key, topic, None, trace, None, stamp)
         record = window.admit(message, routed, connection, None, context)
         if record is None:
             return DECLINED
         return send(self._sends, self._send_failed, self._hand_off, record)
+
+    def _takes(
+        self,
+        key: object,
+        partition: object,
+        headers: object,
+        msg_id: object,
+        context: object,
+        expect: object,
+        timestamp: object,
+    ) -> bool:
+        """Whether a call's arguments but its value and topic are a plain message's."""
+        return (
+            partition is None
+            and headers is None
+            and msg_id is None
+            and expect is None
+            and timestamp is None
+            and (context is None or self._takes_context)
+            and (key is None or type(key) is bytes)
+        )
+
+    def _known(self, topic: object) -> tuple[str, int | None] | None:
+        """The topic (the default one for None) and its partition count, where it is a str
+        whose count is known; else None."""
+        if topic is None:
+            topic = self._default_topic
+        if type(topic) is not str:
+            return None
+        count = self._topics.get(topic, _NO_COUNT)
+        return None if count is _NO_COUNT else (topic, count)  # type: ignore[return-value]
+
+    def _serialized(self, value: object) -> object:
+        """The value through the value serializer, where there is one (None stays None);
+        DECLINED where it raises."""
+        if self._value_serializer is None or value is None:
+            return value
+        try:
+            return self._value_serializer(value)
+        except Exception:
+            return DECLINED
+
+    def _trace(self) -> Any:
+        """The trace context's header pairs (a tuple of (str, bytes)), or None; DECLINED where
+        it raises or gives anything else."""
+        if self._trace_headers is None:
+            return None
+        try:
+            trace = self._trace_headers()
+        except Exception:
+            return DECLINED
+        if trace is None:
+            return None
+        if type(trace) is not tuple or not all(
+            type(pair) is tuple
+            and len(pair) == 2
+            and type(pair[0]) is str
+            and type(pair[1]) is bytes
+            for pair in trace
+        ):
+            return DECLINED
+        return trace
 
     def _plain(self, value: object, key: object, tombstones: bool) -> bool:
         """Whether a chunk's item is a plain message: a bytes or (a tombstone, where
@@ -344,6 +379,30 @@ class Admission:
         else:
             return False
         return size <= self._max_payload
+
+    def _known_chunk(
+        self,
+        values: list[Any],
+        keys: list[Any] | None,
+        topic: object,
+        start: int,
+        stop: int,
+        tombstones: bool,
+    ) -> tuple[str, int | None] | None:
+        """:meth:`_known` for a chunk whose lists and bounds agree; None also where a first
+        call (``start`` 0) finds a message that is not plain."""
+        size = len(values)
+        if keys is not None and len(keys) != size:
+            return None
+        if not 0 <= start <= stop <= size:
+            return None
+        known = self._known(topic)
+        if known is None or start != 0:
+            return known
+        for index in range(size):
+            if not self._plain(values[index], None if keys is None else keys[index], tombstones):
+                return None
+        return known
 
     def admit_chunk(
         self,
@@ -361,22 +420,12 @@ class Admission:
         routing the ``end``-th raised (the records before it are in flight: send them).
         :data:`DECLINED`, nothing done, where the chunk is not plain (every message is checked
         by the first call, ``start`` 0) or its topic's count is not known."""
-        size = len(values)
-        if keys is not None and len(keys) != size:
+        known = self._known_chunk(values, keys, topic, start, stop, tombstones)
+        if known is None:
             return DECLINED
-        if topic is None:
-            topic = self._default_topic
-        if type(topic) is not str or start < 0 or start > stop or stop > size:
-            return DECLINED
-        count = self._topics.get(topic, _NO_COUNT)
-        if count is _NO_COUNT:
-            return DECLINED
+        topic, count = known
         plain = self._plain
         checked = start == 0
-        if checked:
-            for index in range(size):
-                if not plain(values[index], None if keys is None else keys[index], tombstones):
-                    return DECLINED
         window, route = self._window, self._router.route
         by_connection: list[list[Record]] = [[] for _ in self._sends]
         stamp = _now_ms() if self._stamps else None
@@ -394,7 +443,7 @@ class Admission:
                 if not checked and not plain(value, key, tombstones):
                     declined = True
                     break
-                routed, connection = route(topic, key, None, count)  # type: ignore[arg-type]
+                routed, connection = route(topic, key, None, count)
                 message = new_message(value, key, topic, None, None, None, stamp)
                 record = window.admit(message, routed, connection, None, None)
                 assert record is not None  # the window had room
