@@ -279,18 +279,23 @@ class KafkaAtomicBatch:
         messages = [message_at(self._rules, columns, name, i) for i in range(start, columns.size)]
         for added in dict.fromkeys(message.topic for message in messages):
             await self._add_topic(added)
-        admitted, expect = self._submitter.admitted, self._transactions.reports.expect
+        admitted = self._submitter.admitted
         for start in range(0, len(messages), ADMITTED_AT_ONCE):
             records = [
                 await admitted(message, _TOLD, connection=0)
                 for message in messages[start : start + ADMITTED_AT_ONCE]
             ]
-            self._records += records
-            expect(len(records))
-            for _, handed_off in connection.send_many(records, self._send_failed):
-                await handed_off
-            if self._failed is not None:
-                raise self._failed
+            await self._send_many(connection, records)
+
+    async def _send_many(self, connection: Connection, records: list[Record]) -> None:
+        """Send admitted records in the transaction, at once; raise the batch's failure if
+        that failed it."""
+        self._records += records
+        self._transactions.reports.expect(len(records))
+        for _, handed_off in connection.send_many(records, self._send_failed):
+            await handed_off
+        if self._failed is not None:
+            raise self._failed
 
     async def _admit_plain(
         self, admission: Any, connection: Connection, columns: Columns, topic: str
@@ -303,7 +308,7 @@ class KafkaAtomicBatch:
         batch tells their failure as its own when it fails them (``_told``); one that passes its
         deadline first is failed by the window as any message is (kept for ``flush()``, given to
         ``on_error``), and the batch with it."""
-        expect, start = self._transactions.reports.expect, 0
+        start = 0
         while start < columns.size:
             stop = min(start + ADMITTED_AT_ONCE, columns.size)
             outcome = admission.admit_chunk(
@@ -312,13 +317,9 @@ class KafkaAtomicBatch:
             if outcome is DECLINED:
                 break
             end, by_connection, *stopped = outcome
-            records = [record for admitted in by_connection for record in admitted]
-            self._records += records
-            expect(len(records))
-            for _, handed_off in connection.send_many(records, self._send_failed):
-                await handed_off
-            if self._failed is not None:
-                raise self._failed
+            await self._send_many(
+                connection, [record for admitted in by_connection for record in admitted]
+            )
             start = end
             if stopped:
                 if stopped[0] is DECLINED:
