@@ -11,7 +11,6 @@ request its docstring shows, and the pytest example runs as a test file of a pro
 from __future__ import annotations
 
 import ast
-import asyncio
 import importlib.util
 import json
 import os
@@ -98,7 +97,8 @@ def test_the_example_runs(name: str, line: str, request: pytest.FixtureRequest) 
     assert PRINTS[name] in result.stdout, result.stdout + result.stderr
 
 
-def test_the_atomic_batch_example_stores_the_order_whole(
+@pytest.mark.anyio
+async def test_the_atomic_batch_example_stores_the_order_whole(
     nats_broker: Any, request: pytest.FixtureRequest
 ) -> None:
     """Run as pasted, then read back: the committed batch's 3 messages, the refund none."""
@@ -107,7 +107,7 @@ def test_the_atomic_batch_example_stores_the_order_whole(
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert PRINTS["atomic_batch.py"] in result.stdout, result.stdout + result.stderr
-    stored = asyncio.run(read_jetstream(nats_broker.jetstream_url, "sales.7.>", 2))
+    stored = await read_jetstream(nats_broker.jetstream_url, "sales.7.>", 2)
     assert [record["subject"] for record in stored][-2:] == ["sales.7.lines"] * 2
     assert not any(record["subject"] == "sales.7.refunds" for record in stored)
 
