@@ -179,22 +179,11 @@ class Sender:
             self.schedule_ship(lingering_since + linger - started)
 
     def _ship_next(self, queue: PartitionQueue, by_leader: dict[int, list[Batch]]) -> None:
-        accumulator = self._accumulator
-        if queue.in_flight:
-            if queue.full and queue.full[0].written:
-                return  # a batch goes out again alone, once its partition's requests were answered
-            if self.wire is not None and self._leader_of(queue) != queue.leader:
-                return  # the leader moved: the old one's answers come first (they may be errors)
-        while True:
-            if not queue.full:
-                accumulator.seal(queue)
-                if not queue.full:
-                    return  # nothing live to send (or the encoder failed these records)
-            if queue.full[0].compressing:
-                return  # its turn comes when it is compressed (the accumulator's batch_ready)
-            batch = queue.full.popleft()
-            if accumulator.still_live(batch):  # its records that failed meanwhile are dropped
-                break
+        if queue.in_flight and self._waits_for_answers(queue):
+            return
+        batch = self._next_live_batch(queue)
+        if batch is None:
+            return
         queue.in_flight += 1
         if not batch.sent:
             batch.sent = True
@@ -216,6 +205,28 @@ class Sender:
             return
         queue.leader = leader
         by_leader.setdefault(leader, []).append(batch)
+
+    def _waits_for_answers(self, queue: PartitionQueue) -> bool:
+        """Whether a partition with requests in flight must wait for their answers first."""
+        if queue.full and queue.full[0].written:
+            return True  # a batch goes out again alone, once its partition's requests were answered
+        # The leader moved: the old one's answers come first (they may be errors).
+        return self.wire is not None and self._leader_of(queue) != queue.leader
+
+    def _next_live_batch(self, queue: PartitionQueue) -> Batch | None:
+        """The partition's next batch to send, sealed now if none is; None while there is
+        nothing live to send or its next batch is still being compressed."""
+        accumulator = self._accumulator
+        while True:
+            if not queue.full:
+                accumulator.seal(queue)
+                if not queue.full:
+                    return None  # nothing live to send (or the encoder failed these records)
+            if queue.full[0].compressing:
+                return None  # its turn comes when it is compressed (the accumulator's batch_ready)
+            batch = queue.full.popleft()
+            if accumulator.still_live(batch):  # its records that failed meanwhile are dropped
+                return batch
 
     def _leader_of(self, queue: PartitionQueue) -> int | None:
         try:
