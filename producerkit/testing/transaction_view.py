@@ -356,9 +356,24 @@ class TransactionView:
 
 def _replay(topic: str, events: list[tuple[_Event, tuple[int, ...] | None]]) -> TransactionView:
     """Apply the recorded requests in order, as Kafka would have (see the module docstring)."""
-    # The stored attempt of each batch: (producer id, epoch, partition, base sequence) -> its
-    # base offset. An attempt whose answer was lost is not stored if a retry was (a retry of a
-    # stored batch is acked as a duplicate and not stored again), else maybe stored.
+    replay = _Replay(_placed(topic, events))
+    for event, answer in events:
+        if isinstance(event, _InitEvent):
+            replay.init(event, answer)
+        elif isinstance(event, _EndEvent):
+            replay.end(event, answer)
+        elif isinstance(event, _ProduceEvent) and event.batch.topic == topic:
+            replay.produce(event, answer)
+    return _view(topic, replay.batches, replay.states)
+
+
+def _placed(
+    topic: str, events: list[tuple[_Event, tuple[int, ...] | None]]
+) -> dict[tuple[int, int, int, int], int]:
+    """The stored attempt of each batch of ``topic``: (producer id, epoch, partition, base
+    sequence) -> its base offset. An attempt whose answer was lost is not stored if a retry was
+    (a retry of a stored batch is acked as a duplicate and not stored again), else maybe
+    stored."""
     placed: dict[tuple[int, int, int, int], int] = {}
     for event, answer in events:
         if (
@@ -369,49 +384,70 @@ def _replay(topic: str, events: list[tuple[_Event, tuple[int, ...] | None]]) -> 
             and answer[1] >= 0
         ):
             placed[_key(event.batch)] = answer[1]
-    current: dict[str, tuple[int, int]] = {}  # transactional id -> its producer id and epoch
-    bound: dict[str, set[int]] = {}  # transactional id -> producer ids that wrote for it
-    open_batches: dict[int, list[int]] = {}  # producer id -> indexes into batches
-    batches: list[tuple[_ProduceEvent, tuple[int, ...] | None]] = []
-    states: list[BatchState] = []
+    return placed
 
-    def finish(producer_id: int, state: BatchState) -> None:
-        for index in open_batches.pop(producer_id, ()):
-            states[index] = state
 
-    for event, answer in events:
-        if isinstance(event, _InitEvent):
-            if answer is not None and answer[0] == 0:
-                txn = event.transactional_id
-                for producer_id in bound.get(txn, ()):
-                    finish(producer_id, "aborted")
-                current[txn] = (answer[1], answer[2])
-                bound.setdefault(txn, set()).add(answer[1])
-        elif isinstance(event, _EndEvent):
-            if answer is None or answer[0] != 0:
-                continue  # refused (or never answered): it ends nothing
-            granted = current.get(event.transactional_id)
-            if granted is not None and granted != (event.producer_id, event.epoch):
-                continue  # Kafka: PRODUCER_FENCED; the mock ended it
-            finish(event.producer_id, "committed" if event.committed else "aborted")
-        elif isinstance(event, _ProduceEvent) and event.batch.topic == topic:
-            batch = event.batch
-            if answer is not None:
-                stored = answer[0] == 0 and answer[1] >= 0
+class _Replay:
+    """The transactional state of one topic's batches as the recorded requests unfold."""
+
+    def __init__(self, placed: dict[tuple[int, int, int, int], int]) -> None:
+        self._placed = placed
+        self._current: dict[str, tuple[int, int]] = {}  # transactional id -> producer id, epoch
+        self._bound: dict[str, set[int]] = {}  # transactional id -> producer ids that wrote
+        self._open: dict[int, list[int]] = {}  # producer id -> indexes into batches
+        self.batches: list[tuple[_ProduceEvent, tuple[int, ...] | None]] = []
+        self.states: list[BatchState] = []
+
+    def _finish(self, producer_id: int, state: BatchState) -> None:
+        for index in self._open.pop(producer_id, ()):
+            self.states[index] = state
+
+    def init(self, event: _InitEvent, answer: tuple[int, ...] | None) -> None:
+        """InitProducerId granted: what the id's earlier producers left open is aborted."""
+        if answer is None or answer[0] != 0:
+            return
+        txn = event.transactional_id
+        for producer_id in self._bound.get(txn, ()):
+            self._finish(producer_id, "aborted")
+        self._current[txn] = (answer[1], answer[2])
+        self._bound.setdefault(txn, set()).add(answer[1])
+
+    def end(self, event: _EndEvent, answer: tuple[int, ...] | None) -> None:
+        """EndTxn accepted, by the id's current producer: its open batches end."""
+        if answer is None or answer[0] != 0:
+            return  # refused (or never answered): it ends nothing
+        granted = self._current.get(event.transactional_id)
+        if granted is not None and granted != (event.producer_id, event.epoch):
+            return  # Kafka: PRODUCER_FENCED; the mock ended it
+        self._finish(event.producer_id, "committed" if event.committed else "aborted")
+
+    def produce(self, event: _ProduceEvent, answer: tuple[int, ...] | None) -> None:
+        """A batch of the topic: stored or not, and open in its transaction where it is one."""
+        batch = event.batch
+        if answer is not None:
+            stored = answer[0] == 0 and answer[1] >= 0
+        else:
+            stored = _key(batch) not in self._placed
+        state: BatchState = "not_stored" if not stored else "committed"
+        if stored and batch.transactional:
+            granted = self._current.get(event.transactional_id)
+            if granted is not None and granted != (batch.producer_id, batch.epoch):
+                state = "fenced"  # Kafka: PRODUCER_FENCED, not written
             else:
-                stored = _key(batch) not in placed
-            state: BatchState = "not_stored" if not stored else "committed"
-            if stored and batch.transactional:
-                granted = current.get(event.transactional_id)
-                if granted is not None and granted != (batch.producer_id, batch.epoch):
-                    state = "fenced"  # Kafka: PRODUCER_FENCED, not written
-                else:
-                    state = "open"
-                    open_batches.setdefault(batch.producer_id, []).append(len(states))
-                    bound.setdefault(event.transactional_id, set()).add(batch.producer_id)
-            batches.append((event, answer))
-            states.append(state)
+                state = "open"
+                self._open.setdefault(batch.producer_id, []).append(len(self.states))
+                self._bound.setdefault(event.transactional_id, set()).add(batch.producer_id)
+        self.batches.append((event, answer))
+        self.states.append(state)
 
+
+def _view(
+    topic: str,
+    batches: list[tuple[_ProduceEvent, tuple[int, ...] | None]],
+    states: list[BatchState],
+) -> TransactionView:
+    """The view of ``topic``'s batches in their final states: what a read_committed reader is
+    not served, and each partition's last stable offset."""
     recorded: list[tuple[TransactionalProduce, BatchState]] = []
     unplaced: list[tuple[TransactionalProduce, BatchState]] = []
     stable: dict[int, int] = {}
