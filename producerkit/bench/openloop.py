@@ -178,6 +178,22 @@ class RunTimings:
 ProgressCallback = Callable[[RunTimings, float], None]
 
 
+def _planned_count(rate: float, count: int | None, duration: float | None, mode: str) -> int | None:
+    """How many messages a run sends: ``count``, else what ``duration`` holds at ``rate`` (None
+    for as fast as possible for a duration). ValueError for a run without an end, a negative
+    rate or an unknown mode."""
+    if mode not in ("sync", "nonblocking"):
+        raise ValueError(f"mode must be 'sync' or 'nonblocking', not {mode!r}")
+    if count is None and duration is None:
+        raise ValueError("give count or duration")
+    if rate < 0:
+        raise ValueError("rate must be >= 0")
+    if count is None:
+        assert duration is not None
+        return round(rate * duration) if rate > 0 else None
+    return count
+
+
 async def run_open_loop(
     target: Target,
     messages: Sequence[tuple[bytes | None, bytes]],
@@ -204,13 +220,7 @@ async def run_open_loop(
     ``progress(timings, seconds)`` is called every ``progress_interval`` seconds from a thread
     (:class:`ProgressThread`): nothing but the load and the probe runs on the loop.
     """
-    if count is None and duration is None:
-        raise ValueError("give count or duration")
-    if rate < 0:
-        raise ValueError("rate must be >= 0")
-    if count is None:
-        assert duration is not None
-        count = round(rate * duration) if rate > 0 else None
+    count = _planned_count(rate, count, duration, mode)
     timings = RunTimings(count if count is not None else 1 << 16)
     if warmup:
         await warm_up(target, messages, warmup)
@@ -247,10 +257,8 @@ async def run_open_loop(
                     for _ in range(senders)
                 )
             )
-        elif mode == "nonblocking":
-            await _nonblocking_sender(target, messages, timings, t0, interval, limit, deadline_ns)
         else:
-            raise ValueError(f"mode must be 'sync' or 'nonblocking', not {mode!r}")
+            await _nonblocking_sender(target, messages, timings, t0, interval, limit, deadline_ns)
         # Past the drain timeout, the unacknowledged stay PENDING and are reported as such.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(target.flush(), drain_timeout)
