@@ -240,19 +240,41 @@ class Submitter:
         name = rules.default_topic if topic is None else topic
         if type(name) is str:
             await self._topics.learn(name)
-        start = 0
-        while start < columns.size:
-            stop = min(start + ADMITTED_AT_ONCE, columns.size)
-            outcome = admission.admit_chunk(
-                columns.values, columns.keys, name, start, stop, rules.takes_tombstones
-            )
-            if outcome is DECLINED:
-                break
-            end, by_connection, *stopped = outcome
+
+        async def send(by_connection: list[list[Record]]) -> None:
             for index, records in enumerate(by_connection):
                 if records:
                     for handed_off in self.send_many(index, records):
                         await handed_off
+
+        return await self.admit_plain(admission, columns, name, rules.takes_tombstones, send)
+
+    async def admit_plain(
+        self,
+        admission: Any,
+        columns: Columns,
+        topic: str | None,
+        tombstones: bool,
+        send: Callable[[list[list[Record]]], Awaitable[None]],
+        *,
+        closing_stops: bool = True,
+    ) -> int:
+        """A plain chunk through ``admission.admit_chunk``, ``ADMITTED_AT_ONCE`` messages (or
+        the window's room) at a time, each part's records (by connection) given to ``send``
+        before the next part is admitted; where the window is full, it waits for room (and,
+        with ``closing_stops``, gives up once the producer closes). Where it stopped: the size,
+        or the first message it leaves to the checked path. Raises what admitting raised,
+        once the records admitted before it were sent."""
+        start = 0
+        while start < columns.size:
+            stop = min(start + ADMITTED_AT_ONCE, columns.size)
+            outcome = admission.admit_chunk(
+                columns.values, columns.keys, topic, start, stop, tombstones
+            )
+            if outcome is DECLINED:
+                break
+            end, by_connection, *stopped = outcome
+            await send(by_connection)
             start = end
             if stopped:
                 if stopped[0] is DECLINED:  # the lists changed: the rest on the checked path
@@ -260,7 +282,8 @@ class Submitter:
                 raise stopped[0]
             if end < stop:  # the window is full: wait for it to drain
                 await self._window.wait_for_room()
-                self._check_open(False)
+                if closing_stops:
+                    self._check_open(False)
         return start
 
     def send_many(self, index: int, records: list[Record]) -> list[Awaitable[None]]:

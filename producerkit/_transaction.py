@@ -27,7 +27,6 @@ import anyio
 
 from producerkit._atomic import _TOLD, OpenBatches, _pairs
 from producerkit._batch import Columns, columns_of, message_at, transformed
-from producerkit._core import DECLINED
 from producerkit._record import Record
 from producerkit._submit import ADMITTED_AT_ONCE
 from producerkit.errors import AtomicBatchError, ProducerkitError
@@ -308,26 +307,15 @@ class KafkaAtomicBatch:
         batch tells their failure as its own when it fails them (``_told``); one that passes its
         deadline first is failed by the window as any message is (kept for ``flush()``, given to
         ``on_error``), and the batch with it."""
-        start = 0
-        while start < columns.size:
-            stop = min(start + ADMITTED_AT_ONCE, columns.size)
-            outcome = admission.admit_chunk(
-                columns.values, columns.keys, topic, start, stop, self._rules.takes_tombstones
-            )
-            if outcome is DECLINED:
-                break
-            end, by_connection, *stopped = outcome
+
+        async def send(by_connection: list[list[Record]]) -> None:
             await self._send_many(
                 connection, [record for admitted in by_connection for record in admitted]
             )
-            start = end
-            if stopped:
-                if stopped[0] is DECLINED:
-                    break
-                raise stopped[0]
-            if end < stop:  # the window is full: wait for it to drain
-                await self._window.wait_for_room()
-        return start
+
+        return await self._submitter.admit_plain(
+            admission, columns, topic, self._rules.takes_tombstones, send, closing_stops=False
+        )
 
     def _usable(self) -> Connection:
         """The transaction's connection, or the error that says why it takes no message."""
