@@ -79,24 +79,28 @@ _TOLD: Final[Any] = _ToldByTheBatch()
 
 class OpenBatches:
     """A producer's atomic batches (JetStream's and Kafka's) whose blocks are running, each with
-    the task that opened it: a ``flush()`` in that task must not wait for the batch's commit,
-    which comes after the flush, when the block ends. A batch has ``written()`` (wait until
-    its messages so far are written and answered, their acks held for the commit) and
-    ``in_flight()`` (its messages in the producer's window)."""
+    the task that opened it and the list of its records: a ``flush()`` in that task must not
+    wait for the batch's commit, which comes after the flush, when the block ends. A batch has
+    ``written()``: wait until its messages so far are written (and answered, their acks held
+    for the commit)."""
 
     def __init__(self) -> None:
-        self._open: dict[Any, asyncio.Task[Any] | None] = {}
+        self._open: dict[Any, tuple[asyncio.Task[Any] | None, list[Record]]] = {}
 
-    def opened(self, batch: Any) -> None:
-        self._open[batch] = asyncio.current_task()
+    def opened(self, batch: Any, records: list[Record]) -> None:
+        """``batch`` is open in the running task; ``records``: the list it keeps its admitted
+        records in."""
+        self._open[batch] = (asyncio.current_task(), records)
 
     def closed(self, batch: Any) -> None:
         self._open.pop(batch, None)
 
-    def of_this_task(self) -> list[Any]:
-        """The batches the running task has open."""
+    def of_this_task(self) -> list[tuple[Any, list[Record]]]:
+        """The batches the running task has open, each with its records."""
         task = asyncio.current_task()
-        return [batch for batch, opener in self._open.items() if opener is task]
+        return [
+            (batch, records) for batch, (opener, records) in self._open.items() if opener is task
+        ]
 
 
 class AtomicBatch:
@@ -138,17 +142,12 @@ class AtomicBatch:
         """Its messages so far are written as they are produced (the last one goes with the
         commit): nothing to wait for."""
 
-    def in_flight(self) -> int:
-        """Its messages in the producer's window: they settle at the commit or the abort."""
-        pending = self._window.pending
-        return sum(1 for record in self._records if record.seq in pending)
-
     async def __aenter__(self) -> AtomicBatch:
         await self._start()
         self._semaphore = _open_batches.setdefault(self._submitter, anyio.Semaphore(MAX_OPEN))
         await self._semaphore.acquire()  # at most MAX_OPEN at once: the others wait here
         self._connection = int(self.id[:8], 16) % len(self._submitter.connections)
-        self._open_batches.opened(self)
+        self._open_batches.opened(self, self._records)
         self._open = True
         return self
 

@@ -513,11 +513,14 @@ class Producer(ProducerCore):  # type: ignore[misc]
         if not mine:
             await self._window.wait_empty()
         else:  # inside atomic batches: theirs settle when their blocks end, after this flush
-            for batch in mine:
+            for batch, _ in mine:
                 await batch.written()
-            window = self._window
+            window, pending = self._window, self._window.pending
             await window.wait_until(
-                lambda: window.in_flight <= sum(batch.in_flight() for batch in mine)
+                lambda: (
+                    window.in_flight
+                    <= sum(record.seq in pending for _, records in mine for record in records)
+                )
             )
         self._failures.sync()
 

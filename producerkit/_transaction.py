@@ -209,11 +209,6 @@ class KafkaAtomicBatch:
         with anyio.move_on_after(self._timeout):
             await self._transactions.reports.all_answered()
 
-    def in_flight(self) -> int:
-        """Its messages still in the producer's window: they settle at the commit or abort."""
-        pending = self._window.pending
-        return sum(1 for record in self._records if record.seq in pending)
-
     async def __aenter__(self) -> KafkaAtomicBatch:
         await self._start()
         transactions = self._transactions
@@ -226,7 +221,7 @@ class KafkaAtomicBatch:
             raise
         transactions.reports.begin()
         transactions.added = set()
-        self._open_batches.opened(self)
+        self._open_batches.opened(self, self._records)
         self._open = True
         return self
 
