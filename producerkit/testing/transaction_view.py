@@ -53,7 +53,7 @@ import itertools
 import threading
 import time
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -262,15 +262,8 @@ class TransactionLog:
     def settle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every request recorded so far was answered
         (or its connection closed): True if they all were."""
-        deadline = time.monotonic() + timeout
         with self._lock:
-            last = next(self._seq)
-            while self._unanswered and min(self._unanswered) < last:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return True
+            return _answered_below(self._lock, self._unanswered, next(self._seq), timeout)
 
     def view(self, topic: str) -> TransactionView:
         """What Kafka would serve a ``read_committed`` consumer of ``topic``, as far as the
@@ -479,6 +472,20 @@ def _view(
     return TransactionView(topic, tuple(recorded), stable, ranges)
 
 
+def _answered_below(
+    lock: threading.Condition, unanswered: Collection[int], last: int, timeout: float
+) -> bool:
+    """Holding ``lock``, wait up to ``timeout`` seconds (woken by its notifications) until no
+    number below ``last`` is ``unanswered``: True if none is then."""
+    deadline = time.monotonic() + timeout
+    while unanswered and min(unanswered) < last:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        lock.wait(left)
+    return True
+
+
 def _key(batch: BatchHeader) -> tuple[int, int, int, int]:
     return (batch.producer_id, batch.epoch, batch.partition, batch.base_sequence)
 
@@ -586,15 +593,8 @@ class BatchLog:
     def settle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every Produce batch recorded so far was
         answered (or its connection closed): True if they all were."""
-        deadline = time.monotonic() + timeout
         with self._lock:
-            last = len(self._p_error)
-            while self._pending and min(self._pending) < last:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return True
+            return _answered_below(self._lock, self._pending, len(self._p_error), timeout)
 
     # ------------------------------------------------------------------ recording (one thread)
 
