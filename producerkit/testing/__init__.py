@@ -13,6 +13,10 @@
   that move, brokers that go down, request errors on demand; with
   :mod:`producerkit.testing.transaction_view`, what a ``read_committed`` consumer would be
   served, worked out from the transactional traffic it records.
+- :mod:`producerkit.testing.apache_kafka`: :class:`~producerkit.testing.apache_kafka.ApacheKafka`,
+  real Apache Kafka nodes (KRaft, one or several) run from the Maven Central jars (Java needed):
+  what Tansu and the mock do not enforce (``read_committed``, fencing, idempotent
+  deduplication, transaction timeouts), with nodes to kill, stop and restart and leaders to move.
 - :mod:`producerkit.testing.pytest_plugin`: the pytest plugin (``producerkit[pytest]``): these
   brokers as fixtures, with their faults, and ``produce_benchmark``.
 """

