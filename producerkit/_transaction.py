@@ -7,17 +7,17 @@ this producer): its InitProducerId fences any earlier producer of that id. One t
 open per producer at a time; other batches wait for it to end.
 
 Each message is validated, routed, rate limited and admitted into the window as any other, and
-sent through the transactional connection once its partition was added to the transaction
-(AddPartitionsToTxn: every partition of a topic at its first message). The broker's acks of its
-Produce requests are held: a message counts as acked only once EndTxn committed the whole
-batch. When the block ends, the batch waits until every message was answered, then commits;
-if the block raised, or a message failed or passed its deadline, it aborts, and every message
-fails with one :class:`~producerkit.AtomicBatchError` whose ``kind`` says why.
+sent through the transactional connection once its topic was added to the transaction
+(``add_to_transaction``: every partition of a topic at its first message, as the backend does
+it). The broker's acks are held: a message counts as acked only once the commit
+(``end_transaction``) committed the whole batch. When the block ends, the batch waits until
+every message was answered, then commits; if the block raised, or a message failed or passed
+its deadline, it aborts, and every message fails with one
+:class:`~producerkit.AtomicBatchError` whose ``kind`` says why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -397,8 +397,7 @@ class KafkaAtomicBatch:
                     kind="message_failed",
                 )
             )
-            await self._abort(error)
-            raise error
+            raise await self._abort(error)
         if self._prepare:
             producer_id, epoch = await connection.prepare_transaction()
             self.prepared = PreparedTransaction(self.id, producer_id, epoch, len(self._records))
@@ -411,17 +410,23 @@ class KafkaAtomicBatch:
             raise
         transactions.reports.commit()
 
-    async def _abort(self, error: AtomicBatchError) -> None:
-        """End the transaction (if anything was sent in it) and fail its messages."""
+    async def _abort(self, error: AtomicBatchError) -> AtomicBatchError:
+        """End the transaction (if anything was sent in it) and fail its messages; return the
+        error they failed with: ``error``, or the abort's own ``"fenced"`` refusal where a
+        message failed (a newer producer of the id explains why it did)."""
         transactions, connection = self._transactions, self._connection
         assert connection is not None
         if self._records and transactions.added:
             await connection.flush()
             with anyio.move_on_after(self._timeout):
                 await transactions.reports.all_answered()
-            with contextlib.suppress(AtomicBatchError):  # else the coordinator aborts it later
+            try:
                 await connection.end_transaction(commit=False)
+            except AtomicBatchError as refused:  # else the coordinator aborts it later
+                if refused.kind == "fenced" and error.kind == "message_failed":
+                    error = refused
         self._fail(error, possibly_stored=False)
+        return error
 
     def _fail(self, error: AtomicBatchError, *, possibly_stored: bool) -> None:
         for record in self._records:

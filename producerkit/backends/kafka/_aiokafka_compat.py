@@ -3,10 +3,11 @@
 The Kafka backend has two ways to move a sealed batch, chosen once per connection by
 :func:`choose_path` after aiokafka's client has started:
 
-- **fast**: producerkit frames its own Produce requests (versions 3 to 8, the non-flexible ones)
-  around its encoded batches and queues them on aiokafka's broker connections as aiokafka queues
-  its own (:class:`ProduceWire`). aiokafka still connects, authenticates, negotiates versions,
-  keeps metadata and reads the responses.
+- **fast**: producerkit frames its own Produce requests (versions 3 to 8, the non-flexible ones,
+  and, for a transaction of KIP-890's transactions v2, version 12) around its encoded batches and
+  queues them on aiokafka's broker connections as aiokafka queues its own (:class:`ProduceWire`).
+  aiokafka still connects, authenticates, negotiates versions, keeps metadata and reads the
+  responses.
 - **public**: each batch is filled through aiokafka's public batch API (``create_batch()``,
   ``BatchBuilder.append()``) and handed to ``send_batch()``, which owns retries and ordering.
 
@@ -35,7 +36,17 @@ try:  # aiokafka modules the fast path needs; a release may move them
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
     from aiokafka.protocol.admin import ApiVersionRequest
+    from aiokafka.protocol.api import RequestStruct, Response
     from aiokafka.protocol.produce import ProduceRequest
+    from aiokafka.protocol.types import (
+        CompactArray,
+        CompactString,
+        Int16,
+        Int32,
+        Int64,
+        Schema,
+        TaggedFields,
+    )
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
     _MISSING: str | None = None
@@ -44,6 +55,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed aiokaf
 
 #: Produce request versions whose framing :class:`ProduceWire` writes (v9 on are flexible).
 PRODUCE_VERSIONS: Final = range(3, 9)
+#: The Produce version of a transaction of KIP-890's transactions v2: the same fields as v9-v11
+#: (flexible), and the broker adds each partition it writes to the open transaction itself.
+IMPLICIT_ADD_VERSION: Final = 12
+#: An empty set of tagged fields (a flexible version's structures each end with one).
+_NO_TAGS: Final = b"\x00"
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -51,6 +67,75 @@ _REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _PARTITION_DATA = struct.Struct(">ii")  # partition, record batch size
 #: Shared by every record without headers: aiokafka's encoder only reads it (and wants a list).
 _NO_HEADERS: list[tuple[str, bytes | None]] = []
+
+
+def _uvarint(value: int) -> bytes:
+    """An unsigned varint (a flexible version's lengths, plus one: 0 is null)."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+if _MISSING is None:
+
+    class _ProduceResponse_v12(Response):  # type: ignore[misc]
+        """Produce v12's response: what aiokafka's reader decodes the answer to a v12 request
+        with (the field names of aiokafka's own Produce responses, for
+        :func:`partition_results`)."""
+
+        API_KEY = 0
+        API_VERSION = 12
+        SCHEMA = Schema(
+            (
+                "topics",
+                CompactArray(
+                    ("topic", CompactString("utf-8")),
+                    (
+                        "partitions",
+                        CompactArray(
+                            ("partition", Int32),
+                            ("error_code", Int16),
+                            ("offset", Int64),
+                            ("timestamp", Int64),
+                            ("log_start_offset", Int64),
+                            (
+                                "record_errors",
+                                CompactArray(
+                                    ("batch_index", Int32),
+                                    ("batch_index_error_message", CompactString("utf-8")),
+                                    ("tags", TaggedFields),
+                                ),
+                            ),
+                            ("error_message", CompactString("utf-8")),
+                            ("tags", TaggedFields),
+                        ),
+                    ),
+                    ("tags", TaggedFields),
+                ),
+            ),
+            ("throttle_time_ms", Int32),
+            ("tags", TaggedFields),
+        )
+
+    class _ProduceRequest_v12(RequestStruct):  # type: ignore[misc]
+        """Produce v12, for aiokafka's reader only (its header version and response type):
+        :class:`ProduceWire` writes the bytes itself."""
+
+        API_KEY = 0
+        API_VERSION = 12
+        FLEXIBLE_VERSION = True
+        RESPONSE_TYPE = _ProduceResponse_v12
+        SCHEMA = Schema(
+            ("transactional_id", CompactString("utf-8")),
+            ("acks", Int16),
+            ("timeout_ms", Int32),
+            ("topics", CompactArray(("topic", CompactString("utf-8")), ("tags", TaggedFields))),
+            ("tags", TaggedFields),
+        )
+
 
 #: A Produce request unanswered past its timeout is waited for this much longer at most (or
 #: for the request timeout once more, where that is longer).
@@ -163,11 +248,26 @@ class ProduceWire:
         self._request = ProduceRequest(None, acks, request_timeout_ms, [])
         client_id_bytes = client_id.encode()
         self._client_id_field = _INT16.pack(len(client_id_bytes)) + client_id_bytes
-        #: The requests' transactional_id field: null unless a transaction is open.
-        self.transactional_id_field = b"\xff\xff"
+        #: The requests' transactional_id field: null unless the wire is transactional.
+        self._transactional_id_field = b"\xff\xff"
+        #: With :meth:`transactional` ``(implicit_add=True)``: every request is Produce v12.
+        self._implicit_add: Any = None
         self._loop = asyncio.get_running_loop()
         #: When each connection with an overdue request was last asked for ApiVersions.
         self._last_probe: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def transactional(self, transactional_id: str, *, implicit_add: bool) -> None:
+        """Write every request with ``transactional_id``. ``implicit_add``: as Produce v12
+        (KIP-890's transactions v2: the broker adds each partition written to the open
+        transaction itself, where no AddPartitionsToTxn did), else at the version aiokafka
+        negotiates (v3-v8), which writes only to partitions added to the transaction before."""
+        name = transactional_id.encode()
+        if implicit_add:
+            self._transactional_id_field = _uvarint(len(name) + 1) + name
+            self._implicit_add = _ProduceRequest_v12(transactional_id, self._acks, 0, [], {})
+        else:
+            self._transactional_id_field = _INT16.pack(len(name)) + name
+            self._implicit_add = None
 
     def ready_connection(self, node_id: int) -> Any | None:
         """aiokafka's open connection to ``node_id``, or None if it has none right now."""
@@ -190,13 +290,24 @@ class ProduceWire:
         Raises KafkaConnectionError (retriable) if the connection has closed, and whatever
         else goes wrong before anything was written.
         """
-        request = self._request.prepare(conn._versions)
-        version = request.API_VERSION
-        if version not in PRODUCE_VERSIONS or getattr(request, "FLEXIBLE_VERSION", False):
-            raise kafka_errors.UnsupportedVersionError(
-                f"the broker and aiokafka agreed on Produce v{version}; producerkit frames "
-                f"v{PRODUCE_VERSIONS.start}-v{PRODUCE_VERSIONS.stop - 1}"
-            )
+        request = self._implicit_add
+        if request is None:
+            request = self._request.prepare(conn._versions)
+            version = request.API_VERSION
+            if version not in PRODUCE_VERSIONS or getattr(request, "FLEXIBLE_VERSION", False):
+                raise kafka_errors.UnsupportedVersionError(
+                    f"the broker and aiokafka agreed on Produce v{version}; producerkit frames "
+                    f"v{PRODUCE_VERSIONS.start}-v{PRODUCE_VERSIONS.stop - 1}"
+                )
+        else:
+            version = IMPLICIT_ADD_VERSION
+            speaks = conn._versions.get(0)
+            if speaks is None or not speaks[0] <= version <= speaks[1]:
+                raise kafka_errors.UnsupportedVersionError(
+                    f"the broker does not take Produce v{version} (its range: {speaks}), which "
+                    "a transaction of transactions v2 is written with"
+                )
+        flexible = request.FLEXIBLE_VERSION
         writer = conn._writer
         if writer is None or writer.transport.is_closing():
             raise kafka_errors.KafkaConnectionError("the connection closed")
@@ -204,20 +315,29 @@ class ProduceWire:
         by_topic: dict[str, list[tuple[int, bytes | None, bytes | bytearray]]] = {}
         for topic, partition, head, data in batches:
             by_topic.setdefault(topic, []).append((partition, head, data))
-        framing = [
-            _REQUEST_HEADER.pack(0, version, correlation_id),
-            self._client_id_field,
-            self.transactional_id_field,
+        # Flexible versions: the header ends in tagged fields, lengths are unsigned varints of
+        # the length plus one, and each structure (partition, topic, request) ends in tags.
+        framing = [_REQUEST_HEADER.pack(0, version, correlation_id), self._client_id_field]
+        if flexible:
+            framing.append(_NO_TAGS)
+        framing += (
+            self._transactional_id_field,
             _INT16.pack(self._acks),
             _INT32.pack(self._request_timeout_ms),
-            _INT32.pack(len(by_topic)),
-        ]
+            _uvarint(len(by_topic) + 1) if flexible else _INT32.pack(len(by_topic)),
+        )
         parts: list[bytes | bytearray | memoryview] = []
         for topic, partitions in by_topic.items():
             name = topic.encode()
-            framing += (_INT16.pack(len(name)), name, _INT32.pack(len(partitions)))
+            if flexible:
+                framing += (_uvarint(len(name) + 1), name, _uvarint(len(partitions) + 1))
+            else:
+                framing += (_INT16.pack(len(name)), name, _INT32.pack(len(partitions)))
             for partition, head, data in partitions:
-                framing.append(_PARTITION_DATA.pack(partition, len(data)))
+                if flexible:
+                    framing += (_INT32.pack(partition), _uvarint(len(data) + 1))
+                else:
+                    framing.append(_PARTITION_DATA.pack(partition, len(data)))
                 if head is None:
                     parts.append(b"".join(framing))
                     parts.append(data)
@@ -225,7 +345,12 @@ class ProduceWire:
                     framing.append(head)
                     parts.append(b"".join(framing))
                     parts.append(memoryview(data)[len(head) :])
-                framing = []
+                framing = [_NO_TAGS] if flexible else []
+            if flexible:
+                framing.append(_NO_TAGS)
+        if flexible:
+            framing.append(_NO_TAGS)
+            parts.append(b"".join(framing))
         writer.write(_INT32.pack(sum(map(len, parts))))
         for part in parts:
             # A memoryview: if the socket takes part of it, asyncio keeps the rest without a copy.
@@ -271,7 +396,7 @@ def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, in
     log_append_time)}``; log_append_time is -1 where the topic keeps CreateTime."""
     return {
         (topic, info[0]): (info[1], info[2], info[3] if len(info) > 3 else -1)
-        for topic, partitions in response.topics
+        for topic, partitions, *_ in response.topics
         for info in partitions
     }
 

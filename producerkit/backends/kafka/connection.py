@@ -6,7 +6,6 @@ import asyncio
 import logging
 import socket
 import ssl
-import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -151,8 +150,10 @@ class KafkaConnection(Connection):
                 sender.renew_producer_id = self._renew_producer_id
             else:
                 sender.transactional = True
-                name = self._coordinator.transactional_id.encode()
-                sender.wire.transactional_id_field = struct.pack(">h", len(name)) + name
+                sender.wire.transactional(
+                    self._coordinator.transactional_id,
+                    implicit_add=bool(self._coordinator.v2),
+                )
         self._producer.client.cluster.add_listener(self._metadata_updated)
 
     # ------------------------------------------------------------------ transactions
@@ -207,26 +208,42 @@ class KafkaConnection(Connection):
         )
         return producer_id.id, producer_id.epoch
 
+    @property
+    def transactions_v2(self) -> bool:
+        """Whether this connection's transactions are KIP-890's transactions v2 (see
+        ``transactions``): known once its first atomic batch opened it."""
+        return self._coordinator is not None and bool(self._coordinator.v2)
+
     async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
         """Add ``topic``'s ``partitions`` to the open transaction (the connection of an atomic
-        batch): before any of its messages for them is sent."""
+        batch): before any of its messages for them is sent. With transactions v2 the Produce
+        requests add them themselves, and this sends nothing."""
         producer_id = self._sender.producer_id
         assert self._coordinator is not None and producer_id is not None
+        if self._coordinator.v2:
+            return
         await self._transaction_step(
             self._coordinator.add_partitions(producer_id, topic, partitions)
         )
 
     async def end_transaction(self, *, commit: bool) -> None:
         """Commit (or abort) the open transaction once every message sent in it was answered.
-        Raises AtomicBatchError with the coordinator's refusal (its ``kind``)."""
+        Raises AtomicBatchError with the coordinator's refusal (its ``kind``). With
+        transactions v2 the next transaction is written with the producer id and epoch the
+        coordinator answered with, every partition's sequence from 0 (nothing is in flight
+        then: the batch waited for every answer before it ended the transaction)."""
         producer_id = self._sender.producer_id
         assert self._coordinator is not None and producer_id is not None
         self._restart_transactions = not commit
         try:
-            await self._transaction_step(self._coordinator.end(producer_id, commit=commit))
+            following = await self._transaction_step(
+                self._coordinator.end(producer_id, commit=commit)
+            )
         except AtomicBatchError:
             self._restart_transactions = True
             raise
+        if following is not None:
+            self._sender.restart_sequences(following)
 
     async def _transaction_step(self, step: Awaitable[_T]) -> _T:
         """``step``'s result, its TransactionError as an AtomicBatchError of the same kind; once

@@ -67,6 +67,9 @@ _DUPLICATE_SEQUENCE: Final = 46
 _INVALID_PRODUCER_EPOCH: Final = 47
 _UNKNOWN_PRODUCER_ID: Final = 59
 _PRODUCER_FENCED: Final = 90
+#: A transaction's Produce, refused while the coordinator still ends the previous transaction
+#: (transactions v2: the broker adds the partition itself, and waits only briefly): retried.
+_CONCURRENT_TRANSACTIONS: Final = 51
 _SEQUENCE_CODES: Final = frozenset(
     {
         _OUT_OF_ORDER_SEQUENCE,
@@ -315,7 +318,9 @@ class Sender:
         response.add_done_callback(functools.partial(self._request_done, batches))
 
     def restart_sequences(self, producer_id: idempotence.ProducerId) -> None:
-        """Number every partition from 0 under ``producer_id`` (a new epoch)."""
+        """Number every partition from 0 under ``producer_id``: a new epoch (bumped after a
+        sequence error, by a transaction's InitProducerId, or by transactions v2's EndTxn) or a
+        new producer id, which the broker numbers anew."""
         self.producer_id = producer_id
         for queue in self._accumulator.all_queues():
             queue.next_sequence = queue.acked_sequence = 0
@@ -380,7 +385,8 @@ class Sender:
             broker_error = kafka_errors.for_code(code)()
             if broker_error.invalid_metadata:
                 self._client.force_metadata_update()
-            self._retry_or_fail(batch, broker_error)
+            busy = code == _CONCURRENT_TRANSACTIONS and self.transactional
+            self._retry_or_fail(batch, broker_error, retriable=True if busy else None)
 
     def _settle_sequence_error(self, batch: Batch, code: int) -> None:
         """The broker's answer about the idempotent producer's numbering (see the module

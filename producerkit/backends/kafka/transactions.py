@@ -3,9 +3,23 @@
 A transactional producer is an idempotent one whose producer id belongs to a transactional id:
 InitProducerId with that id, sent to its coordinator (FindCoordinator, key type 1), fences every
 earlier producer with the same id (it bumps the epoch, and aborts what the earlier one left
-open). In a transaction, each partition is added (AddPartitionsToTxn) before a batch for it is
-written; the batches are flagged transactional; EndTxn commits or aborts them together, and
-only then does a ``read_committed`` consumer see them (or never, once aborted).
+open). Its batches are flagged transactional; EndTxn commits or aborts them together, and only
+then does a ``read_committed`` consumer see them (or never, once aborted).
+
+Two versions of the protocol, chosen per coordinator by :meth:`Coordinator.transactions_v2`:
+
+- **transactions v1** (every broker before Kafka 4.0, and clusters whose finalized feature
+  ``transaction.version`` is below 2): each partition is added (AddPartitionsToTxn) before a
+  batch for it is written, with Produce v3-v8; EndTxn (v0) ends the transaction, and the
+  producer keeps its epoch from one transaction to the next.
+- **transactions v2** (KIP-890 part 2: a cluster that finalized ``transaction.version`` 2 or
+  more, and whose coordinator takes Produce v12 and EndTxn v5): no AddPartitionsToTxn; a
+  Produce v12 request adds its partitions to the open transaction itself (the partition's
+  leader asks the coordinator). EndTxn v5 bumps the epoch at every commit and abort and answers
+  with the producer id and epoch of the next transaction (a new producer id, at epoch 0, where
+  the epoch would overflow): the producer writes its next transaction with those, its sequences
+  numbered from 0. A write still in flight under the old epoch, or sent with it after the
+  commit, is refused (INVALID_PRODUCER_EPOCH): it cannot join the next transaction.
 
 :class:`Coordinator` sends those requests, retrying what the protocol says to retry (the
 coordinator loading, moving or busy with the previous transaction's end) until a deadline, and
@@ -17,14 +31,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
+import logging
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from aiokafka import errors as kafka_errors
+from aiokafka.protocol.api import Request, RequestStruct, Response, ResponseHeader_v0
 from aiokafka.protocol.transaction import AddPartitionsToTxnRequest, EndTxnRequest
+from aiokafka.protocol.types import (
+    Boolean,
+    CompactArray,
+    CompactString,
+    Int16,
+    Int32,
+    Int64,
+    Schema,
+    TaggedFields,
+)
 
-from producerkit.backends.kafka import idempotence
+from producerkit.backends.kafka import _aiokafka_compat, idempotence
 from producerkit.backends.kafka import options as kafka_options
+
+logger = logging.getLogger("producerkit.kafka")
 
 #: FindCoordinator's key type of a transactional id.
 _TRANSACTION: Final = 1
@@ -42,6 +71,144 @@ _CODE_NAMES: Final = {
 }
 #: Codes of a transactional id the broker will not let this producer use.
 _REFUSED: Final = frozenset({53, 35})  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSUPPORTED_VERSION
+
+
+#: The finalized feature whose level says which transaction protocol the cluster runs.
+TRANSACTION_VERSION: Final = "transaction.version"
+#: The EndTxn version of transactions v2 (its response carries the next producer id and epoch).
+END_TXN_V2: Final = 5
+_API_VERSIONS: Final = 18
+_PRODUCE: Final = 0
+_END_TXN: Final = 26
+#: ApiVersions v3's tagged field of the finalized features.
+_FINALIZED_FEATURES_TAG: Final = 2
+_FINALIZED_FEATURES: Final = CompactArray(
+    ("name", CompactString("utf-8")),
+    ("max_version_level", Int16),
+    ("min_version_level", Int16),
+    ("tags", TaggedFields),
+)
+
+
+class _ApiVersionsResponse_v3(Response):  # type: ignore[misc]
+    API_KEY = _API_VERSIONS
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("error_code", Int16),
+        (
+            "api_versions",
+            CompactArray(
+                ("api_key", Int16),
+                ("min_version", Int16),
+                ("max_version", Int16),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("throttle_time_ms", Int32),
+        ("tags", TaggedFields),
+    )
+
+
+class _ApiVersionsRequest_v3(RequestStruct):  # type: ignore[misc]
+    API_KEY = _API_VERSIONS
+    API_VERSION = 3
+    FLEXIBLE_VERSION = True
+    RESPONSE_TYPE = _ApiVersionsResponse_v3
+    SCHEMA = Schema(
+        ("client_software_name", CompactString("utf-8")),
+        ("client_software_version", CompactString("utf-8")),
+        ("tags", TaggedFields),
+    )
+
+    def parse_response_header(self, read_buffer: Any) -> Any:
+        """ApiVersions answers with response header v0 at every version (a client that does not
+        know the broker's versions yet must read it)."""
+        return ResponseHeader_v0.decode(read_buffer)
+
+
+class _ApiVersionsRequest(Request[_ApiVersionsRequest_v3]):  # type: ignore[misc]
+    """ApiVersions v3, the first with the cluster's finalized features (aiokafka asks v0-v2)."""
+
+    API_KEY: ClassVar[int] = _API_VERSIONS
+
+    def build(self, request_struct_class: type[_ApiVersionsRequest_v3]) -> _ApiVersionsRequest_v3:
+        return request_struct_class("producerkit", _SOFTWARE_VERSION, {})
+
+
+class _EndTxnResponse_v5(Response):  # type: ignore[misc]
+    API_KEY = _END_TXN
+    API_VERSION = END_TXN_V2
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        ("producer_id", Int64),
+        ("producer_epoch", Int16),
+        ("tags", TaggedFields),
+    )
+
+
+class _EndTxnRequest_v5(RequestStruct):  # type: ignore[misc]
+    API_KEY = _END_TXN
+    API_VERSION = END_TXN_V2
+    FLEXIBLE_VERSION = True
+    RESPONSE_TYPE = _EndTxnResponse_v5
+    SCHEMA = Schema(
+        ("transactional_id", CompactString("utf-8")),
+        ("producer_id", Int64),
+        ("producer_epoch", Int16),
+        ("committed", Boolean),
+        ("tags", TaggedFields),
+    )
+
+
+class _EndTxnRequestV2(Request[_EndTxnRequest_v5]):  # type: ignore[misc]
+    """EndTxn v5, transactions v2's: its answer carries the producer id and epoch to go on
+    with."""
+
+    API_KEY: ClassVar[int] = _END_TXN
+
+    def __init__(self, transactional_id: str, producer: idempotence.ProducerId, commit: bool):
+        self._fields: tuple[Any, ...] = (
+            transactional_id,
+            producer.id,
+            producer.epoch,
+            commit,
+            {},
+        )
+
+    def build(self, request_struct_class: type[_EndTxnRequest_v5]) -> _EndTxnRequest_v5:
+        return request_struct_class(*self._fields)
+
+
+def _software_version() -> str:
+    from producerkit import __version__
+
+    return __version__
+
+
+_SOFTWARE_VERSION: Final = _software_version()
+
+
+def speaks_transactions_v2(response: Any) -> bool:
+    """Whether an ApiVersions v3+ ``response`` says the cluster runs transactions v2: its
+    finalized ``transaction.version`` is 2 or more, and the broker takes Produce v12 and EndTxn
+    v5."""
+    if response.error_code:
+        return False
+    versions = {api_key: (low, high) for api_key, low, high, _ in response.api_versions}
+    produce = versions.get(_PRODUCE, (0, -1))
+    end_txn = versions.get(_END_TXN, (0, -1))
+    if not (
+        produce[0] <= _aiokafka_compat.IMPLICIT_ADD_VERSION <= produce[1]
+        and end_txn[0] <= END_TXN_V2 <= end_txn[1]
+    ):
+        return False
+    raw = response.tags.get(_FINALIZED_FEATURES_TAG)
+    if raw is None:
+        return False
+    features = _FINALIZED_FEATURES.decode(io.BytesIO(raw)) or []
+    levels = {name: level for name, level, _, _ in features}
+    return int(levels.get(TRANSACTION_VERSION, 0)) >= 2
 
 
 class TransactionError(Exception):
@@ -75,10 +242,31 @@ class Coordinator:
         self._timeout = timeout
         self._retry_backoff = retry_backoff
         self._node: int | None = None
+        #: Whether this transactional id speaks transactions v2 (see the module docstring):
+        #: learned from its coordinator before its first request, then kept.
+        self.v2: bool | None = None
+
+    async def transactions_v2(self) -> bool:
+        """Whether the coordinator's cluster runs transactions v2, asked once (ApiVersions v3,
+        to the coordinator) and kept: a transactional id does not change protocol midway. A
+        broker that does not answer v3 (or answers without the feature) runs v1."""
+        if self.v2 is None:
+            deadline = self._deadline()
+            node = await self._coordinator(deadline)
+            try:
+                response = await asyncio.wait_for(
+                    self._client.send(node, _ApiVersionsRequest()), max(deadline - _now(), 0.001)
+                )
+                self.v2 = speaks_transactions_v2(response)
+            except Exception as exc:  # no v3, or no answer: the protocol every broker speaks
+                logger.debug("ApiVersions v3 to %s: %r; transactions v1", node, exc)
+                self.v2 = False
+        return self.v2
 
     async def init_producer_id(self) -> idempotence.ProducerId:
         """The transactional id's producer id, with a new epoch: every earlier producer of it
         is fenced, and what it left open is aborted."""
+        await self.transactions_v2()
         deadline = self._deadline()
         while True:
             node = await self._coordinator(deadline)
@@ -103,7 +291,7 @@ class Coordinator:
         self, producer: idempotence.ProducerId, topic: str, partitions: list[int]
     ) -> None:
         """Add ``topic``'s ``partitions`` to the open transaction (before anything is written
-        to them in it)."""
+        to them in it): transactions v1 only (with v2, a Produce v12 adds them)."""
         request = AddPartitionsToTxnRequest(
             self.transactional_id, producer.id, producer.epoch, [(topic, partitions)]
         )
@@ -113,14 +301,27 @@ class Coordinator:
 
         await self._ask(request, codes, "AddPartitionsToTxn")
 
-    async def end(self, producer: idempotence.ProducerId, *, commit: bool) -> None:
-        """Commit (or abort) the open transaction."""
-        request = EndTxnRequest(self.transactional_id, producer.id, producer.epoch, commit)
-        await self._ask(
+    async def end(
+        self, producer: idempotence.ProducerId, *, commit: bool
+    ) -> idempotence.ProducerId | None:
+        """Commit (or abort) the open transaction. With transactions v2, the producer id and
+        epoch its next transaction must be written with (the epoch bumped, or a new id at
+        epoch 0 where it would overflow); None with v1, where they stay as they are."""
+        request: Any
+        if await self.transactions_v2():
+            request = _EndTxnRequestV2(self.transactional_id, producer, commit)
+        else:
+            request = EndTxnRequest(self.transactional_id, producer.id, producer.epoch, commit)
+        response = await self._ask(
             request, lambda response: [response.error_code] if response.error_code else [], "EndTxn"
         )
+        if getattr(response, "API_VERSION", 0) >= END_TXN_V2 and response.producer_id >= 0:
+            return idempotence.ProducerId(response.producer_id, response.producer_epoch)
+        return None
 
-    async def _ask(self, request: Any, codes: Any, name: str) -> None:
+    async def _ask(self, request: Any, codes: Any, name: str) -> Any:
+        """The coordinator's answer to ``request`` without an error code (``codes(answer)``),
+        asked again while the codes say so."""
         deadline = self._deadline()
         while True:
             node = await self._coordinator(deadline)
@@ -136,7 +337,7 @@ class Coordinator:
                 continue
             errors = codes(response)
             if not errors:
-                return
+                return response
             code = errors[0]
             if code in _ASK_AGAIN:
                 if code in _MOVED:
