@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ def pid_alive(pid: int) -> bool:
     return process_running(pid)  # zombie-aware: an orphan nobody reaped yet is not running
 
 
-def publish_one(url: str, **options: object) -> pk.Delivery | None:
+def publish_one(url: str, **options: Any) -> pk.Delivery | None:
     with pk.SyncProducer(url, topic="dev-check", timeout=20, **options) as producer:
         return producer.produce(b"hello")
 
@@ -155,11 +156,56 @@ def test_ctrl_c_as_soon_as_the_brokers_are_printed(
         assert not pid_alive(pid) and not listening(port)
 
 
+@pytest.mark.skipif(shutil.which("java") is None, reason="Apache Kafka needs Java")
+def test_apache_kafka_detached(env: dict[str, str]) -> None:
+    """``--kafka apache``: an Apache Kafka node (the jars cached by the first use), stopped by
+    ``producerkit dev stop`` with its temp workdir."""
+    port = free_port()
+    started = subprocess.run(
+        [*CLI, "kafka", "--kafka", "apache", "--kafka-port", str(port), "--detach", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    try:
+        assert started.returncode == 0, started.stderr
+        [broker] = json.loads(started.stdout)["brokers"]
+        assert broker["url"] == f"kafka://127.0.0.1:{port}"
+        assert Path(broker["log"]).is_file()
+        delivery = publish_one(broker["url"])
+        assert delivery is not None and delivery.offset == 0
+    finally:
+        stopped = subprocess.run(
+            [*CLI, "stop"], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert stopped.returncode == 0, stopped.stderr
+    assert not listening(port) and not pid_alive(broker["pid"])
+    assert not Path(broker["workdir"]).exists()
+
+
+def test_apache_kafka_without_java(env: dict[str, str], tmp_path: Path) -> None:
+    """Where no java is on the PATH, ``--kafka apache`` says what to install."""
+    result = subprocess.run(
+        [*CLI, "kafka", "--kafka", "apache"],
+        env={**env, "PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "no java on the PATH" in result.stderr and "openjdk" in result.stderr
+
+
 def test_usage(env: dict[str, str]) -> None:
     result = subprocess.run([*CLI, "zookeeper"], env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "unknown broker 'zookeeper'" in result.stderr
     result = subprocess.run([*CLI, "stop"], env=env, capture_output=True, text=True)
     assert result.returncode == 0 and "nothing to stop" in result.stderr
+    result = subprocess.run(
+        [*CLI, "kafka", "--kafka-brokers", "3"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "--kafka-brokers needs --kafka apache" in result.stderr
 
 
 # ---------------------------------------------------------------------- the other commands' help

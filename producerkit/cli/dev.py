@@ -4,6 +4,7 @@
 
     producerkit dev                 # both, in the foreground; Ctrl-C stops them
     producerkit dev nats --detach   # in the background; the URLs are printed and saved
+    producerkit dev kafka --kafka apache --kafka-brokers 3   # Apache Kafka itself, 3 nodes
     producerkit dev status          # what is running
     producerkit dev stop            # stop what --detach started
 
@@ -13,6 +14,12 @@ no Docker, no JVM. They listen on 127.0.0.1 only, on the usual ports (9092, 4222
 free and on free ports otherwise. Tansu keeps records in memory; JetStream stores under
 ``--workdir``.
 
+``--kafka apache`` runs Apache Kafka itself instead of Tansu
+(:class:`~producerkit.testing.apache_kafka.ApacheKafka`: KRaft nodes from the Maven Central
+jars, which needs Java 17+, and Maven the first time), ``--kafka-brokers`` nodes of it, the
+first on ``--kafka-port``; it stores under ``--workdir``. Every node is listed as a ``kafka``
+broker with the cluster's URL.
+
 ``--detach`` records the brokers (pids, URLs, work directories) in a state file:
 ``$PRODUCERKIT_DEV_STATE``, else ``$XDG_RUNTIME_DIR/producerkit/dev.json``, else
 ``~/.cache/producerkit/dev.json``.
@@ -21,6 +28,7 @@ free and on free ports otherwise. Tansu keeps records in memory; JetStream store
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,12 +39,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producerkit.cli._args import ArgumentParser
 from producerkit.cli._signals import StopRequest
 from producerkit.errors import ProducerkitError
 from producerkit.testing.brokers import LocalBroker, free_port, start_kafka, start_nats
+
+if TYPE_CHECKING:
+    from producerkit.testing.apache_kafka import ApacheKafka
 
 KINDS = ("kafka", "nats")
 DEFAULT_PORTS = {"kafka": 9092, "nats": 4222}
@@ -98,18 +109,24 @@ def _read_state(path: Path) -> list[dict[str, Any]]:
     return brokers
 
 
+#: The brokers of an Apache Kafka cluster (its nodes) to the cluster's URL and work directory:
+#: what ``_describe`` records for them instead of the node's own.
+_CLUSTERS: dict[LocalBroker, tuple[str, Path]] = {}
+
+
 def _describe(broker: LocalBroker) -> dict[str, Any]:
     assert broker.process is not None
-    urls = [broker.url]
+    url, workdir = _CLUSTERS.get(broker, (broker.url, broker.workdir))
+    urls = [url]
     if broker.kind == "nats":
         urls.append(f"nats://{broker.host_port}")  # the same server, without JetStream acks
     return {
         "kind": broker.kind,
         "pid": broker.process.pid,
         "port": broker.port,
-        "url": broker.url,
+        "url": url,
         "urls": urls,
-        "workdir": str(broker.workdir),
+        "workdir": str(workdir),
         "log": str(broker.workdir / f"{broker.kind}.log"),
     }
 
@@ -129,7 +146,9 @@ def _start(kinds: list[str], args: argparse.Namespace, workdir: Path) -> list[Lo
     started: list[LocalBroker] = []
     try:
         for kind in kinds:
-            if kind == "kafka":
+            if kind == "kafka" and args.kafka == "apache":
+                started.extend(_start_apache_kafka(args, workdir))
+            elif kind == "kafka":
                 started.append(
                     start_kafka(port=_choose_port("kafka", args.kafka_port), workdir=workdir)
                 )
@@ -138,10 +157,25 @@ def _start(kinds: list[str], args: argparse.Namespace, workdir: Path) -> list[Lo
                     start_nats(port=_choose_port("nats", args.nats_port), workdir=workdir)
                 )
     except BaseException:
-        for broker in started:
-            broker.stop()
+        _stop_brokers(started)
         raise
     return started
+
+
+def _start_apache_kafka(args: argparse.Namespace, workdir: Path) -> list[LocalBroker]:
+    """Start ``--kafka-brokers`` Apache Kafka nodes storing under ``workdir``: their
+    processes, described with the cluster's URL."""
+    from producerkit.testing.apache_kafka import ApacheKafka
+
+    kafka: ApacheKafka = ApacheKafka(
+        args.kafka_brokers,
+        workdir=workdir,
+        ports=[_choose_port("kafka", args.kafka_port)],
+    ).start()
+    nodes = kafka.nodes
+    for node in nodes:
+        _CLUSTERS[node] = (kafka.url, workdir)
+    return nodes
 
 
 def _stop_pid(pid: int, wait: float = 5.0) -> None:
@@ -158,12 +192,32 @@ def _stop_pid(pid: int, wait: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _stop_brokers(brokers: list[LocalBroker]) -> None:
+    """SIGTERM to every broker at once (see :func:`stop`), then each one's own ``stop()``."""
+    for broker in brokers:
+        if broker.running:
+            assert broker.process is not None
+            _signal_group(broker.process.pid, signal.SIGTERM)
+    for broker in brokers:
+        broker.stop()
+
+
 def stop(as_json: bool = False) -> int:
     path = state_path()
     brokers = _read_state(path)
     if not brokers:
         print("producerkit dev: nothing to stop", file=sys.stderr)
         return 0
+    # All at once first: the nodes of an Apache Kafka cluster shut down together (one by one,
+    # the last would wait for a quorum already gone).
+    for broker in brokers:
+        if process_running(broker["pid"]):
+            _signal_group(broker["pid"], signal.SIGTERM)
     for broker in brokers:
         if process_running(broker["pid"]):
             _stop_pid(broker["pid"])
@@ -186,12 +240,14 @@ def status(as_json: bool) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="producerkit dev",
-        description="Start local Kafka (Tansu) and NATS/JetStream brokers for development.",
+        description="Start local Kafka (Tansu, or Apache Kafka) and NATS/JetStream brokers for "
+        "development.",
         epilog="""\
 examples:
   producerkit dev                     # both brokers in the foreground; Ctrl-C stops them
   producerkit dev --detach            # both in the background; their URLs printed
   producerkit dev kafka --kafka-port 19092 --detach
+  producerkit dev kafka --kafka apache --kafka-brokers 3   # Apache Kafka itself (needs Java)
   producerkit dev status --json       # the detached brokers, as JSON
   producerkit dev stop                # stop the detached brokers
 """,
@@ -203,6 +259,20 @@ examples:
         help="brokers to start (default: both), or stop/status",
     )
     parser.add_argument("--detach", "-d", action="store_true", help="leave them running")
+    parser.add_argument(
+        "--kafka",
+        choices=("tansu", "apache"),
+        default="tansu",
+        help="which Kafka: tansu (default: no JVM, records in memory) or apache (Apache Kafka "
+        "itself, from its Maven Central jars: needs Java 17+, and Maven the first time)",
+    )
+    parser.add_argument(
+        "--kafka-brokers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --kafka apache: how many nodes (default 1)",
+    )
     parser.add_argument("--kafka-port", type=int, help="default 9092 if free")
     parser.add_argument("--nats-port", type=int, help="default 4222 if free")
     parser.add_argument(
@@ -225,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown broker {unknown[0]!r}: use kafka, nats, stop or status")
     kinds = what or list(KINDS)
+    if args.kafka_brokers < 1:
+        parser.error("--kafka-brokers is at least 1")
+    if args.kafka_brokers > 1 and args.kafka != "apache":
+        parser.error("--kafka-brokers needs --kafka apache (Tansu runs one broker)")
 
     if args.detach:
         running = [broker for broker in _read_state(state_path()) if process_running(broker["pid"])]
@@ -277,8 +351,7 @@ def _run_until_interrupted(
                 print("Ctrl-C stops them.", flush=True)
             code = _watch(brokers, stop)
         finally:
-            for broker in brokers:
-                broker.stop()
+            _stop_brokers(brokers)
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)
             print("stopped", file=sys.stderr)

@@ -43,7 +43,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -55,7 +55,7 @@ from producerkit.testing.brokers import LocalBroker, free_port
 __all__ = ["ApacheKafka", "cache_dir", "resolve_jars"]
 
 _INSTALL_JAVA: Final = (
-    "Apache Kafka in tests needs Java 17+ and, to fetch its jars once, Maven: "
+    "Apache Kafka needs Java 17+ and, to fetch its jars once, Maven: "
     "apt-get install openjdk-17-jre-headless maven (or brew install openjdk maven)"
 )
 _INSTALL_PYTHON: Final = 'pip install "producerkit[pytest]"'
@@ -279,6 +279,8 @@ class ApacheKafka:
     controller) on free loopback ports, formatted with ``transaction_version`` (2: KIP-890's
     transactions v2, Kafka 4's default; 0 or 1: the older protocol). ``heap`` is each JVM's
     ``-Xmx``. ``properties`` are added to (or replace) every node's ``server.properties``.
+    ``ports``: the client ports of the first nodes (the others, and the controller ports, are
+    free ports).
 
     Nothing runs until :meth:`start` (or ``with``); :meth:`stop` stops every node and removes
     the work directory if it made it. The internal topics are replicated on every node (3 at
@@ -295,6 +297,7 @@ class ApacheKafka:
         workdir: Path | None = None,
         heap: str = "512m",
         properties: Mapping[str, str | int] | None = None,
+        ports: Sequence[int] | None = None,
     ) -> None:
         if brokers < 1:
             raise ConfigurationError(f"an Apache Kafka cluster has at least 1 node, not {brokers}")
@@ -302,11 +305,14 @@ class ApacheKafka:
             raise ConfigurationError(
                 f"transaction_version is 0, 1 or 2, not {transaction_version!r}"
             )
+        if ports is not None and len(ports) > brokers:
+            raise ConfigurationError(f"{len(ports)} ports given for {brokers} nodes")
         self.version = version
         self._transaction_version = transaction_version
         self._brokers = brokers
         self._heap = heap
         self._properties = {key: str(value) for key, value in (properties or {}).items()}
+        self._ports = list(ports or ())
         self._given_workdir = workdir
         self._workdir: Path | None = None
         self._nodes: dict[int, _Node] = {}
@@ -380,6 +386,8 @@ class ApacheKafka:
                 deadline - time.monotonic(),
                 "every node to join the cluster",
             )
+            # Made again when needed: an idle client would hold connections to every node.
+            self._admin = None
         except BaseException:
             self.stop()
             raise
@@ -387,7 +395,10 @@ class ApacheKafka:
 
     def _create_nodes(self) -> None:
         workdir = self.workdir
-        ports = {node_id: (free_port(), free_port()) for node_id in self.node_ids}
+        given = dict(zip(self.node_ids, self._ports, strict=False))
+        ports = {
+            node_id: (given.get(node_id) or free_port(), free_port()) for node_id in self.node_ids
+        }
         quorum = ",".join(f"127.0.0.1:{controller}" for _, controller in ports.values())
         directory_ids = {node_id: _kafka_uuid() for node_id in self.node_ids}
         initial = ",".join(
