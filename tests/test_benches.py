@@ -34,7 +34,8 @@ BENCHES = REPO / "benches"
 #: A bench added to benches/ without an entry here fails test_every_bench_has_a_tiny_run.
 BROKERS = ["--kafka-url", "{kafka}", "--nats-url", "{nats}"]
 KAFKA = ["--kafka-url", "{kafka}"]
-PYTEST = ["-m", "pytest", "--benchmark-disable", "-q", "-n", "0", "-p", "no:cacheprovider"]
+PYTEST = ["-m", "pytest", "--benchmark-disable", "-q", "-n", "0"]
+PYTEST += ["-p", "no:cacheprovider", "-p", "no:randomly"]  # the file order, no cache
 TINY: dict[str, dict[str, list[str]]] = {
     "allocations.py": {
         "": ["--messages", "2000", "--growth-messages", "2000", "--json", "{tmp}/a.json"],

@@ -193,7 +193,7 @@ def test_demo_metrics_add_up_over_its_four_producers() -> None:
         run.wait_for(r"metrics on")
         deadline = time.monotonic() + 180
         while not any("Try --rtt-ms" in line for line in run.out):
-            assert time.monotonic() < deadline and run.process.poll() is None, run.lines
+            assert time.monotonic() < deadline and run.process.poll() is None, "".join(run.lines)
             time.sleep(0.1)
         after = scrape(run.url)
         assert run.interrupt() == 0

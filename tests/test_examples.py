@@ -57,6 +57,11 @@ def commands(name: str) -> list[str]:
     ]
 
 
+#: The inner pytest's options: no cache, and the file's order (pytest-randomly, installed for
+#: scripts/flakes.py, would shuffle it).
+INNER_RUN = ("-p", "no:cacheprovider", "-p", "no:randomly")
+
+
 def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PRODUCERKIT_")}
 
@@ -174,7 +179,7 @@ def test_the_pytest_example_passes_in_a_project_of_its_own(tmp_path: Path) -> No
     assert line == f"pytest examples/{PYTEST_EXAMPLE}"
     shutil.copy(EXAMPLES / PYTEST_EXAMPLE, tmp_path / PYTEST_EXAMPLE)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", PYTEST_EXAMPLE, "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", PYTEST_EXAMPLE, "-q", *INNER_RUN],
         cwd=tmp_path,
         env=_environment(),
         capture_output=True,

@@ -15,6 +15,11 @@ pytest_plugins = ["pytester"]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
 
+#: The inner runs' options: no cache, and the file's order (pytest-randomly, where installed for
+#: scripts/flakes.py, would shuffle it; the inner suites' tests build on each other, e.g. the
+#: second checks what the first left behind).
+USER_RUN = ("-p", "no:cacheprovider", "-p", "no:randomly")
+
 
 @pytest.fixture(autouse=True)
 def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +40,7 @@ def test_docs_example_writes_msgs_per_s_to_json(pytester: pytest.Pytester) -> No
     """The docs' example, as a user's test file: each benchmark's msgs/s and ack latencies in
     the pytest-benchmark JSON."""
     pytester.makepyfile(test_throughput=docs_example())
-    result = pytester.runpytest_subprocess("--benchmark-json=out.json", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("--benchmark-json=out.json", *USER_RUN)
     result.assert_outcomes(passed=3)
     report = json.loads((pytester.path / "out.json").read_text())
     extra = {bench["name"]: bench["extra_info"] for bench in report["benchmarks"]}
@@ -73,7 +78,7 @@ def test_plugin_is_inert_for_a_suite_that_uses_none_of_it(pytester: pytest.Pytes
                 assert heavy not in sys.modules, heavy
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*USER_RUN)
     result.assert_outcomes(passed=1)
     hooks = [name for name in vars(pytest_plugin) if name.startswith("pytest_")]
     assert hooks == ["pytest_runtest_teardown"]
@@ -82,7 +87,7 @@ def test_plugin_is_inert_for_a_suite_that_uses_none_of_it(pytester: pytest.Pytes
 def test_docs_fault_example_loses_nothing(pytester: pytest.Pytester) -> None:
     """The fault injection example of docs/testing.md, as a user's test file."""
     pytester.makepyfile(test_stalls=docs_example("## Fault injection"))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*USER_RUN)
     result.assert_outcomes(passed=1)
 
 
@@ -115,7 +120,7 @@ def test_faults_are_cleared_after_each_test(pytester: pytest.Pytester) -> None:
     """The session brokers are shared: a fault (a kill included) a test leaves on is gone by
     the next test."""
     pytester.makepyfile(test_faults_left=LEAVES_FAULTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*USER_RUN)
     result.assert_outcomes(passed=3)
 
 
@@ -137,7 +142,7 @@ def test_stopped_after_the_test():
 
 def test_private_brokers_live_for_one_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_private=PRIVATE_BROKERS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*USER_RUN)
     result.assert_outcomes(passed=2)
 
 
@@ -190,4 +195,4 @@ def test_produce_benchmark_refuses_a_running_loop(pytester: pytest.Pytester) -> 
             await sleeping
         """
     )
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.runpytest_subprocess(*USER_RUN).assert_outcomes(passed=1)

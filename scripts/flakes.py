@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Repeat tests in random order, optionally with the machine's other cores kept busy, to catch a
+test that fails by chance before it lands.
+
+Each test is run ``--count`` times (pytest-repeat) in an order shuffled by pytest-randomly (the
+default suite runs in file order: ``-p no:randomly`` in pyproject.toml's addopts; this script
+turns it back on). Every run prints its seed; ``--seed SEED`` replays that order. Exit status 1
+if any run failed.
+
+Which tests::
+
+    python scripts/flakes.py tests/test_sync.py tests/test_linger.py  # these files
+    python scripts/flakes.py --changed-since HEAD~3     # test files changed since HEAD~3
+    python scripts/flakes.py --changed-within 12h       # ...by commits of the 12 h before HEAD
+    python scripts/flakes.py --each-module              # every module, a run of its own each
+    python scripts/flakes.py --suite-runs 5 --count 1   # the whole default suite, 5 times
+
+``--load N`` keeps N cores busy (a spinning process each) while the tests run; ``--count N``
+repeats each test N times within a run (default 20); anything after ``--`` goes to pytest
+(``-- -k kafka -x``). The runs use the project's pytest configuration (two xdist workers, one
+file per worker). Stdlib only; needs pytest-repeat and pytest-randomly (``pip install -e
+".[dev]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def _cores_kept_busy(cores: int) -> Iterator[None]:
+    """``cores`` processes spinning at 100 % CPU until the block ends."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(cores)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.join()
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _test_files(paths: Sequence[str]) -> list[str]:
+    """The existing ``tests/test_*.py`` among ``paths`` (repo-relative), sorted, once each."""
+    found = {
+        path
+        for path in paths
+        if re.fullmatch(r"tests/test_[^/]+\.py", path) and (ROOT / path).is_file()
+    }
+    return sorted(found)
+
+
+def changed_since(revision: str) -> list[str]:
+    """Test files changed between ``revision`` and the work tree (committed or not)."""
+    return _test_files(_git("diff", "--name-only", revision, "--").split())
+
+
+def changed_within(hours: float) -> list[str]:
+    """Test files changed by the commits made within ``hours`` before HEAD's own commit time, and
+    in the work tree: a session's or a pull request's work, in a fresh clone too."""
+    head_time = int(_git("log", "-1", "--format=%ct", "HEAD").strip())
+    since = head_time - int(hours * 3600)
+    log = _git("log", f"--since={since}", "--name-only", "--format=", "HEAD")
+    uncommitted = _git("diff", "--name-only", "HEAD", "--")
+    return _test_files(log.split() + uncommitted.split())
+
+
+def all_modules() -> list[str]:
+    return sorted(str(path.relative_to(ROOT)) for path in TESTS.glob("test_*.py"))
+
+
+def run_pytest(files: Sequence[str], count: int, seed: int, extra: Sequence[str]) -> int:
+    """One pytest run of ``files`` (every test ``count`` times, order shuffled by ``seed``);
+    its exit status. pytest's 5 (nothing collected) counts as a failure."""
+    command = [sys.executable, "-m", "pytest", "-p", "randomly", "-p", "repeat"]
+    command += ["-p", "no:cacheprovider", f"--randomly-seed={seed}", "-q"]
+    if count > 1:
+        command += [f"--count={count}"]
+    command += [*extra, *files]
+    print(f"\n$ {' '.join(command[1:])}", flush=True)
+    started = time.monotonic()
+    status = subprocess.run(command, cwd=ROOT).returncode
+    outcome = "passed" if status == 0 else f"FAILED (exit {status})"
+    print(f"--> {outcome} in {time.monotonic() - started:.0f}s, seed {seed}", flush=True)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("files", nargs="*", help="test files (default: see the options)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--changed-since", metavar="REV", help="test files changed since REV")
+    which.add_argument(
+        "--changed-within",
+        metavar="HOURS",
+        help="test files changed by commits within HOURS (e.g. 12h) before HEAD",
+    )
+    which.add_argument(
+        "--each-module", action="store_true", help="every test module, a run of its own each"
+    )
+    parser.add_argument("--count", type=int, default=20, help="repeats of each test (default 20)")
+    parser.add_argument(
+        "--suite-runs", type=int, default=1, help="runs of the whole selection (default 1)"
+    )
+    parser.add_argument("--load", type=int, default=0, metavar="N", help="keep N cores busy")
+    parser.add_argument("--seed", type=int, help="the first run's shuffle seed (default: random)")
+    args, extra = parser.parse_known_args(argv)
+    extra = [arg for arg in extra if arg != "--"]
+
+    if args.changed_since:
+        files = changed_since(args.changed_since)
+    elif args.changed_within:
+        files = changed_within(float(args.changed_within.rstrip("h")))
+    else:
+        files = list(args.files)
+    if (args.changed_since or args.changed_within) and not files:
+        print("no test file changed: nothing to repeat")
+        return 0
+    runs = [[file] for file in all_modules()] if args.each_module else [files]
+
+    seed = args.seed if args.seed is not None else random.randrange(1, 2**31)
+    failed: list[tuple[list[str], int]] = []
+    with _cores_kept_busy(args.load):
+        for _ in range(args.suite_runs):
+            for selection in runs:
+                if run_pytest(selection, args.count, seed, extra) != 0:
+                    failed.append((selection, seed))
+                seed += 1
+    total = args.suite_runs * len(runs)
+    print(f"\nruns: {total - len(failed)} of {total} passed")
+    for selection, run_seed in failed:
+        print(f"  failed: {' '.join(selection) or 'the whole suite'} --seed {run_seed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
