@@ -131,8 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--load", type=int, default=0, metavar="N", help="keep N cores busy")
     parser.add_argument("--seed", type=int, help="the first run's shuffle seed (default: random)")
-    args, extra = parser.parse_known_args(argv)
-    extra = [arg for arg in extra if arg != "--"]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
 
     if args.changed_since:
         files = changed_since(args.changed_since)

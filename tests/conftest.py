@@ -7,7 +7,8 @@ storage) and ``nats_broker`` (nats-server with JetStream in a temp dir; ``.url``
 tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``anyio_backend``:
 asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
 ``backend`` runs a test on memory, null, kafka, kafka-cluster (kafka:// on the plugin's
-``kafka_cluster``, librdkafka's mock cluster of three brokers), jetstream and nats: a behaviour
+``kafka_cluster``, librdkafka's mock cluster of three brokers), kafka-apache (kafka:// on the
+plugin's ``apache_kafka``, one real Apache Kafka node), jetstream and nats: a behaviour
 test takes it and skips, or asserts the typed refusal, by what ``backend.spec`` declares the
 backend can do (``takes_tombstones``, ``stores_records``...), never by its name;
 ``backend.read()`` reads back what it stored, and on real backends
@@ -33,6 +34,7 @@ from producerkit import _core
 from producerkit.backends import spec_for
 from producerkit.backends.base import BackendSpec
 from producerkit.backends.memory import get_store
+from producerkit.testing.apache_kafka import ApacheKafka
 from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
@@ -46,7 +48,7 @@ TRANSACTIONS_ON_THE_FAST_PATH = pytest.mark.skipif(
     "refuses them with AtomicBatchError kind='unsupported')",
 )
 
-BACKENDS = ["memory", "null", "kafka", "kafka-cluster", "jetstream", "nats"]
+BACKENDS = ["memory", "null", "kafka", "kafka-cluster", "kafka-apache", "jetstream", "nats"]
 
 #: The backends the ``backend`` fixture also runs on the Python core where the C one is the
 #: default (``producerkit._core``): memory:// for the window, routing and admission, and Kafka
@@ -70,8 +72,18 @@ def core(request: pytest.FixtureRequest) -> Iterator[_core.Core]:
         yield chosen
 
 
-_REAL_BACKENDS = ("kafka", "kafka-cluster", "jetstream", "nats")
-_BROKER_FIXTURES = ("kafka_broker", "nats_broker", "private_kafka_broker", "private_nats_broker")
+_KAFKA_BACKENDS = ("kafka", "kafka-cluster", "kafka-apache")
+_REAL_BACKENDS = (*_KAFKA_BACKENDS, "jetstream", "nats")
+_BROKER_FIXTURES = (
+    "kafka_broker",
+    "nats_broker",
+    "private_kafka_broker",
+    "private_nats_broker",
+    "kafka_cluster",
+    "apache_kafka",
+    "apache_kafka_cluster",
+    "apache_kafka_tv0",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -154,8 +166,10 @@ class BackendCase:
     do: ``backend.spec.takes_tombstones``...), and how to read back what it stored.
 
     ``kafka-cluster`` is kafka:// on the session's ``kafka_cluster`` (librdkafka's mock cluster
-    of three brokers) instead of Tansu: ``backend.kafka`` is true for both, ``backend.cluster``
-    is the cluster (None elsewhere) and ``backend.broker`` None."""
+    of three brokers) instead of Tansu, ``kafka-apache`` on the session's ``apache_kafka`` (one
+    Apache Kafka node): ``backend.kafka`` is true for the three, ``backend.cluster`` is the mock
+    cluster and ``backend.apache`` the Apache Kafka node (None elsewhere); ``backend.broker`` is
+    None for both."""
 
     def __init__(
         self,
@@ -165,6 +179,7 @@ class BackendCase:
         broker: SessionBroker | None = None,
         cluster: KafkaCluster | None = None,
         core: _core.Core | None = None,
+        apache: ApacheKafka | None = None,
     ) -> None:
         self.name = name
         #: The core its producers take (see the ``backend`` fixture): C where it was built.
@@ -177,6 +192,8 @@ class BackendCase:
         self.broker = broker
         #: The session's Kafka cluster behind kafka-cluster (None elsewhere).
         self.cluster = cluster
+        #: The session's Apache Kafka node behind kafka-apache (None elsewhere).
+        self.apache = apache
         #: memory://NAME's store, held here so that it outlives the test's producers.
         self.store = get_store(url.removeprefix("memory://")) if name == "memory" else None
 
@@ -186,8 +203,9 @@ class BackendCase:
 
     @property
     def kafka(self) -> bool:
-        """kafka:// on a real broker: Tansu (``kafka``) or the mock cluster (``kafka-cluster``)."""
-        return self.name in ("kafka", "kafka-cluster")
+        """kafka:// on a real broker: Tansu (``kafka``), the mock cluster (``kafka-cluster``) or
+        Apache Kafka (``kafka-apache``)."""
+        return self.name in _KAFKA_BACKENDS
 
     @property
     def fake_append_time(self) -> bool:
@@ -210,13 +228,21 @@ class BackendCase:
         connection to the cluster passes through it)."""
         if self.cluster is not None:
             return self.cluster.faults
+        if self.apache is not None:
+            return self.apache.faults
         assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
         return self.broker.faults
 
     def with_options(self, **options: Any) -> BackendCase:
         """The same backend with more options for its producers."""
         case = BackendCase(
-            self.name, self.url, {**self.options, **options}, self.broker, self.cluster, self.core
+            self.name,
+            self.url,
+            {**self.options, **options},
+            self.broker,
+            self.cluster,
+            self.core,
+            self.apache,
         )
         case.store = self.store
         return case
@@ -285,6 +311,9 @@ def _backend_case(request: pytest.FixtureRequest, name: str) -> BackendCase:
     if name == "kafka-cluster":
         cluster: KafkaCluster = request.getfixturevalue("kafka_cluster")
         return BackendCase(name, cluster.url, {}, cluster=cluster)
+    if name == "kafka-apache":
+        apache: ApacheKafka = request.getfixturevalue("apache_kafka")
+        return BackendCase(name, apache.url, {}, apache=apache)
     broker = request.getfixturevalue("nats_broker")
     if name == "jetstream":
         return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True}, broker)

@@ -47,10 +47,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
 from producerkit.testing.brokers import LocalBroker, free_port
+
+if TYPE_CHECKING:
+    from producerkit.testing.proxy import FaultProxy
 
 __all__ = ["ApacheKafka", "cache_dir", "resolve_jars"]
 
@@ -317,6 +320,7 @@ class ApacheKafka:
         self._workdir: Path | None = None
         self._nodes: dict[int, _Node] = {}
         self._admin: Any = None
+        self._faults: FaultProxy | None = None
 
     # ------------------------------------------------------------------ addresses
 
@@ -529,6 +533,9 @@ class ApacheKafka:
         quorum that is leaving); those of a given ``workdir`` get SIGTERM together, and
         SIGKILL if still running 15 s later."""
         self._admin = None
+        faults, self._faults = self._faults, None
+        if faults is not None:
+            faults.stop()
         nodes = list(self._nodes.values())
         graceful = self._given_workdir is not None
         for node in nodes:
@@ -595,10 +602,29 @@ class ApacheKafka:
             lambda: self._in_sync(node_id), deadline - time.monotonic(), f"node {node_id} to rejoin"
         )
 
+    @property
+    def faults(self) -> FaultProxy:
+        """A :class:`~producerkit.testing.proxy.FaultProxy` in front of node 1 (started the first
+        time it is asked for): give a client :attr:`faulty_url`, and every connection it makes,
+        to each node Metadata names, passes through the proxy's faults."""
+        if self._faults is None:
+            from producerkit.testing.proxy import FaultProxy
+
+            host, _, port = self._node(self.node_ids[0]).host_port.rpartition(":")
+            self._faults = FaultProxy("kafka", host, int(port)).start()
+        return self._faults
+
+    @property
+    def faulty_url(self) -> str:
+        """``kafka://`` through :attr:`faults`."""
+        return f"kafka://{self.faults.host_port}"
+
     def reset(self) -> None:
-        """Restart every node that is not running (see :meth:`restart`); nothing when all run.
-        Topics, records and leaders stay as they are. The pytest plugin calls it after each
-        test."""
+        """Clear the fault proxy's faults and restart every node that is not running (see
+        :meth:`restart`); nothing else when all run. Topics, records and leaders stay as they
+        are. The pytest plugin calls it after each test."""
+        if self._faults is not None:
+            self._faults.clear()
         for node_id in self.node_ids:
             if self._nodes and not self.running(node_id):
                 self.restart(node_id)
