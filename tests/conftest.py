@@ -79,7 +79,6 @@ _BROKER_FIXTURES = (
     "nats_broker",
     "private_kafka_broker",
     "private_nats_broker",
-    "kafka_cluster",
     "apache_kafka",
     "apache_kafka_cluster",
     "apache_kafka_tv0",
