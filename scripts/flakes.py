@@ -16,8 +16,10 @@ Which tests::
     python scripts/flakes.py --suite-runs 5 --count 1   # the whole default suite, 5 times
 
 ``--load N`` keeps N cores busy (a spinning process each) while the tests run; ``--count N``
-repeats each test N times within a run (default 20); anything after ``--`` goes to pytest
-(``-- -k kafka -x``). The runs use the project's pytest configuration (two xdist workers, one
+repeats each test N times within a run (default 20); ``--budget MINUTES`` starts no run after
+that long (what was left is listed); anything after ``--`` goes to pytest (``-- -k kafka -x``).
+Changed files and ``--each-module`` run a file per pytest run; files named here run together.
+The runs use the project's pytest configuration (two xdist workers, one
 file per worker). Stdlib only; needs pytest-repeat and pytest-randomly (``pip install -e
 ".[dev]"``).
 """
@@ -94,9 +96,13 @@ def all_modules() -> list[str]:
     return sorted(str(path.relative_to(ROOT)) for path in TESTS.glob("test_*.py"))
 
 
+#: pytest's exit status when it selected no test.
+NO_TESTS = 5
+
+
 def run_pytest(files: Sequence[str], count: int, seed: int, extra: Sequence[str]) -> int:
     """One pytest run of ``files`` (every test ``count`` times, order shuffled by ``seed``);
-    its exit status. pytest's 5 (nothing collected) counts as a failure."""
+    its exit status."""
     command = [sys.executable, "-m", "pytest", "-p", "randomly", "-p", "repeat"]
     command += ["-p", "no:cacheprovider", f"--randomly-seed={seed}", "-q"]
     if count > 1:
@@ -105,7 +111,7 @@ def run_pytest(files: Sequence[str], count: int, seed: int, extra: Sequence[str]
     print(f"\n$ {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
     status = subprocess.run(command, cwd=ROOT).returncode
-    outcome = "passed" if status == 0 else f"FAILED (exit {status})"
+    outcome = {0: "passed", NO_TESTS: "selected no test"}.get(status, f"FAILED (exit {status})")
     print(f"--> {outcome} in {time.monotonic() - started:.0f}s, seed {seed}", flush=True)
     return status
 
@@ -131,6 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--load", type=int, default=0, metavar="N", help="keep N cores busy")
     parser.add_argument("--seed", type=int, help="the first run's shuffle seed (default: random)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="MINUTES",
+        help="start no run after MINUTES (the runs left are listed, not counted as passed)",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
@@ -144,21 +156,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.changed_since or args.changed_within) and not files:
         print("no test file changed: nothing to repeat")
         return 0
-    runs = [[file] for file in all_modules()] if args.each_module else [files]
+    # A file a run of its own (a failure names its file, a budget stops between files), except
+    # for files named on the command line and the whole suite: one run.
+    per_file = args.each_module or args.changed_since or args.changed_within
+    modules = all_modules() if args.each_module else files
+    runs = [[file] for file in modules] if per_file else [files]
 
     seed = args.seed if args.seed is not None else random.randrange(1, 2**31)
+    deadline = None if args.budget is None else time.monotonic() + args.budget * 60
     failed: list[tuple[list[str], int]] = []
+    empty: list[list[str]] = []
+    left: list[list[str]] = []
     with _cores_kept_busy(args.load):
         for _ in range(args.suite_runs):
             for selection in runs:
-                if run_pytest(selection, args.count, seed, extra) != 0:
+                if deadline is not None and time.monotonic() > deadline:
+                    left.append(selection)
+                    continue
+                status = run_pytest(selection, args.count, seed, extra)
+                if status == NO_TESTS and per_file:
+                    empty.append(selection)  # the filters left nothing of this file
+                elif status != 0:
                     failed.append((selection, seed))
                 seed += 1
-    total = args.suite_runs * len(runs)
-    print(f"\nruns: {total - len(failed)} of {total} passed")
+    ran = args.suite_runs * len(runs) - len(left) - len(empty)
+    print(f"\nruns: {ran - len(failed)} of {ran} passed")
     for selection, run_seed in failed:
         print(f"  failed: {' '.join(selection) or 'the whole suite'} --seed {run_seed}")
-    return 1 if failed else 0
+    for selection in empty:
+        print(f"  selected no test: {' '.join(selection)}")
+    for selection in left:
+        print(f"  not run (past the {args.budget:g} min budget): {' '.join(selection)}")
+    return 1 if failed or ran == 0 else 0
 
 
 if __name__ == "__main__":
