@@ -3,7 +3,8 @@ isolation_level="read_committed")`` and ``KafkaCluster.transactions``.
 
 The mock serves every record to every consumer, so the view is worked out from the recorded
 traffic. Tested three ways: hand-made frames fed through the recorder's tap (every rule of
-the view, on the fixed-width and the flexible versions of the three APIs), confluent-kafka's
+the view, on the fixed-width and the flexible versions of the three APIs, and transactions
+v2's: Produce v12, EndTxn v5), confluent-kafka's
 transactional producer (commit, abort, open, re-initialized, interleaved with plain records)
 and producerkit's ``atomic_batch()`` on the session cluster.
 """
@@ -91,8 +92,9 @@ def _batch(producer_id: int, epoch: int, sequence: int, count: int, transactiona
 
 
 class Versions:
-    """The API versions a client speaks: fixed-width (producerkit's through aiokafka) or
-    flexible (KIP-482: compact strings and arrays, tagged fields)."""
+    """The API versions a client speaks: fixed-width (producerkit's through aiokafka),
+    flexible (KIP-482: compact strings and arrays, tagged fields), or transactions v2's
+    (KIP-890: Produce v12, EndTxn v5, whose answer carries the bumped epoch)."""
 
     def __init__(self, produce: int, end_txn: int, init: int) -> None:
         self.produce, self.end_txn, self.init = produce, end_txn, init
@@ -172,12 +174,16 @@ class Traffic:
         self._send([_response(correlation, answer, compact)], self.tap.responses.feed)
 
     def end(self, txn: str, producer_id: int, epoch: int, commit: bool, error: int = 0) -> None:
+        """EndTxn; from v5 (transactions v2) its answer carries the epoch bumped."""
         version = self.versions.end_txn
         compact = version >= 3
         body = _string(txn, compact) + struct.pack(">qhb", producer_id, epoch, commit)
         body += b"\x00" if compact else b""
         correlation = self._next()
-        answer = struct.pack(">ih", 0, error) + (b"\x00" if compact else b"")
+        answer = struct.pack(">ih", 0, error)
+        if version >= 5:
+            answer += struct.pack(">qh", producer_id, epoch + 1) if not error else b"\xff" * 10
+        answer += b"\x00" if compact else b""
         self._send([_request(26, version, correlation, body, compact)], self.tap.requests.feed)
         self._send([_response(correlation, answer, compact)], self.tap.responses.feed)
 
@@ -190,8 +196,12 @@ def _served(view: TransactionView, partition: int, end: int) -> list[int]:
 
 
 @pytest.fixture(
-    params=[Versions(produce=8, end_txn=1, init=1), Versions(produce=10, end_txn=3, init=4)],
-    ids=["fixed", "flexible"],
+    params=[
+        Versions(produce=8, end_txn=1, init=1),
+        Versions(produce=10, end_txn=3, init=4),
+        Versions(produce=12, end_txn=5, init=5),
+    ],
+    ids=["fixed", "flexible", "transactions-v2"],
 )
 def traffic(request: pytest.FixtureRequest) -> Traffic:
     return Traffic(request.param)
@@ -290,6 +300,34 @@ def test_an_epoch_bump_aborts_the_open_transaction(traffic: Traffic) -> None:
     traffic.end("a", 1000, 1, commit=True)
     assert [state for _, state in traffic.view().batches] == ["aborted", "committed"]
     assert _served(traffic.view(), 0, 4) == [2, 3]
+
+
+def test_a_higher_epoch_of_the_producer_id_follows_a_bump_the_view_did_not_read(
+    traffic: Traffic,
+) -> None:
+    """Transactions v2: EndTxn v5 answers with the next transaction's epoch, which the recorder
+    does not read; the producer's next batch under it is its own, not fenced, and what the
+    producer id had open under an older epoch is aborted (Kafka bumps only at an end)."""
+    traffic.init("a", 1000, 0)
+    traffic.produce("a", 1000, 0, "t", [(0, 0, 2)], [(0, 0)])  # 0-1
+    traffic.end("a", 1000, 0, commit=True)  # marker at 2; v5: the epoch is 1 from here
+    traffic.produce("a", 1000, 1, "t", [(0, 0, 2)], [(0, 3)])  # 3-4
+    traffic.end("a", 1000, 1, commit=False)  # marker at 5; the epoch is 2
+    traffic.produce("a", 1000, 2, "t", [(0, 0, 2)], [(0, 6)])  # 6-7, open...
+    traffic.produce("a", 1000, 4, "t", [(1, 0, 2)], [(0, 0)])  # ...aborted by a bump (p1 0-1)
+    traffic.end("a", 1000, 4, commit=True)
+    traffic.produce("a", 1000, 3, "t", [(0, 2, 1)], [(0, 8)])  # an older epoch: fenced
+    view = traffic.view()
+    assert [state for _, state in view.batches] == [
+        "committed",
+        "aborted",
+        "aborted",
+        "committed",
+        "fenced",
+    ]
+    assert _served(view, 0, 9) == [0, 1, 2, 5]
+    assert _served(view, 1, 2) == [0, 1]
+    assert view.last_stable_offsets == {}
 
 
 def test_failed_and_duplicate_batches_were_not_stored(traffic: Traffic) -> None:

@@ -27,6 +27,12 @@ Kafka's transaction coordinator and partition leaders would have applied them:
   transactional id with another producer id or epoch is one Kafka would have refused
   (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH). The mock takes them; the view counts such batches
   as ``fenced`` (never served) and such an EndTxn as ending nothing;
+- a transactional batch of the transactional id's producer id under a higher epoch than the
+  one granted follows an epoch bump the recorder did not read: EndTxn v5 (transactions v2,
+  KIP-890) answers with the epoch of the producer's next transaction, and the recorder reads
+  only an EndTxn answer's error code. From then on that epoch is the id's, and what the
+  producer id still had open under the older one is aborted (an EndTxn v5 that was accepted
+  ended it already; a bump without one, Kafka's, aborts it);
 - a batch answered with an error was not stored; one the mock acked as a duplicate of a batch
   it had (error 0, base offset -1) was not stored again;
 - a transaction neither committed nor aborted is open, and Kafka's last stable offset (LSO)
@@ -39,7 +45,12 @@ a committed transaction below its partition's LSO, and none of an aborted, fence
 
 What the view does not model: the transaction timeout (Kafka's coordinator aborts a
 transaction open longer than ``transaction.timeout.ms``; here it stays open until an EndTxn or
-an InitProducerId ends it), and requests that did not pass the recorder. A batch whose answer
+an InitProducerId ends it); with transactions v2, a write under an epoch an EndTxn v5 ended
+(Kafka refuses it: the view takes it into the producer id's open transaction, not knowing the
+bump until the next epoch's first batch) and the new producer id EndTxn v5 grants where the
+epoch would overflow (taken for another producer's, fenced); and requests that did not pass
+the recorder. librdkafka's mock cluster finalizes no ``transaction.version``, so producerkit
+speaks transactions v1 to it and none of the v2 cases arises there. A batch whose answer
 the recorder never saw (its connection closed first) and whose retry, if any, was acked as a
 duplicate may be in the log at offsets nobody told: if its transaction was not committed, the
 view cannot say which records to hide and :meth:`TransactionLog.view` raises
@@ -423,7 +434,13 @@ class _Replay:
             stored = _key(batch) not in self._placed
         state: BatchState = "not_stored" if not stored else "committed"
         if stored and batch.transactional:
-            granted = self._current.get(event.transactional_id)
+            txn = event.transactional_id
+            granted = self._current.get(txn)
+            if (
+                granted is not None and granted[0] == batch.producer_id and batch.epoch > granted[1]
+            ):  # a bump the recorder did not read (EndTxn v5's answer)
+                self._finish(batch.producer_id, "aborted")
+                granted = self._current[txn] = (batch.producer_id, batch.epoch)
             if granted is not None and granted != (batch.producer_id, batch.epoch):
                 state = "fenced"  # Kafka: PRODUCER_FENCED, not written
             else:
