@@ -1,15 +1,20 @@
 """Where the CPU of a Kafka run goes: the client's and the broker's, per message.
 
     python benches/cpu_per_message.py [--messages 600000] [--repeat 3]
+        [--kafka-broker tansu|apache|both] [--warmup 180]
 
-On Tansu with null storage, the same 512-byte keyed messages as ``benches/throughput.py``:
-producerkit's ``produce()`` and ``produce_batch`` (chunks of 10,000) with the bench's
-throughput settings, and confluent-kafka at librdkafka's defaults, rounds interleaved. For each
-run: the rate, the CPU this process used (confluent-kafka's librdkafka threads included) and
-the CPU the broker process used, per message and in cores (CPU seconds per second of the run),
-and the rate the two would reach if they had the machine's cores to themselves
+On Tansu with null storage (``--kafka-broker tansu``, the default), on one Apache Kafka node
+(``apache``: its JVM with the flags of Kafka's own start script, warmed up for ``--warmup``
+seconds first, see ``benches/_brokers.py``), or on both, rounds interleaved (each runner on one
+broker, then on the other), the same 512-byte keyed messages as ``benches/throughput.py``:
+producerkit's ``produce()`` at its defaults and with the bench's throughput settings,
+``produce_batch`` (chunks of 10,000) with them, and confluent-kafka at librdkafka's defaults,
+each on a new 4-partition topic. For each run: the rate, the CPU this process used
+(confluent-kafka's librdkafka threads included) and the CPU the broker process used (Tansu's,
+or the JVM's), per message and in cores (CPU seconds per second of the run), and the rate the
+two would reach if they had the machine's cores to themselves
 (``os.cpu_count() / (client + broker CPU per message)``): the ceiling any client reaches
-on this machine with the broker on it.
+on this machine with the broker on it. Then each runner's medians over the rounds per broker.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import asyncio
 import os
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +38,7 @@ from throughput import (
     Messages,
     batch_chunks,
     confluent_kafka,
+    delete_topic,
     make_messages,
     producerkit_run,
 )
@@ -75,43 +82,67 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=600_000)
     parser.add_argument("--repeat", type=int, default=3)
     _brokers.add_broker_flags(parser, nats=False)
+    _brokers.add_kafka_broker_choice(parser)
     args = parser.parse_args()
     messages = make_messages(args.messages, True)
-    cores = os.cpu_count() or 1
-    with _brokers.kafka(args.kafka_url, storage="null://sink") as kafka:
-        url = kafka.kafka_url
-        runs: dict[str, Callable[[str], Any]] = {
-            'producerkit produce(), preset="throughput"': lambda topic: asyncio.run(
-                producerkit_run(url, topic, messages, **KAFKA_SETTINGS)
-            ),
-            "producerkit produce_batch": lambda topic: asyncio.run(batch_run(url, topic, messages)),
-            "confluent-kafka (librdkafka defaults)": lambda topic: asyncio.run(
-                confluent_kafka(url, topic, messages)
-            ),
-        }
+    count, cores = len(messages), os.cpu_count() or 1
+    runs: dict[str, Callable[[str, str], Any]] = {
+        "producerkit produce(), defaults": lambda url, topic: asyncio.run(
+            producerkit_run(url, topic, messages)
+        ),
+        'producerkit produce(), preset="throughput"': lambda url, topic: asyncio.run(
+            producerkit_run(url, topic, messages, **KAFKA_SETTINGS)
+        ),
+        "producerkit produce_batch": lambda url, topic: asyncio.run(
+            batch_run(url, topic, messages)
+        ),
+        "confluent-kafka (librdkafka defaults)": lambda url, topic: asyncio.run(
+            confluent_kafka(url, topic, messages)
+        ),
+    }
+    #: (broker, runner) -> each round's (msg/s, client µs/msg, broker µs/msg or None)
+    results: dict[tuple[str, str], list[tuple[int, float, float | None]]] = {}
+    with _brokers.kafka_brokers(args, storage="null://sink") as brokers:
         print(
-            "| round | runner | msg/s | client µs/msg (cores) | broker µs/msg (cores) "
-            "| ceiling msg/s |\n|---|---|---:|---:|---:|---:|"
+            "| round | broker | runner | msg/s | client µs/msg (cores) | broker µs/msg (cores) "
+            "| ceiling msg/s |\n|---|---|---|---:|---:|---:|---:|"
         )
         for round_number in range(1, args.repeat + 1):
             for name, run in runs.items():
-                topic = f"cpu-{time.monotonic_ns()}"
-                asyncio.run(create_kafka_topic(url, topic, 4))
-                broker_before, client_before = broker_cpu(kafka.pid), own_cpu()
-                started = time.perf_counter()
-                rate = run(topic)
-                wall = time.perf_counter() - started
-                broker = broker_cpu(kafka.pid) - broker_before
-                client = own_cpu() - client_before
-                count = len(messages)
-                measured = kafka.pid is not None  # a broker named by --kafka-url: not measured
-                print(
-                    f"| {round_number} | {name} | {rate:,} | {client / count * 1e6:.2f} "
-                    f"({client / wall:.2f}) | "
-                    + (f"{broker / count * 1e6:.2f} ({broker / wall:.2f})" if measured else "-")
-                    + f" | {cores / ((client + broker) / count):,.0f} |",
-                    flush=True,
-                )
+                for kafka in brokers:
+                    url, topic = kafka.kafka_url, f"cpu-{time.monotonic_ns()}"
+                    asyncio.run(create_kafka_topic(url, topic, 4))
+                    broker_before, client_before = broker_cpu(kafka.pid), own_cpu()
+                    started = time.perf_counter()
+                    rate = run(url, topic)
+                    wall = time.perf_counter() - started
+                    broker = broker_cpu(kafka.pid) - broker_before
+                    client = own_cpu() - client_before
+                    asyncio.run(delete_topic(url, topic))  # Apache Kafka keeps what it stored
+                    measured = kafka.pid is not None  # named by --kafka-url: not measured
+                    results.setdefault((kafka.name, name), []).append(
+                        (rate, client / count * 1e6, broker / count * 1e6 if measured else None)
+                    )
+                    print(
+                        f"| {round_number} | {kafka.name} | {name} | {rate:,} "
+                        f"| {client / count * 1e6:.2f} ({client / wall:.2f}) | "
+                        + (f"{broker / count * 1e6:.2f} ({broker / wall:.2f})" if measured else "-")
+                        + f" | {cores / ((client + broker) / count):,.0f} |",
+                        flush=True,
+                    )
+    print(
+        f"\nMedians of {args.repeat} rounds:\n\n"
+        "| broker | runner | msg/s | client µs/msg | broker µs/msg |\n|---|---|---:|---:|---:|"
+    )
+    for (broker_name, name), rounds in results.items():
+        rates, clients, brokers_us = zip(*rounds, strict=True)
+        measured_us = [us for us in brokers_us if us is not None]
+        print(
+            f"| {broker_name} | {name} | {statistics.median(rates):,.0f} "
+            f"| {statistics.median(clients):.2f} | "
+            + (f"{statistics.median(measured_us):.2f}" if measured_us else "-")
+            + " |"
+        )
     return 0
 
 

@@ -9,6 +9,7 @@
     python benches/throughput.py --only batch [--messages 300000] [--repeat 3]
     python benches/throughput.py --only peers [--messages 200000] [--repeat 3]
         [--peers-python ~/.venvs/peers313/bin/python] [--peer kafka-python --peer ...]
+        [--kafka-broker tansu|apache|both] [--warmup 180]
 
 ``--only defaults``: on Tansu null storage, producerkit at its true defaults, with
 ``preset="throughput"`` alone, and with larger windows (with and without the preset), against
@@ -50,7 +51,11 @@ by ``benches/_peers.py`` in a fresh process of its own, rounds interleaved and r
 ``publish_async``, and the fast publishers of nats-jetstream-extra and of natsio with
 natsio-jetstream-batch, which need Python 3.13: ``--peers-python`` names the interpreter of
 a venv that has them). Kafka on Tansu with null storage, a new 4-partition topic per run;
-JetStream on a new file-storage stream per run that allows fast batches. For each run: msg/s,
+JetStream on a new file-storage stream per run that allows fast batches. ``--kafka-broker
+apache`` runs the Kafka rows on one Apache Kafka node instead (its JVM with the flags of Kafka's
+own start script, full tiered compilation, warmed up for ``--warmup`` seconds before the first
+round: ``benches/_brokers.py``), ``both`` on each of the two, rounds interleaved (the Apache
+rows named ``kafka on apache: ...``). For each run: msg/s,
 the client process's CPU per message over the timed part (all its threads: librdkafka's,
 kafka-python's sender), the broker process's (psutil; only for a broker started here), and the
 client's cores (CPU seconds per second); the table gives medians and ranges, then the issue's
@@ -832,8 +837,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=Path("results/throughput.json"))
     _brokers.add_broker_flags(parser)
+    _brokers.add_kafka_broker_choice(parser)
     args = parser.parse_args(argv)
     only = set(args.only or ["null", "kafka", "jetstream"])
+    if args.kafka_broker != "tansu" and only != {"peers"}:
+        parser.error("--kafka-broker apache or both: with --only peers alone")
     from producerkit._fast import SPEEDUPS
 
     print(f"producerkit C speedups: {SPEEDUPS}", flush=True)
@@ -1382,25 +1390,35 @@ def peers_main(args: argparse.Namespace) -> int:
     skipped = {name: why for name in rows if (why := _peer_missing(name, rows[name]))}
     for name, why in skipped.items():
         print(f"  skipped {name}: {why}", flush=True)
-    names = [name for name in rows if name not in skipped]
-    if not names:
+    bases = [name for name in rows if name not in skipped]
+    if not bases:
         print("no runner to run", file=sys.stderr)
         return 1
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with (
-        _brokers.kafka(args.kafka_url, storage="null://sink") as kafka,
+        _brokers.kafka_brokers(args, storage="null://sink") as kafkas,
         _brokers.nats(args.nats_url) as nats,
     ):
-        print(f"Kafka: tansu null storage at {kafka.kafka_url}; JetStream at {nats.jetstream_url}")
+        for kafka in kafkas:
+            what = "tansu null storage" if kafka.name == "tansu" else "Apache Kafka, one node"
+            print(f"Kafka: {what} at {kafka.kafka_url}")
+        print(f"JetStream at {nats.jetstream_url}", flush=True)
+        # Each row: its name in the table, the runner's, and its broker (a Kafka runner on each
+        # Kafka broker, the rows of one runner next to each other).
+        plan = [
+            (on_broker(base, kafka.name), base, kafka)
+            for base in bases
+            for kafka in (kafkas if base.startswith("kafka") else [nats])
+        ]
+        names = [name for name, _, _ in plan]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for number in range(args.repeat):
-            shift = number % len(names)
-            for name in names[shift:] + names[:shift]:
-                broker = kafka if name.startswith("kafka") else nats
-                one = _run_in_own_process(name, rows[name], broker, args.messages)
+            shift = number % len(plan)
+            for name, base, broker in plan[shift:] + plan[:shift]:
+                one = _run_in_own_process(base, rows[base], broker, args.messages)
                 if one is None:
                     continue
                 runs[name].append(one)
-                print(f"  round {number + 1} {name:<56} {_run_line(one)}", flush=True)
+                print(f"  round {number + 1} {name:<66} {_run_line(one)}", flush=True)
     table = [_peer_row(name, runs[name]) for name in names if runs[name]]
     print(
         "\n| runner | msg/s | client µs/msg | broker µs/msg | client cores |\n"
@@ -1412,7 +1430,7 @@ def peers_main(args: argparse.Namespace) -> int:
             f"| {_spread(row['client_us'], '{:.2f}')} | {_spread(row['broker_us'], '{:.2f}')} "
             f"| {_spread(row['client_cores'], '{:.2f}')} |"
         )
-    targets = peer_targets(runs)
+    targets = peer_targets(runs, [kafka.name for kafka in kafkas])
     print("\n| target | median ratio (range) | wanted | |\n|---|---:|---:|---|")
     for target in targets:
         print(
@@ -1428,6 +1446,8 @@ def peers_main(args: argparse.Namespace) -> int:
             "repeat": args.repeat,
             "value_bytes": len(VALUE),
             "cpus": os.cpu_count(),
+            "kafka_brokers": [kafka.name for kafka in kafkas],
+            "apache_warmup_seconds": args.warmup,
             "peers_python": python,
             "skipped": skipped,
             "runs": runs,
@@ -1437,6 +1457,14 @@ def peers_main(args: argparse.Namespace) -> int:
         },
     )
     return 1 if FAILED_RUNNERS else 0
+
+
+def on_broker(name: str, broker: str) -> str:
+    """The table's name of runner ``name`` on Kafka broker ``broker``: Tansu's rows keep theirs
+    (``kafka: ...``), Apache Kafka's are ``kafka on apache: ...``."""
+    if broker in ("tansu", "nats") or not name.startswith("kafka: "):
+        return name
+    return f"kafka on {broker}: {name.removeprefix('kafka: ')}"
 
 
 def _peer_missing(name: str, python: str) -> str | None:
@@ -1549,11 +1577,20 @@ def _spread(values: list[float], form: str) -> str:
     return f"{median} ({form.format(min(values))}-{form.format(max(values))})"
 
 
-def peer_targets(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Each target of ``PEER_TARGETS`` both of whose runners ran: the per-round ratios (the
-    n-th run of one over the n-th of the other), whether their median meets it."""
+def peer_targets(
+    runs: dict[str, list[dict[str, Any]]], kafka_brokers: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Each target of ``PEER_TARGETS`` both of whose runners ran (the Kafka ones on each of
+    ``kafka_brokers``): the per-round ratios (the n-th run of one over the n-th of the other),
+    whether their median meets it."""
     out = []
-    for measure, mine, theirs, bound in PEER_TARGETS:
+    brokers = kafka_brokers or ["tansu"]
+    targets = [
+        (measure, on_broker(one, broker), on_broker(other, broker), bound)
+        for measure, one, other, bound in PEER_TARGETS
+        for broker in (brokers if one.startswith("kafka") else ["nats"])
+    ]
+    for measure, mine, theirs, bound in targets:
         pairs = list(zip(runs.get(mine, []), runs.get(theirs, []), strict=False))
         if not pairs:
             continue

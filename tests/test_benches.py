@@ -5,11 +5,13 @@ had failed at import unseen).
 Each run is the bench as its docstring gives it, ``python benches/NAME.py ...``, in a fresh
 interpreter whose working directory is the test's temp dir (for what it writes), with a few
 hundred or thousand messages, against the session brokers (``--kafka-url``/``--nats-url``, see
-``benches/_brokers.py``) or ``null://``. ``chaos.py`` starts its own Tansu (or, for
-``kafka-cluster``, its own mock cluster, in-process): its faults run through a proxy in front
-of a broker it owns (and may kill). The pytest-benchmark files run
-under pytest with ``--benchmark-disable`` (each case once). A bench that needs what this
-install lacks (a peer client, pyspark, Java) is skipped, naming it.
+``benches/_brokers.py``) or ``null://``; the runs on Apache Kafka (``--kafka-broker apache``) on
+the session's node (the plugin's ``apache_kafka``, asked for only by those runs), its JVM's pid
+given, so that its CPU is read as a node the bench started. ``chaos.py`` starts its own Tansu
+(or, for ``kafka-cluster``, its own mock cluster, in-process): its faults run through a proxy
+in front of a broker it owns (and may kill). The pytest-benchmark files run under pytest
+with ``--benchmark-disable`` (each case once). A bench that needs what this install lacks (a
+peer client, pyspark, Java) is skipped, naming it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ BENCHES = REPO / "benches"
 #: A bench added to benches/ without an entry here fails test_every_bench_has_a_tiny_run.
 BROKERS = ["--kafka-url", "{kafka}", "--nats-url", "{nats}"]
 KAFKA = ["--kafka-url", "{kafka}"]
+#: The session's Apache Kafka node as the bench's broker: its CPU measured, a short warm-up.
+APACHE = ["--kafka-broker", "apache", "--kafka-url", "{apache}", "--kafka-pid", "{apache_pid}"]
+APACHE += ["--warmup", "0.2"]
 PYTEST = ["-m", "pytest", "--benchmark-disable", "-q", "-n", "0"]
 PYTEST += ["-p", "no:cacheprovider", "-p", "no:randomly"]  # the file order, no cache
 TINY: dict[str, dict[str, list[str]]] = {
@@ -62,7 +67,10 @@ TINY: dict[str, dict[str, list[str]]] = {
             *["--plot", "{tmp}/c.png"],
         ],
     },
-    "cpu_per_message.py": {"": ["--messages", "500", "--repeat", "1", *KAFKA]},
+    "cpu_per_message.py": {
+        "": ["--messages", "500", "--repeat", "1", *KAFKA],
+        "apache": ["--messages", "500", "--repeat", "1", *APACHE],
+    },
     "fused_path.py": {"": ["--messages", "500", "--rounds", "1", *KAFKA]},
     "latency_at_rates.py": {
         "": [
@@ -118,6 +126,11 @@ TINY: dict[str, dict[str, list[str]]] = {
         # The Python 3.13 fast publishers run where PRODUCERKIT_PEERS_PYTHON names a 3.13 venv
         # with them; else the suite skips them (and any peer not installed), saying why.
         "peers": ["--only", "peers", "--messages", "300", "--repeat", "1", *BROKERS],
+        "peers on apache": [
+            *["--only", "peers", "--messages", "300", "--repeat", "1", "--nats-url", "{nats}"],
+            *["--peer", "kafka: producerkit produce(), defaults"],
+            *["--peer", "kafka: confluent-kafka produce()", *APACHE],
+        ],
     },
 }
 
@@ -128,12 +141,14 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "bench_spark.py": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java"),
     "chaos.py": ("numpy", "matplotlib", "psutil"),
     "cpu_per_message.py": ("confluent_kafka",),
+    "cpu_per_message.py[apache]": ("confluent_kafka", "psutil", "java"),
     "latency_at_rates.py": ("matplotlib",),
     "observability.py": ("opentelemetry.sdk",),
     "sync_throughput.py": ("confluent_kafka",),
     "test_bench_hotpaths.py": ("pytest_benchmark",),
     "throughput.py": ("confluent_kafka",),
     "throughput.py[batch]": ("confluent_kafka", "pyarrow"),  # its Arrow chunks
+    "throughput.py[peers on apache]": ("confluent_kafka", "psutil", "java"),
 }
 
 #: Most seconds one tiny run may take (Spark's JVM start is most of bench_spark.py's ~20 s).
@@ -175,6 +190,7 @@ def test_bench_runs_with_a_tiny_workload(
     kafka_broker: SessionBroker,
     nats_broker: SessionBroker,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     missing = _missing(NEEDS.get(f"{bench}[{run}]", NEEDS.get(bench, ())))
     if missing is not None:
@@ -185,6 +201,9 @@ def test_bench_runs_with_a_tiny_workload(
         "tmp": str(tmp_path),
         "repo": str(REPO),
     }
+    if "{apache}" in TINY[bench][run]:  # the session's node, started only for these runs
+        apache = request.getfixturevalue("apache_kafka")
+        fill.update(apache=apache.url, apache_pid=str(apache.nodes[0].process.pid))
     argv = [arg.format(**fill) for arg in TINY[bench][run]]
     if argv[:2] != ["-m", "pytest"]:
         argv.insert(0, str(BENCHES / bench))

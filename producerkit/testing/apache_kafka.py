@@ -283,7 +283,9 @@ class ApacheKafka:
     transactions v2, Kafka 4's default; 0 or 1: the older protocol). ``heap`` is each JVM's
     ``-Xmx``. ``properties`` are added to (or replace) every node's ``server.properties``.
     ``ports``: the client ports of the first nodes (the others, and the controller ports, are
-    free ports).
+    free ports). ``jvm_options``: the nodes' JVM flags after the heap's; the default is for a
+    quick start on a small machine (the serial collector, C1 alone: ``-XX:TieredStopAtLevel=1``);
+    a throughput bench gives flags with full tiered compilation (benches/_brokers.py).
 
     Nothing runs until :meth:`start` (or ``with``); :meth:`stop` stops every node and removes
     the work directory if it made it. The internal topics are replicated on every node (3 at
@@ -301,6 +303,7 @@ class ApacheKafka:
         heap: str = "512m",
         properties: Mapping[str, str | int] | None = None,
         ports: Sequence[int] | None = None,
+        jvm_options: Sequence[str] = _JVM_FLAGS,
     ) -> None:
         if brokers < 1:
             raise ConfigurationError(f"an Apache Kafka cluster has at least 1 node, not {brokers}")
@@ -316,6 +319,7 @@ class ApacheKafka:
         self._heap = heap
         self._properties = {key: str(value) for key, value in (properties or {}).items()}
         self._ports = list(ports or ())
+        self._jvm_options = list(jvm_options)
         self._given_workdir = workdir
         self._workdir: Path | None = None
         self._nodes: dict[int, _Node] = {}
@@ -418,7 +422,7 @@ class ApacheKafka:
             command = [
                 self._java,
                 *self._heap_flags(),
-                *_JVM_FLAGS,
+                *self._jvm_options,
                 "-cp",
                 self._classpath,
                 "kafka.Kafka",
