@@ -12,6 +12,9 @@ and any number of threads may share one. It holds no message and no count of its
   flight at once; while the window is full that blocks the calling thread until it has drained
   to its resume point. A nonblocking produce returns then; a blocking one waits for its ack.
 - ``start()``, ``flush()``, ``close()`` and ``stats`` run on the loop through the portal.
+- ``atomic_batch()`` is the producer's own, held open on the loop by one task (the portal's
+  ``wrap_async_context_manager``: a Kafka transaction's lock is that task's), ended there when
+  the ``with`` block ends; each ``batch.produce()`` is one call across (SyncAtomicBatch).
 
 A call that would wait on the loop, made on the loop's own thread (from an ``on_error`` or
 ``on_outcome`` callback), could only deadlock: it raises LoopThreadError at once. ``close()``
@@ -31,7 +34,7 @@ import logging
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from producerkit import _fork
@@ -54,10 +57,11 @@ if TYPE_CHECKING:
     from anyio.from_thread import BlockingPortal
     from anyio.streams.memory import MemoryObjectReceiveStream
 
-    from producerkit._transaction import PreparedTransaction
+    from producerkit._atomic import AtomicBatch
+    from producerkit._transaction import KafkaAtomicBatch, PreparedTransaction
     from producerkit.jetstream import Expect
 
-__all__ = ["SyncProducer"]
+__all__ = ["SyncAtomicBatch", "SyncProducer"]
 
 logger = logging.getLogger("producerkit.producer")
 
@@ -215,6 +219,29 @@ class SyncProducer:
             wait=None,
         )
 
+    def atomic_batch(
+        self, topic: str | None = None, *, prepare: bool = False
+    ) -> AbstractContextManager[SyncAtomicBatch]:
+        """:meth:`Producer.atomic_batch` from blocking code (docs/atomic.md)::
+
+            with producer.atomic_batch() as batch:
+                batch.produce(b"order", key="user-1")
+
+        stores the block's messages all together when it ends, or none of them (the block
+        raised, or an AtomicBatchError raised at its end says why). With ``prepare`` (Kafka),
+        the transaction is left open at the end for another process to commit:
+        ``batch.prepared`` (see :func:`producerkit.transactions.commit_prepared_sync`). The
+        batch is opened and ended on the producer's loop, and the block waits meanwhile;
+        raises LoopThreadError on the producer's own loop thread, ProducerClosed after
+        close()."""
+        loop = self._loop
+        if _get_ident() == loop.thread_id:
+            raise LoopThreadError(_on_loop_thread("atomic_batch()"))
+        if loop.stopped:
+            loop.check_not_forked()
+            raise ProducerClosed("atomic_batch() after close(): create a new SyncProducer")
+        return _sync_batch(loop, _opened_batch(self._producer, topic, prepare))
+
     def prepare_transaction(
         self, batches: Iterable[Mapping[str, Any]], *, topic: str | None = None
     ) -> PreparedTransaction | None:
@@ -287,6 +314,72 @@ class SyncProducer:
 
     def __repr__(self) -> str:
         return f"<Sync{repr(self._producer)[1:]}"
+
+
+class SyncAtomicBatch:
+    """An atomic batch of a :class:`SyncProducer` (``with producer.atomic_batch() as
+    batch``): each method blocks the calling thread while the producer's loop runs the async
+    batch's own (a JetStream atomic batch, or a Kafka transaction); it holds nothing else."""
+
+    def __init__(self, loop: _LoopThread, batch: AtomicBatch | KafkaAtomicBatch) -> None:
+        self._loop = loop
+        self._batch = batch
+
+    def produce(
+        self,
+        value: bytes | bytearray | memoryview | str,
+        *,
+        key: bytes | str | None = None,
+        headers: Any = None,
+        topic: str | None = None,
+    ) -> None:
+        """Add a message to the batch (the batch's ``produce``: its MessageError for a bad
+        message, AtomicBatchError where the batch cannot take it)."""
+        call = functools.partial(self._batch.produce, value, key=key, headers=headers, topic=topic)
+        self._loop.call("atomic_batch().produce()", call, wait=None)
+
+    def produce_batch(
+        self, values: Any, *, keys: Any = None, headers: Any = None, topic: str | None = None
+    ) -> None:
+        """Add many messages at once (Kafka: ``KafkaAtomicBatch.produce_batch``'s columns).
+        ConfigurationError on JetStream, whose batches take one message at a time."""
+        produce_batch = getattr(self._batch, "produce_batch", None)
+        if produce_batch is None:
+            raise ConfigurationError("produce_batch in an atomic batch is Kafka's: use produce()")
+        call = functools.partial(produce_batch, values, keys=keys, headers=headers, topic=topic)
+        self._loop.call("atomic_batch().produce_batch()", call, wait=None)
+
+    @property
+    def id(self) -> str:
+        """The batch's id (Kafka: the transactional id its messages are written with)."""
+        return self._batch.id
+
+    @property
+    def prepared(self) -> PreparedTransaction | None:
+        """With ``prepare=True``, once the block ended: the transaction left open (else None)."""
+        return getattr(self._batch, "prepared", None)
+
+    def __len__(self) -> int:
+        """Messages produced into the batch so far."""
+        return len(self._batch)
+
+
+@contextlib.contextmanager
+def _sync_batch(
+    loop: _LoopThread,
+    opened: contextlib.AbstractAsyncContextManager[AtomicBatch | KafkaAtomicBatch],
+) -> Iterator[SyncAtomicBatch]:
+    with loop.portal.wrap_async_context_manager(opened) as batch:
+        yield SyncAtomicBatch(loop, batch)
+
+
+@contextlib.asynccontextmanager
+async def _opened_batch(
+    producer: Producer, topic: str | None, prepare: bool
+) -> AsyncIterator[AtomicBatch | KafkaAtomicBatch]:
+    """The producer's atomic batch, made and held open on its loop (its locks need the loop)."""
+    async with producer.atomic_batch(topic, prepare=prepare) as batch:
+        yield batch
 
 
 def _on_loop_thread(call: str) -> str:

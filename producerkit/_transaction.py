@@ -406,7 +406,10 @@ class KafkaAtomicBatch:
         try:
             await connection.end_transaction(commit=True)
         except AtomicBatchError as refused:
-            self._fail(refused, possibly_stored=refused.kind == "coordinator_unavailable")
+            # a commit no coordinator answered may have been taken all the same: the batch
+            # and each of its messages say so (docs/atomic.md's table)
+            refused.possibly_stored = refused.kind == "coordinator_unavailable"
+            self._fail(refused, possibly_stored=refused.possibly_stored)
             raise
         transactions.reports.commit()
 

@@ -34,7 +34,6 @@ so a notebook's running loop does not matter.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -145,13 +144,30 @@ def timeout_of(config: SinkConfig) -> float:
     return int(given) / 1000 if given is not None else DEFAULT_TIMEOUT
 
 
+#: The options exactly-once on Kafka sets itself, each task's producer and the driver's
+#: requests: why it refuses each, given.
+_SET_BY_EXACTLY_ONCE: Final = {
+    "transactional_id": (
+        "exactly_once gives each task's transaction an id of its own, one per output partition "
+        "of the write ({job}-{partition}), so that a retried or speculative attempt fences the "
+        "earlier one and the driver can commit or abort each: drop transactional_id"
+    ),
+}
+
+
 def check_job(config: SinkConfig) -> float | None:
     """Refuse, on the driver, an exactly-once write that could not be one: another backend,
-    on Kafka a partition column or ``on_error="count"`` (a transaction is all or nothing), on
-    JetStream a stream whose duplicate window is shorter than ``exactly_once_timeout`` (or,
-    that not given, a warning naming the window). Returns that window (JetStream)."""
+    on Kafka an option exactly-once sets itself (``transactional_id``), a partition column or
+    ``on_error="count"`` (a transaction is all or nothing), on JetStream a stream whose
+    duplicate window is shorter than ``exactly_once_timeout`` (or, that not given, a warning
+    naming the window). Raises ConfigurationError before any task runs; returns that window
+    (JetStream)."""
     backend = backend_of(config)
     if backend == "kafka":
+        kwargs = dict(config.producer_kwargs)
+        for name, reason in _SET_BY_EXACTLY_ONCE.items():
+            if name in kwargs:
+                raise ConfigurationError(f"{name}={kwargs[name]!r} with exactly_once: {reason}")
         if config.partition_col is not None:
             raise ConfigurationError(
                 "exactly_once on Kafka routes rows by key (a transaction's batch takes no "
@@ -361,8 +377,9 @@ def _batch_arguments(chunk: Chunk) -> Iterator[dict[str, Any]]:
 def run(function: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
     """``function(*args, **kwargs)`` on an event loop of its own, in a thread (the driver may
     be a notebook with a loop running in this one)."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="producerkit-eo") as pool:
-        return pool.submit(lambda: asyncio.run(function(*args, **kwargs))).result()
+    from producerkit.transactions import run_blocking
+
+    return run_blocking(function, *args, **kwargs)
 
 
 def _end_options(config: SinkConfig) -> tuple[dict[str, Any], float]:
@@ -383,7 +400,9 @@ def partition_of(prepared: PreparedTransaction) -> int:
 async def _end_each(
     config: SinkConfig, handles: Sequence[PreparedTransaction], *, commit: bool
 ) -> dict[int, AtomicBatchError]:
-    """Commit (or abort) every handle, some at once: the refusals, by partition."""
+    """Commit (or abort) every handle, some at once: those not ended, by partition, each with
+    why (the coordinator's refusal; any other failure of the step as an AtomicBatchError of
+    kind ``"aborted"`` whose cause it is), so the caller knows which ended whatever failed."""
     from producerkit import transactions
 
     options, timeout = _end_options(config)
@@ -397,6 +416,15 @@ async def _end_each(
                 await end(config.url, handle, timeout=timeout, **options)
             except AtomicBatchError as exc:
                 refused[partition_of(handle)] = exc
+            except Exception as exc:
+                step = "commit" if commit else "abort"
+                failed = AtomicBatchError(
+                    f"the {step} of {handle.transactional_id!r} failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    kind="aborted",
+                )
+                failed.__cause__ = exc
+                refused[partition_of(handle)] = failed
 
     await asyncio.gather(*(end_one(handle) for handle in handles))
     return refused
@@ -411,29 +439,71 @@ async def _abort_open(config: SinkConfig, ids: list[str]) -> None:
 
 def commit_job(config: SinkConfig, handles: Sequence[PreparedTransaction]) -> set[int]:
     """Commit every task's transaction (a job that succeeded): the partitions committed.
-    Raises AtomicBatchError if one was refused, naming the partitions committed and not; the
-    others are committed all the same, and the ids of those refused are initialized again,
-    which aborts what a newer attempt of them left open."""
+
+    Whatever keeps a transaction from its commit (the coordinator's refusal, or the commit
+    step failing in any other way), the driver aborts it: the ids of those not committed are
+    initialized again, which aborts what they (or a newer attempt of them) left open, so no
+    transaction stays open to hold back ``read_committed`` readers. It then raises
+    AtomicBatchError naming the partitions committed, those aborted, and those it could not
+    abort (the broker aborts them after ``exactly_once_timeout``), and logs the same. The
+    others are committed all the same."""
     if not handles:
         return set()
-    refused = run(_end_each, config, handles, commit=True)
+    try:
+        refused = run(_end_each, config, handles, commit=True)
+    except BaseException as exc:  # interrupted: which committed is not known
+        ids = [handle.transactional_id for handle in handles]
+        _abort_uncommitted(config, ids, f"its commit step raised {type(exc).__name__}")
+        raise
     committed = {partition_of(handle) for handle in handles} - set(refused)
     if refused:
         stale = [h.transactional_id for h in handles if partition_of(h) in refused]
-        with contextlib.suppress(AtomicBatchError):
-            run(_abort_open, config, stale)
-        _raise_refused(refused, committed)
+        aborted = _abort_uncommitted(config, stale, "their commit failed")
+        _raise_refused(refused, committed, _ABORTED if aborted else _NOT_ABORTED)
     return committed
 
 
-def _raise_refused(refused: Mapping[int, AtomicBatchError], committed: set[int]) -> None:
+def _abort_uncommitted(config: SinkConfig, ids: list[str], why: str) -> bool:
+    """Abort whatever the transactional ``ids`` hold open (a committed transaction stays so),
+    logging what it did: whether it could."""
+    try:
+        run(_abort_open, config, ids)
+    except Exception as exc:
+        logger.error(
+            "exactly_once: %s, and aborting the transactions of %s failed too (%s: %s): the "
+            "broker aborts them after exactly_once_timeout (%.0f s); until then they hold back "
+            "read_committed readers of their partitions",
+            why,
+            ids,
+            type(exc).__name__,
+            exc,
+            timeout_of(config),
+        )
+        return False
+    logger.error(
+        "exactly_once: %s: aborted the transactions of %s (nothing of them stored)", why, ids
+    )
+    return True
+
+
+#: What became of the transactions whose commit failed, as the driver's error says it.
+_ABORTED: Final = "aborted"
+_NOT_ABORTED: Final = (
+    "could not be aborted either: the broker aborts them after exactly_once_timeout"
+)
+_KEPT_FOR_RESTART: Final = "left for the next run of the query to commit (the log's intent)"
+
+
+def _raise_refused(
+    refused: Mapping[int, AtomicBatchError], committed: set[int], ended: str
+) -> None:
     first = refused[min(refused)]
     raise AtomicBatchError(
-        f"exactly_once: the commit of partition(s) {sorted(refused)} was refused, so their "
-        f"rows are not stored (partition(s) {sorted(committed) or 'none'} are); first: "
-        f"{first}. A 'fenced' refusal: a newer attempt of the partition (speculation) took its "
-        "transactional id after this one had written, or the transaction outlived "
-        "exactly_once_timeout.",
+        f"exactly_once: the commit of partition(s) {sorted(refused)} was refused or failed, "
+        f"so their rows are not stored: their transactions {ended} (partition(s) "
+        f"{sorted(committed) or 'none'} are committed); first: {first}. A 'fenced' refusal: "
+        "a newer attempt of the partition (speculation) took its transactional id after this "
+        "one had written, or the transaction outlived exactly_once_timeout.",
         kind=first.kind,
         code=first.code,
     ) from first
@@ -445,13 +515,14 @@ def abort_job(
     ids: Iterable[str],
     *,
     again_after: float | None = None,
-) -> None:
+) -> bool:
     """A job that failed: abort the transactions of the tasks that succeeded, and initialize
     every transactional id of the job (which aborts what the other attempts left open; call it
     once the job's tasks ended: a task that begins its transaction after it would leave that
     open). ``again_after``: where the tasks' end cannot be waited for, initialize the ids once
     more after that many seconds (Spark kills a failed job's running tasks within seconds).
-    Best effort: what cannot be ended, the broker aborts after the transaction timeout."""
+    Best effort: what cannot be ended, the broker aborts after the transaction timeout.
+    Logs what it did; returns whether it could."""
     ids = list(ids)
     try:
         if handles:
@@ -467,6 +538,13 @@ def abort_job(
             "them after exactly_once_timeout)",
             exc_info=True,
         )
+        return False
+    logger.warning(
+        "exactly_once: the job failed: aborted what its transactional ids %s held open (a "
+        "transaction committed before stays committed)",
+        ids or [handle.transactional_id for handle in handles],
+    )
+    return True
 
 
 def wait_for_tasks(context: Any, after_job: int, timeout: float = 60.0) -> None:
@@ -643,11 +721,12 @@ def _finish(
     )
     log.write(batch, state, handles, committed)
     if refused:
+        ended = _KEPT_FOR_RESTART
         if not unanswered:
             stale = [h.transactional_id for h in pending if partition_of(h) in refused]
-            with contextlib.suppress(AtomicBatchError):
-                run(_abort_open, config, stale)
-        _raise_refused(refused, committed)
+            aborted = _abort_uncommitted(config, stale, "their commit failed")
+            ended = _ABORTED if aborted else _NOT_ABORTED
+        _raise_refused(refused, committed, ended)
     entry = log.read(batch)
     assert entry is not None
     return entry

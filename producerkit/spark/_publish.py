@@ -533,12 +533,18 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
         before = exactly.last_job(context)
         try:
             rows = job_df.collect()
-        except BaseException:
+        except BaseException as exc:
             partitions = df.rdd.getNumPartitions()  # at least the tasks' partition ids
             exactly.wait_for_tasks(context, before)
             ids = exactly.transactional_ids(job.prefix, partitions)
             # a killed task's Python worker may outlive its end by Spark's kill timeout (2 s)
-            exactly.abort_job(config, [], ids, again_after=5.0)
+            aborted = exactly.abort_job(config, [], ids, again_after=5.0)
+            exc.add_note(
+                "producerkit: exactly_once aborted what the job's tasks wrote"
+                if aborted
+                else "producerkit: exactly_once could not abort what the job's tasks wrote: "
+                "the broker aborts it after exactly_once_timeout"
+            )
             raise
         handles = [
             PreparedTransaction(*json.loads(row.prepared))

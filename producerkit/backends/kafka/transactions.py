@@ -254,23 +254,39 @@ class Coordinator:
             deadline = self._deadline()
             node = await self._coordinator(deadline)
             try:
-                response = await asyncio.wait_for(
-                    self._client.send(node, _ApiVersionsRequest()), max(deadline - _now(), 0.001)
-                )
-                self.v2 = speaks_transactions_v2(response)
-            except Exception as exc:  # no v3, or no answer: the protocol every broker speaks
+                self.v2 = await self._speaks_v2(node, deadline)
+            except (kafka_errors.KafkaError, TimeoutError) as exc:  # unreachable: as before
                 logger.debug("ApiVersions v3 to %s: %r; transactions v1", node, exc)
                 self.v2 = False
         return self.v2
 
+    async def _speaks_v2(self, node: int, deadline: float) -> bool:
+        """Ask ``node`` (ApiVersions v3) whether the cluster runs transactions v2. Raises the
+        client's NodeNotReadyError (or TimeoutError) where the node cannot be reached or does
+        not answer in time: it is asked again later. Any other failure (a broker without v3
+        may refuse it, or drop the connection) means v1."""
+        try:
+            response = await asyncio.wait_for(
+                self._client.send(node, _ApiVersionsRequest()), max(deadline - _now(), 0.001)
+            )
+        except (kafka_errors.NodeNotReadyError, TimeoutError):
+            raise
+        except Exception as exc:  # no v3: the protocol every broker speaks
+            logger.debug("ApiVersions v3 to %s: %r; transactions v1", node, exc)
+            return False
+        return speaks_transactions_v2(response)
+
     async def init_producer_id(self) -> idempotence.ProducerId:
         """The transactional id's producer id, with a new epoch: every earlier producer of it
-        is fenced, and what it left open is aborted."""
-        await self.transactions_v2()
+        is fenced, and what it left open is aborted. A coordinator that cannot be reached, or
+        answers busy or moved, is looked up and asked again until the timeout: then
+        ``"coordinator_unavailable"``."""
         deadline = self._deadline()
         while True:
             node = await self._coordinator(deadline)
             try:
+                if self.v2 is None:  # learned from the coordinator before its first request
+                    self.v2 = await self._speaks_v2(node, deadline)
                 return await idempotence.request_producer_id(
                     self._client,
                     deadline=deadline,
@@ -279,9 +295,9 @@ class Coordinator:
                     node_id=functools.partial(int, node),
                     retry_backoff=self._retry_backoff,
                 )
-            except kafka_errors.KafkaError as exc:
+            except (kafka_errors.KafkaError, TimeoutError) as exc:
                 code = getattr(exc, "errno", None)
-                if code in _MOVED:
+                if code in _MOVED or _unanswered(exc):
                     self._node = None
                     await self._backoff(deadline, exc)
                     continue
@@ -397,6 +413,15 @@ def _now() -> float:
     return asyncio.get_running_loop().time()
 
 
+def _unanswered(exc: BaseException) -> bool:
+    """Whether ``exc`` says the coordinator did not answer (unreachable, timed out, loading,
+    busy): the request is asked again until the deadline, not refused."""
+    if isinstance(exc, (TimeoutError, kafka_errors.KafkaTimeoutError)):
+        return True
+    code = getattr(exc, "errno", None)
+    return bool(getattr(exc, "retriable", False)) or code in _ASK_AGAIN
+
+
 async def end_prepared(
     url: str,
     transactional_id: str,
@@ -455,7 +480,16 @@ async def _client_of(url: str, timeout: float, options: dict[str, Any]) -> Async
         bootstrap_servers=parsed.server_strings(),
         **kafka_options.client_settings(checked, timeout),
     )
-    await producer.start()
+    try:
+        await producer.start()
+    except (kafka_errors.KafkaError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise TransactionError(
+            f"no transaction coordinator answered: the cluster at {url} could not be reached "
+            f"within {timeout}s ({type(exc).__name__}: {exc})",
+            "coordinator_unavailable",
+        ) from exc
     try:
         yield producer.client
     finally:
