@@ -321,7 +321,7 @@ def _pairs(headers: Any) -> list[tuple[str, Any]]:
 
 
 def _refusal(data: bytes, headers: Any, batch: str) -> AtomicBatchError:
-    from producerkit.backends.nats.pubacks import puback_error
+    from producerkit.backends.nats.pubacks import ATOMIC_BATCH_HINTS, puback_error
 
     error = puback_error(f"atomic batch {batch}", data, headers)
     if error is None:
@@ -330,7 +330,9 @@ def _refusal(data: bytes, headers: Any, batch: str) -> AtomicBatchError:
         )
     code = getattr(error, "code", None)
     kind = "unsupported" if code == _NOT_ALLOWED else "refused"
-    return AtomicBatchError(f"atomic batch {batch}: {error}", code=code, kind=kind)
+    hint = ATOMIC_BATCH_HINTS.get(code) if code is not None else None
+    text = f"atomic batch {batch}: {error}" + (f"; {hint}" if hint else "")
+    return AtomicBatchError(text, code=code, kind=kind)
 
 
 def _committed(data: bytes, headers: Any, batch: str, count: int) -> int | AtomicBatchError:

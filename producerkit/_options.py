@@ -15,7 +15,7 @@ A ``ProducerOptions`` checks every value when it is built and raises
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,10 +31,15 @@ if TYPE_CHECKING:
 __all__ = [
     "ALL_BACKENDS",
     "SPARK_DEFAULTS",
+    "Accepted",
     "ProducerOptions",
+    "backends_taking",
+    "check_option_names",
     "configurable",
     "convert_text",
     "did_you_mean",
+    "producer_accepts",
+    "unknown_option",
 ]
 
 ALL_BACKENDS: Final = frozenset({"kafka", "jetstream", "nats", "memory", "null"})
@@ -254,6 +259,79 @@ def did_you_mean(name: str, backend_options: Iterable[str] = ()) -> str:
             quoted = " or ".join(repr(n) for n in names)
             parts.append(f"{quoted} ({what[len(names) > 1]})")
     return f"did you mean {', or '.join(parts)}? " if parts else ""
+
+
+#: One kind of name an entry point takes: (what one of them is, what they all are, the names),
+#: e.g. ``("a Producer setting", "Producer settings", [...])``.
+Accepted = tuple[str, str, Collection[str]]
+
+
+def producer_accepts(scheme: str, backend_options: Iterable[str]) -> list[Accepted]:
+    """What ``Producer(url, **keywords)`` takes for a ``scheme://`` URL: its settings (declared
+    by :class:`ProducerOptions`) and the backend's options (declared by its spec)."""
+    settings = [field.name for field in attrs.fields(ProducerOptions)]
+    options = [name for name in backend_options if name not in settings]
+    return [
+        ("a Producer setting", "Producer settings", settings),
+        ("this backend's option", f"{scheme}:// options", options),
+    ]
+
+
+def check_option_names(names: Iterable[str], scheme: str, accepted: Sequence[Accepted]) -> None:
+    """Raise :func:`unknown_option`'s error for the first of ``names`` that none of
+    ``accepted`` has."""
+    known = {name.lower() for _, _, group in accepted for name in group}
+    for name in names:
+        if name.lower() not in known:
+            raise unknown_option(name, scheme, accepted)
+
+
+def backends_taking(name: str) -> list[str]:
+    """The schemes whose backend declares the option ``name`` (as its spec says; a backend whose
+    client library is not installed cannot say, and is left out)."""
+    from producerkit._schemes import SCHEMES
+    from producerkit.backends import spec_for
+    from producerkit.errors import ProducerkitError
+
+    found = []
+    for scheme in sorted(SCHEMES):
+        try:
+            spec = spec_for(scheme)
+        except ProducerkitError:
+            continue
+        if name.lower() in {option.lower() for option in spec.options}:
+            found.append(scheme)
+    return found
+
+
+def unknown_option(name: str, scheme: str, accepted: Sequence[Accepted]) -> ConfigurationError:
+    """The error for the option ``name``, which an entry point given a ``scheme://`` URL does
+    not take; ``accepted``: what it takes, its own names first. It says, in order: the closest
+    names it takes, each with what it is, the closest first ("did you mean"); the other
+    backends whose option ``name`` is; every name it takes, by kind. Names compare without case
+    (Spark lowercases ``.option()`` names)."""
+    kinds = {candidate.lower(): one for one, _, group in accepted for candidate in group}
+    spelled = {candidate.lower(): candidate for _, _, group in accepted for candidate in group}
+    close = difflib.get_close_matches(name.lower(), list(spelled), n=3, cutoff=0.6)
+    everies = {one: every for one, every, _ in accepted}
+    closest: dict[str, list[str]] = {}  # kind -> its close names, the closest kind first
+    for lowered in close:
+        closest.setdefault(kinds[lowered], []).append(spelled[lowered])
+    parts = [
+        f"{' or '.join(map(repr, names))} ({one if len(names) == 1 else everies[one]})"
+        for one, names in closest.items()
+    ]
+    hint = f"did you mean {', or '.join(parts)}? " if parts else ""
+    owners = [owner for owner in backends_taking(name) if owner != scheme]
+    if owners:
+        schemes = " and ".join(f"{owner}://" for owner in owners)
+        hint += f"it is an option of {schemes}, not of {scheme}://; "
+    listing = "; ".join(
+        f"{every}: {', '.join(sorted(group))}" for _, every, group in accepted if group
+    )
+    return ConfigurationError(
+        f"unknown option {name!r} for {scheme}://; {hint}what it accepts: {listing}"
+    )
 
 
 def convert_text(name: str, text: str, source: str) -> Any:

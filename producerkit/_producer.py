@@ -28,7 +28,12 @@ from producerkit._core import DECLINED, ProducerCore, active, produce_door
 from producerkit._handoff import Handoff
 from producerkit._lifecycle import LeftOpenGuard, StatsTimer, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
-from producerkit._options import ProducerOptions, is_positive_seconds
+from producerkit._options import (
+    ProducerOptions,
+    check_option_names,
+    is_positive_seconds,
+    producer_accepts,
+)
 from producerkit._rate import RateLimit
 from producerkit._record import Message, Record
 from producerkit._routing import new_router
@@ -115,14 +120,13 @@ class Producer(ProducerCore):  # type: ignore[misc]
         self.settings = ProducerOptions(**keywords)
         self._url = parse_url(url)
         self._spec = spec = spec_for(self._url.scheme)
+        given = {**self._url.options, **options}
+        check_option_names(
+            given, self._url.scheme, producer_accepts(self._url.scheme, spec.options)
+        )
         # Keywords beat URL query options, then the URL's user:password@, then the environment.
         self._options = spec.checked_options(
-            _security.merge_credentials(
-                self._url.username,
-                self._url.password,
-                {**self._url.options, **options},
-                spec.options,
-            )
+            _security.merge_credentials(self._url.username, self._url.password, given, spec.options)
         )
         self._limit = (
             max_in_flight_messages
@@ -369,13 +373,15 @@ class Producer(ProducerCore):  # type: ignore[misc]
     ) -> AtomicBatch | KafkaAtomicBatch:
         """``async with producer.atomic_batch() as batch: await batch.produce(...)``: messages
         stored all together when the block ends, or none of them: a JetStream atomic batch (a
-        stream created with ``allow_atomic=True``), or a Kafka transaction (docs/atomic.md;
-        see :class:`~producerkit.AtomicBatchError`). ``prepare`` (Kafka): leave the
-        transaction open for another process to commit (``batch.prepared``)."""
+        stream created with ``allow_atomic=True``), a Kafka transaction, or ``memory://``'s
+        (for tests; docs/atomic.md; see :class:`~producerkit.AtomicBatchError`). ``prepare``
+        (Kafka): leave the transaction open for another process to commit (``batch.prepared``)."""
         if (refusal := self._spec.atomic_batch_refusal) is not None:
             raise ConfigurationError(f"atomic_batch is JetStream's and Kafka's: {refusal}")
         if prepare and not self._spec.atomic_batch_is_transaction:
             raise ConfigurationError("atomic_batch(prepare=True) is Kafka's (a transaction)")
+        if prepare and (refusal := self._spec.prepare_refusal) is not None:
+            raise ConfigurationError(f"atomic_batch(prepare=True) is Kafka's: {refusal}")
         if self._spec.atomic_batch_is_transaction:
             from producerkit._transaction import KafkaAtomicBatch, Transactions
 

@@ -158,7 +158,7 @@ async def test_what_a_batch_cannot_carry_is_said_before_sending(
         assert producer.stats.acked == 1
 
 
-@pytest.mark.parametrize("url", ["memory://", "null://", "nats://127.0.0.1:1"])
+@pytest.mark.parametrize("url", ["null://", "nats://127.0.0.1:1"])
 def test_other_backends_refuse_atomic_batches(url: str) -> None:
     with pytest.raises(pk.ConfigurationError, match="atomic_batch is JetStream's"):
         pk.Producer(url, topic="t").atomic_batch()

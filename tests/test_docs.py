@@ -11,6 +11,12 @@ Convention for writers of docs (fences are what matter):
                         an asyncio event loop of its own, as in ``python -m asyncio``). A
                         block that mentions ``pyspark`` is skipped when pyspark or Java is
                         missing.
+- ```python test-file  a test file of the reader's (a block that defines a top-level ``test_*``
+                        function must say so, or ``notest``): run as a ```python block (later
+                        blocks may call its tests) and also written to a file of its own and run
+                        by an inner pytest, with producerkit's plugin (its broker fixtures)
+                        loaded as an installed producerkit loads it; every test in it must pass.
+                        No broker placeholders: the plugin's fixtures give the URLs.
 - ```python notest     compiled (syntax checked), not run: other libraries' code, fragments.
 - ```bash / ```console / ```sh / ```shell
                         each line starting with ``producerkit `` (after an optional ``$ ``) is
@@ -131,7 +137,11 @@ def test_blocks_run(
 ) -> None:
     """The python blocks of every page, and the shell blocks of RUN_AS_PASTED, in order."""
     runs = ("python", *SHELL_RUNS) if page in RUN_AS_PASTED else ("python",)
-    code_blocks = [(info, code, line) for info, code, line in blocks(page) if info in runs]
+    code_blocks = [
+        ("python" if info == TEST_FILE else info, code, line)
+        for info, code, line in blocks(page)
+        if info in runs or info == TEST_FILE
+    ]
     if not code_blocks:
         pytest.skip("no blocks to run")
     everything = "".join(code for _, code, _ in code_blocks)
@@ -248,6 +258,46 @@ class _Shell:
             )
 
 
+TEST_FILE = "python test-file"
+
+
+def _defines_tests(code: str) -> bool:
+    """Whether ``code`` defines a top-level test function (it looks like a test file)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:  # top-level await: not a module a test file could be
+        return "def test_" in code
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
+        for node in tree.body
+    )
+
+
+TEST_FILE_PAGES = [p for p in PAGES if p.exists() and any(i == TEST_FILE for i, _, _ in blocks(p))]
+
+
+@pytest.mark.parametrize("page", TEST_FILE_PAGES, ids=page_id)
+def test_test_files_run_as_test_files(page: Path, tmp_path: Path) -> None:
+    """Each ```python test-file block of the page, saved as a test file, passes under pytest
+    (one inner run for the page: its brokers start once), as the reader runs it."""
+    files = []
+    for info, code, line in blocks(page):
+        if info == TEST_FILE:
+            path = tmp_path / f"test_{page.stem}_line_{line}.py"
+            path.write_text(code)
+            files.append(path)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # none of this repository's settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRODUCERKIT_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "-p", "no:xdist", "-rfEs", *map(str, files)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, f"{page_id(page)}'s test files failed:\n{result.stdout[-6000:]}"
+    assert "passed" in summary and "skipped" not in summary, result.stdout[-3000:]
+
+
 def _spark_available() -> bool:
     return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None
 
@@ -260,6 +310,13 @@ def test_other_blocks_are_valid(page: Path) -> None:
         language = words[0] if words else ""
         if language == "python" and words[1:] == ["notest"]:
             compile(code, where, "exec", flags=TOP_LEVEL_AWAIT)
+        elif info == "python":
+            assert not _defines_tests(code), (
+                f"{where}: a block that defines test functions is a test file: fence it "
+                "```python test-file (run as one) or ```python notest"
+            )
+        elif info == TEST_FILE:
+            compile(code, where, "exec")  # a module: no top-level await
         elif language in ("bash", "console", "sh", "shell"):
             for command in _commands(code):
                 _parse_command(command, where)

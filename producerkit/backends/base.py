@@ -188,6 +188,12 @@ class Connection(abc.ABC):
         Raises AtomicBatchError with the broker's refusal (its ``kind``)."""
         raise NotImplementedError
 
+    def topic_modes(self) -> dict[str, str]:
+        """How this connection writes each topic it prepared, where its backend has more than
+        one way (JetStream: ``"fast ingest"`` or ``"per message: <why>"``), for logs and
+        ``producerkit bench``. Default: one way only, nothing to say."""
+        return {}
+
     def take_unsent(self) -> list[Record]:
         """Remove and return the records handed to this connection that it has not written yet
         (for ``purge()``; it reports nothing of them). Default: none are held back."""
@@ -285,6 +291,9 @@ class BackendSpec:
     #: Its atomic batches are transactions (Kafka: ``Producer.atomic_batch`` opens a
     #: transactional connection), not messages of a batch on the producer's connections.
     atomic_batch_is_transaction: bool = False
+    #: Why ``Producer.atomic_batch(prepare=True)`` is refused here, where its atomic batches are
+    #: transactions (None: its connections have ``prepare_transaction``).
+    prepare_refusal: str | None = None
 
     @property
     def takes_tombstones(self) -> bool:

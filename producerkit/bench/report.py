@@ -217,4 +217,6 @@ def final_lines(result: dict[str, Any], name: str = "producerkit") -> list[str]:
             parts.append(f"window waits {window['window_waits']}")
             parts.append(f"blocked {window['window_wait_seconds']:.3f} s")
         lines.append("  window        " + ", ".join(parts) + ".")
+    for topic, mode in (result.get("topic_modes") or {}).items():
+        lines.append(f"  topic         {topic!r} written with {mode}.")
     return lines

@@ -333,6 +333,7 @@ async def _run_producerkit(
         before = target.stats  # the window's counters, less the warm-up's
         timings = await _run(args, target, messages, "producerkit")
         after = target.stats
+        modes = target.topic_modes()
     finally:
         await target.close()
     window = {
@@ -341,6 +342,9 @@ async def _run_producerkit(
     }
     result, _ = analyze(timings, config, args.record_size, window)
     _add_loop_lag(result, timings)
+    if modes:  # a backend with more than one way to write a topic says which it took
+        result["topic_modes"] = modes
+        result["fast_ingest"] = modes.get(args.topic) == "fast ingest"
     return result
 
 

@@ -34,6 +34,7 @@ from pyspark.sql.types import StructType
 
 from producerkit.errors import ConfigurationError
 from producerkit.spark import _exactly_once as exactly
+from producerkit.spark._options import check_sink_options
 from producerkit.spark._publish import (
     SINK_KEYWORDS,
     PublishReport,
@@ -72,6 +73,8 @@ _KAFKA_COLUMNS = {
 #: Options Spark itself reads (streaming checkpoints, a save path); not producer options.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "path", "queryname"})
 _COLUMN_OPTIONS = tuple(name for name in SINK_KEYWORDS if name.endswith("_col"))
+#: The options only ``format("producerkit")`` takes (the sink's keywords are taken too).
+_OWN_OPTIONS = ("url", "report_path", "exactly_once_log")
 
 
 @dataclass
@@ -124,6 +127,7 @@ class ProducerkitDataSource(DataSource):
         url = options.pop("url", None)
         if not url:
             raise ConfigurationError('format("producerkit") needs .option("url", ...)')
+        check_sink_options(url, options, own=_OWN_OPTIONS)
         types = {f.name: f.dataType.simpleString() for f in schema.fields}
         columns: dict[str, Any] = {
             option: column for column, option in _KAFKA_COLUMNS.items() if column in types

@@ -135,7 +135,11 @@ class SinkConfig:
         return kwargs
 
     def check(self) -> None:
-        """Raise ConfigurationError now (on the driver) for what would fail on every executor."""
+        """Raise ConfigurationError now (on the driver) for what would fail on every executor:
+        first a name the sink does not take, with what it does take."""
+        from producerkit.spark._options import check_sink_options
+
+        check_sink_options(self.url, dict(self.producer_kwargs))
         Producer(self.url, topic=self.topic, **self.producer_arguments())
         if self.topic is None and self.topic_col is None:
             raise ConfigurationError("no topic: pass topic= (and/or topic_col= for one per row)")

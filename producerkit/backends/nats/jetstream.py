@@ -78,6 +78,8 @@ class JetStreamConnection(NatsClientConnection):
         # Fast ingest: each topic's lane (topics of one stream share it), and every unsettled
         # chunk of those lanes by id, where the replies find it.
         self._lanes: dict[str, Lane] = {}
+        #: How each topic prepared is written (``topic_modes()``).
+        self._modes: dict[str, str] = {}
         self._stream_lanes: dict[str, Lane] = {}
         self.chunks: dict[bytes, Chunk] = {}
         self._drain_scheduled = False
@@ -100,8 +102,27 @@ class JetStreamConnection(NatsClientConnection):
         if self.options.get("create_stream"):
             stream = await self._ensure_stream(topic)
         if self._fast_ingest_possible():
-            await self._learn_lane(topic, stream)
+            why_not = await self._learn_lane(topic, stream)
+        else:
+            why_not = self._why_no_fast_ingest()
+        mode = "fast ingest" if why_not is None else f"per message: {why_not}"
+        # once per producer and topic (its other connections decide alike), and on a change
+        if self.index == 0 and self._modes.get(topic) != mode:
+            logger.info("JetStream topic %r is written with %s", topic, mode)
+        self._modes[topic] = mode
         return self._partitions
+
+    def topic_modes(self) -> dict[str, str]:
+        """``"fast ingest"``, or ``"per message: <why>"``, for each topic prepared."""
+        return dict(self._modes)
+
+    def _why_no_fast_ingest(self) -> str:
+        if not self.options.get("fast_ingest", True):
+            return "fast_ingest=False"
+        if self.client_path != _clients.FAST:
+            return f"nats-py's public path ({self.client_path_reason})"
+        version = self._nc.connected_server_version
+        return f"nats-server {version} has no fast batches (2.14+ has)"
 
     @property
     def fast_ingest_topics(self) -> dict[str, str]:
@@ -127,10 +148,10 @@ class JetStreamConnection(NatsClientConnection):
         except (TypeError, ValueError):  # an unparsable version
             return False
 
-    async def _learn_lane(self, topic: str, stream: str | None) -> None:
+    async def _learn_lane(self, topic: str, stream: str | None) -> str | None:
         """Give ``topic`` a fast-ingest lane if its stream allows fast batches (and, for a
-        partitioned topic, stores every partition's subject). Any trouble asking leaves the
-        topic on the per-message path."""
+        partitioned topic, stores every partition's subject); else say why not. Any trouble
+        asking leaves the topic on the per-message path."""
         probe = topic if self._partitions is None else f"{topic}.0"
         try:
             js = self._nc.jetstream(timeout=min(self.timeout, _LANE_WAIT))
@@ -138,13 +159,15 @@ class JetStreamConnection(NatsClientConnection):
                 stream = await js.find_stream_name_by_subject(probe)
             info = await js.stream_info(stream)
         except Exception as exc:
-            logger.debug("no fast ingest for topic %r: %s", topic, translate(exc))
-            return
+            return f"its stream could not be asked ({translate(exc)})"
         config = info.config
         if not getattr(config, "allow_batched", False):
-            return
+            return (
+                f"stream {stream!r} does not allow fast batches (allow_batched; a stream "
+                "create_stream=True creates on nats-server 2.14+ does)"
+            )
         if self._partitions is not None and not _covers_partitions(config.subjects or (), topic):
-            return
+            return f"stream {stream!r} does not store every partition's subject ({topic}.>)"
         lane = self._stream_lanes.get(stream)
         if lane is None:
             anchor = info.state.last_seq if info.state is not None else None
@@ -152,6 +175,7 @@ class JetStreamConnection(NatsClientConnection):
             lane = Lane(self, stream, anchor, max_size)
             self._stream_lanes[stream] = lane
         self._lanes[topic] = lane
+        return None
 
     async def _ensure_stream(self, topic: str) -> str:
         """Find the stream storing ``topic``, or create one. A request lost on the way (a

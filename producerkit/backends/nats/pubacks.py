@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from typing import Final
 
 from producerkit.backends.nats.errors import EXPECTATION_CODES, jetstream_refusal
 from producerkit.errors import AuthorizationError, DeliveryError, MessageTooLarge, ProducerkitError
@@ -42,6 +43,17 @@ def puback_duplicate(data: bytes) -> bool:
         return json.loads(data).get("duplicate") is True
     except (ValueError, AttributeError):
         return False
+
+
+#: What to do about an atomic batch's refusal, by the server's error code (docs/jetstream.md's
+#: table says the same).
+ATOMIC_BATCH_HINTS: Final[Mapping[int, str]] = {
+    10174: (
+        "the stream does not allow atomic batches: create it with allow_atomic=True "
+        "(Producer(..., create_stream=True, allow_atomic=True) does), or set allow_atomic on "
+        "the existing stream's configuration"
+    ),
+}
 
 
 def puback_error(
