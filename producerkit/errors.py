@@ -143,8 +143,9 @@ class AtomicBatchError(DeliveryError):
     ``kind`` says why, to branch on: ``"aborted"`` (the block inside ``async with`` raised),
     ``"message_failed"`` (a message of it failed, or passed its deadline, before the commit),
     ``"refused"`` (the broker refused it: ``code``), ``"fenced"`` (Kafka: a newer producer took
-    the transactional id, or the coordinator ended the transaction for outliving
-    ``transaction_timeout_ms``; this producer's atomic batches end so from then on),
+    the transactional id; this producer's atomic batches end so from then on), ``"timed_out"``
+    (Kafka: the coordinator aborted the transaction for outliving ``transaction_timeout_ms``,
+    and refused its commit: ``code``; the producer's next batch begins anew),
     ``"coordinator_unavailable"`` (Kafka: no transaction coordinator answered within the
     timeout), ``"unsupported"`` (the broker or stream does not take atomic batches), and
     ``"commit_unanswered"`` (the commit's answer was lost: the batch may have been stored).

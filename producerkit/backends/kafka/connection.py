@@ -8,7 +8,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
@@ -43,6 +43,11 @@ logger = logging.getLogger("producerkit.kafka")
 
 _T = TypeVar("_T")
 
+#: EndTxn's refusal of a transaction the coordinator aborted for outliving its timeout:
+#: INVALID_PRODUCER_EPOCH (transactions v1: the abort bumped the epoch) and INVALID_TXN_STATE
+#: (v2: it is no longer ongoing).
+_TIMED_OUT_CODES: Final = frozenset({47, 48})
+
 
 def _acks_number(acks: int | str) -> int:
     return -1 if acks == "all" else int(acks)
@@ -64,6 +69,8 @@ class KafkaConnection(Connection):
         self._coordinator: transactions.Coordinator | None = None
         self._transactions_over: AtomicBatchError | None = None
         self._restart_transactions = False
+        #: When the open transaction began (the loop's clock), to tell its timeout at its end.
+        self._transaction_began = 0.0
         self._partition_counts: dict[str, int] = {}
         codec = settings.get("compression_type")
         self._compressed_encoder = (
@@ -194,6 +201,7 @@ class KafkaConnection(Connection):
                 self.reports.failed(record, BrokerUnavailable("its transaction ended"), False)
             self._sender.restart_sequences(producer_id)
             self._restart_transactions = False
+        self._transaction_began = asyncio.get_running_loop().time()
 
     async def prepare_transaction(self) -> tuple[int, int]:
         """Leave the open transaction for another process to end (``end_prepared``): its
@@ -228,19 +236,34 @@ class KafkaConnection(Connection):
 
     async def end_transaction(self, *, commit: bool) -> None:
         """Commit (or abort) the open transaction once every message sent in it was answered.
-        Raises AtomicBatchError with the coordinator's refusal (its ``kind``). With
-        transactions v2 the next transaction is written with the producer id and epoch the
-        coordinator answered with, every partition's sequence from 0 (nothing is in flight
-        then: the batch waited for every answer before it ended the transaction)."""
+        Raises AtomicBatchError with the coordinator's refusal (its ``kind``): ``"timed_out"``
+        where the transaction outlived ``transaction_timeout_ms`` and the coordinator refused
+        its end as it does one it aborted for that (INVALID_TXN_STATE with transactions v2,
+        INVALID_PRODUCER_EPOCH with v1: the abort bumped the epoch), which does not end this
+        producer's transactions as fencing does. With transactions v2 the next transaction is
+        written with the producer id and epoch the coordinator answered with, every
+        partition's sequence from 0 (nothing is in flight then: the batch waited for every
+        answer before it ended the transaction)."""
         producer_id = self._sender.producer_id
-        assert self._coordinator is not None and producer_id is not None
+        coordinator = self._coordinator
+        assert coordinator is not None and producer_id is not None
         self._restart_transactions = not commit
+        over_before = self._transactions_over
         try:
-            following = await self._transaction_step(
-                self._coordinator.end(producer_id, commit=commit)
-            )
-        except AtomicBatchError:
+            following = await self._transaction_step(coordinator.end(producer_id, commit=commit))
+        except AtomicBatchError as refused:
             self._restart_transactions = True
+            lasted = asyncio.get_running_loop().time() - self._transaction_began
+            timeout = coordinator.transaction_timeout_ms / 1000
+            if over_before is None and refused.code in _TIMED_OUT_CODES and lasted >= timeout:
+                self._transactions_over = None  # not fenced: the next batch begins anew
+                raise AtomicBatchError(
+                    f"transaction of {coordinator.transactional_id!r} aborted by the "
+                    f"coordinator: it was open {lasted:.1f}s, past transaction_timeout_ms="
+                    f"{coordinator.transaction_timeout_ms} (EndTxn refused: code {refused.code})",
+                    kind="timed_out",
+                    code=refused.code,
+                ) from refused
             raise
         if following is not None:
             self._sender.restart_sequences(following)
