@@ -1,7 +1,8 @@
 """Chaos: open-loop keyed load through a fault proxy, random faults, then every message checked
 against what the broker stored.
 
-    python benches/chaos.py --minutes M --seed S --backend kafka|jetstream|kafka-cluster
+    python benches/chaos.py --minutes M --seed S
+        --backend kafka|jetstream|kafka-cluster|kafka-apache
         [--preset throughput] [--rate N] [--json PATH] [--plot PATH]
 
 The broker is started here from the installed wheels, behind a ``BrokerFaults`` proxy that the
@@ -10,7 +11,11 @@ created with aiokafka's admin client) or nats-server with JetStream on file stor
 (``create_stream=True, stream_storage="file"``, each message with a unique ``msg_id``). Or
 (``kafka-cluster``) librdkafka's mock cluster of 3 brokers in this process
 (``producerkit.testing.KafkaCluster``, recording the idempotent Produce batches), a topic of
-``--partitions`` partitions with replication 3, behind the cluster's own fault proxy.
+``--partitions`` partitions with replication 3, behind the cluster's own fault proxy. Or
+(``kafka-apache``) three real Apache Kafka nodes (``producerkit.testing.ApacheKafka``, each a
+broker and a KRaft controller, run from the Maven Central jars: Java 17+), a topic of
+``--partitions`` partitions with replication 3 and ``min.insync.replicas`` 2, behind the fault
+proxy in front of node 1 (Metadata rewritten: every connection passes through it).
 
 1. Capacity: without faults, the producer publishes as fast as it can for ``--capacity-seconds``
    to a topic of its own; the load runs at half that rate (or at ``--rate``).
@@ -24,7 +29,10 @@ created with aiokafka's admin client) or nats-server with JetStream on file stor
    refuse, slow, or (JetStream: its file store survives) kill -9 of the broker and a restart,
    lasting 1-10 s, or on the cluster one of its own (``ClusterFaults``: every leader moved; a
    leader's broker down, its partitions moved 2 s later, up again 1-10 s after that; bursts of
-   retriable Produce errors, rarely a sequence error); modes are drawn from a shuffled bag, so
+   retriable Produce errors, rarely a sequence error), or on Apache Kafka one of its nodes'
+   (``ApacheFaults``: kill -9 of a node leading partitions, restarted 1-10 s later, the window
+   open until it is back in every ISR; every leader moved, a reassignment and a preferred
+   election a partition); modes are drawn from a shuffled bag, so
    each comes before any repeats. None starts unless it ends ``timeout + 3`` s before the load
    does. Windows come from the proxy's log (and the cluster faults' own).
 4. End: stop producing, clear the faults, close the producer (every message now has an outcome),
@@ -34,7 +42,10 @@ created with aiokafka's admin client) or nats-server with JetStream on file stor
    keeps only the last 5 MB of each partition, so its topic is read while the load runs
    (``LiveReader``), and duplicates and per-key order are judged on the log Apache Kafka would
    have kept (``KafkaReplay``): the mock stores an idempotent producer's retried batch again and
-   a batch past a sequence gap at once, where Kafka would not.
+   a batch past a sequence gap at once, where Kafka would not. Apache Kafka keeps everything and
+   judges the producer's sequences itself: its topic is read at the end by a confluent-kafka
+   consumer (librdkafka: a client apart from producerkit's) with ``isolation.level`` at
+   ``read_committed``, every partition to its high watermark.
 
 Exit code 0 when every must-be-0 check holds (see ``CHECKS`` and docs/reliability.md, "Chaos
 runs"), 1 otherwise.
@@ -58,7 +69,7 @@ import time
 import uuid
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -73,6 +84,7 @@ from producerkit.testing.brokers import (
 from producerkit.testing.proxy import FaultLog, FaultProxy
 
 if TYPE_CHECKING:
+    from producerkit.testing.apache_kafka import ApacheKafka
     from producerkit.testing.kafka_cluster import KafkaCluster
     from producerkit.testing.transaction_view import BatchLog
 
@@ -83,6 +95,9 @@ PROXY_MODES = ("stall", "blackhole", "reset", "refuse", "slow")
 #: leader's broker down, its partitions moved MOVE_AFTER s later, back up later; bursts of
 #: Produce errors. See ClusterFaults.
 CLUSTER_MODES = ("leaders", "broker_down", "errors")
+#: Apache Kafka's node faults (``--backend kafka-apache``): kill -9 of a node that leads
+#: partitions and its restart; every partition's leader moved. See ApacheFaults.
+APACHE_MODES = ("kill", "leaders")
 #: Faults that start and end at once.
 INSTANT_MODES = ("reset", "leaders")
 GAP = (5.0, 20.0)
@@ -95,6 +110,19 @@ CLUSTER_BROKERS = 3
 #: (2,000 msg/s: within 1,600 records of the end over 4 minutes) on this 2-core machine.
 CLUSTER_MAX_RATE = 2000.0
 REPLICATION = 3
+#: Apache Kafka's topic: a write is acked once 2 of its 3 replicas hold it (acks=all), so one
+#: node down at a time loses nothing acked.
+MIN_INSYNC_REPLICAS = 2
+#: Apache Kafka's default rate cap (msg/s): three JVMs and the producer share this machine's 2
+#: cores, and the topic is read back at the end (some 16 MB of log a minute on each node at
+#: this rate). At 5,000 msg/s (load 15 on this machine) a node killed after 20 minutes had not
+#: rejoined the ISR a minute after its restart.
+APACHE_MAX_RATE = 2000.0
+#: Apache Kafka's topic's log segments: a node killed replays its active segments from the last
+#: recovery point on restart (Kafka's default segment of 1 GB: all of it), before it serves.
+SEGMENT_BYTES = 16 * 1024 * 1024
+#: How long a killed node may take to start again and rejoin every ISR.
+RESTART_WAIT = 120.0
 MOVE_AFTER = 2.0
 #: ``errors``: a burst of 1-8 of these every 0.2-1 s for the fault's duration, answered to the
 #: next Produce requests on any broker (each failed request stores nothing), and in 1 burst of
@@ -329,6 +357,8 @@ def default_modes(backend: str) -> tuple[str, ...]:
         return (*PROXY_MODES, "kill")
     if backend == "kafka-cluster":
         return PROXY_MODES + CLUSTER_MODES
+    if backend == "kafka-apache":
+        return PROXY_MODES + APACHE_MODES
     return PROXY_MODES
 
 
@@ -354,27 +384,81 @@ class HarnessError(Exception):
     """The run does not test what it says: its verdict is FAIL, whatever the checks say."""
 
 
-class ClusterFaults:
-    """The cluster's own faults on ``topic``, each logged as a window in :attr:`log` (the
-    proxy's are in its own): ``leaders`` moves every partition's leader to another broker (at
-    once); ``broker_down`` takes a broker that leads partitions down, moves its partitions to
-    the others MOVE_AFTER s later and takes it back up when the fault ends; ``errors`` answers
-    bursts of the next Produce requests with retriable errors (rarely a sequence error) until
-    it ends, then drops what is left of them. Choices are drawn from ``rng``; leaders are kept
-    here (partition p starts on broker p % N + 1, as ``create_topic`` puts it)."""
+class NodeFaults:
+    """A cluster's own faults (``modes``) on the load's ``topic`` of ``partitions`` partitions
+    over brokers ``brokers``, each logged as a window in :attr:`log` (the proxy's are in its
+    own); choices drawn from ``rng``. What both clusters share: their topics (``replication``
+    3), where every leader moves to, which broker a fault takes down, and the reset after the
+    load."""
+
+    modes: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        cluster: KafkaCluster | ApacheKafka,
+        brokers: Sequence[int],
+        topic: str,
+        partitions: int,
+        rng: random.Random,
+    ) -> None:
+        self.cluster = cluster
+        self.brokers = list(brokers)
+        self.topic = topic
+        self.partitions = partitions
+        self.rng = rng
+        self.log = FaultLog()
+
+    def create_topic(self, name: str) -> None:
+        raise NotImplementedError
+
+    async def apply(self, mode: str, seconds: float) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Every broker up, the proxy's faults cleared (after the load)."""
+        self.cluster.reset()
+
+    def report(self) -> dict[str, Any]:
+        return {"brokers": len(self.brokers), "replication": REPLICATION}
+
+    def elsewhere(self, leaders: dict[int, int]) -> dict[int, int]:
+        """Each partition's next leader: another broker, at random."""
+        return {
+            p: self.rng.choice([b for b in self.brokers if b != leader])
+            for p, leader in leaders.items()
+        }
+
+    def victim(self, leaders: dict[int, int]) -> int:
+        """A broker that leads partitions, at random."""
+        return self.rng.choice(sorted(set(leaders.values()) - {-1}))
+
+    @staticmethod
+    def moves(before: dict[int, int], after: dict[int, int]) -> str:
+        return " ".join(f"p{p}:{before[p]}->{b}" for p, b in after.items())
+
+
+class ClusterFaults(NodeFaults):
+    """The mock cluster's own faults: ``leaders`` moves every partition's leader to another
+    broker (at once); ``broker_down`` takes a broker that leads partitions down, moves its
+    partitions to the others MOVE_AFTER s later and takes it back up when the fault ends;
+    ``errors`` answers bursts of the next Produce requests with retriable errors (rarely a
+    sequence error) until it ends, then drops what is left of them. Leaders are kept here
+    (partition p starts on broker p % N + 1, as ``create_topic`` puts it)."""
+
+    modes = CLUSTER_MODES
 
     def __init__(
         self, cluster: KafkaCluster, topic: str, partitions: int, rng: random.Random
     ) -> None:
-        self.cluster = cluster
-        self.topic = topic
-        self.rng = rng
-        self.brokers = cluster.broker_ids
+        super().__init__(cluster, cluster.broker_ids, topic, partitions, rng)
+        self.mock = cluster
         self.leaders = {p: self.brokers[p % len(self.brokers)] for p in range(partitions)}
         #: told the leaders after each move
         self.watchers: list[Callable[[dict[int, int]], None]] = []
-        self.log = FaultLog()
         self.errors_pushed: Counter[str] = Counter()
+
+    def create_topic(self, name: str) -> None:
+        self.mock.create_topic(name, partitions=self.partitions, replication=REPLICATION)
 
     async def apply(self, mode: str, seconds: float) -> None:
         if mode == "leaders":
@@ -385,17 +469,12 @@ class ClusterFaults:
             await self.request_errors(seconds)
 
     async def move_leaders(self) -> None:
-        moved = {
-            p: self.rng.choice([b for b in self.brokers if b != leader])
-            for p, leader in self.leaders.items()
-        }
-        self.log.instant(
-            "leaders", " ".join(f"p{p}:{self.leaders[p]}->{b}" for p, b in moved.items())
-        )
+        moved = self.elsewhere(self.leaders)
+        self.log.instant("leaders", self.moves(self.leaders, moved))
         await asyncio.to_thread(self._set_leaders, moved)
 
     async def broker_down(self, seconds: float) -> None:
-        victim = self.rng.choice(sorted(set(self.leaders.values())))
+        victim = self.victim(self.leaders)
         others = [b for b in self.brokers if b != victim]
         led = sorted(p for p, b in self.leaders.items() if b == victim)
         moved = {p: others[k % len(others)] for k, p in enumerate(led)}
@@ -406,11 +485,11 @@ class ClusterFaults:
             + f" {MOVE_AFTER:g} s later, up after {seconds:.1f} s",
         )
         try:
-            await asyncio.to_thread(self.cluster.broker_down, victim)
+            await asyncio.to_thread(self.mock.broker_down, victim)
             await asyncio.sleep(MOVE_AFTER)
             await asyncio.to_thread(self._set_leaders, moved)
             await asyncio.sleep(seconds - MOVE_AFTER)
-            await asyncio.to_thread(self.cluster.broker_up, victim)
+            await asyncio.to_thread(self.mock.broker_up, victim)
         finally:
             self.log.close(window)
 
@@ -433,26 +512,97 @@ class ClusterFaults:
         try:
             for at, burst in bursts:
                 await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-                await asyncio.to_thread(self.cluster.fail_requests, "Produce", burst)
+                await asyncio.to_thread(self.mock.fail_requests, "Produce", burst)
                 self.errors_pushed.update(burst)
             await asyncio.sleep(max(0.0, started + seconds - time.monotonic()))
         finally:
-            await asyncio.to_thread(self.cluster.clear_request_errors, "Produce")
+            await asyncio.to_thread(self.mock.clear_request_errors, "Produce")
             self.log.close(window)
 
     def _set_leaders(self, moved: dict[int, int]) -> None:
         for partition, broker in moved.items():
-            self.cluster.set_leader(self.topic, partition, broker)
+            self.mock.set_leader(self.topic, partition, broker)
             self.leaders[partition] = broker
         for watcher in self.watchers:
             watcher(self.leaders)
+
+
+class ApacheFaults(NodeFaults):
+    """Apache Kafka's node faults: ``kill`` sends SIGKILL to a node that leads partitions of
+    the topic (a crash: the controller fences it and elects new leaders among the ISR, ~4 s),
+    starts it again after the fault's 1-10 s, on the same ports and data, and the window stays
+    open until it is back in every ISR; ``leaders`` moves every partition's leader to another
+    node, one partition after the other (a reassignment putting it first among the replicas,
+    then a preferred election: a few seconds each, the window open meanwhile). Leaders are read
+    from the cluster's metadata each time (a kill moves them too)."""
+
+    modes = APACHE_MODES
+
+    def __init__(self, kafka: ApacheKafka, topic: str, partitions: int, rng: random.Random) -> None:
+        super().__init__(kafka, kafka.node_ids, topic, partitions, rng)
+        self.kafka = kafka
+        self.done: Counter[str] = Counter()
+
+    def create_topic(self, name: str) -> None:
+        self.kafka.create_topic(
+            name,
+            self.partitions,
+            replication_factor=REPLICATION,
+            min_insync_replicas=MIN_INSYNC_REPLICAS,
+            config={"segment.bytes": SEGMENT_BYTES},
+        )
+
+    async def apply(self, mode: str, seconds: float) -> None:
+        """Either fault; a cluster that does not do what was asked in time (a node that does not
+        rejoin, a leader that does not move) is a HarnessError: the run would test less."""
+        from producerkit.errors import ProducerkitError
+
+        try:
+            leaders = await asyncio.to_thread(self.kafka.leaders, self.topic)
+            if mode == "leaders":
+                await self.move_leaders(leaders)
+            else:
+                await self.kill(self.victim(leaders), leaders, seconds)
+        except ProducerkitError as exc:
+            raise HarnessError(f"Apache Kafka's {mode}: {exc}") from exc
+        self.done[mode] += 1
+
+    async def move_leaders(self, leaders: dict[int, int]) -> None:
+        moved = self.elsewhere(leaders)
+        window = self.log.open("leaders", self.moves(leaders, moved))
+        try:
+            for partition, node in moved.items():
+                await asyncio.to_thread(self.kafka.move_leader, self.topic, partition, node)
+        finally:
+            self.log.close(window)
+
+    async def kill(self, victim: int, leaders: dict[int, int], seconds: float) -> None:
+        led = " ".join(f"p{p}" for p, node in leaders.items() if node == victim)
+        window = self.log.open(
+            "kill", f"node {victim} (leading {led}) kill -9, restarted after {seconds:.1f} s"
+        )
+        try:
+            await asyncio.to_thread(self.kafka.kill, victim)
+            await asyncio.sleep(seconds)
+            await asyncio.to_thread(self.kafka.restart, victim, RESTART_WAIT)
+        finally:
+            self.log.close(window)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            **super().report(),
+            "min_insync_replicas": MIN_INSYNC_REPLICAS,
+            "version": self.kafka.version,
+            "faults_done": dict(sorted(self.done.items())),
+            "leaders_at_end": self.kafka.leaders(self.topic),
+        }
 
 
 async def inject_faults(
     faults: FaultProxy,
     plan: Iterator[tuple[float, str, float, float]],
     last_end: float,
-    cluster: ClusterFaults | None = None,
+    cluster: NodeFaults | None = None,
 ) -> None:
     """Apply the plan's faults one after the other until the next would end after
     ``last_end`` (``time.monotonic()``). Every control runs in a thread: kill and restart wait
@@ -463,8 +613,7 @@ async def inject_faults(
         if start + seconds > last_end:
             return
         await asyncio.sleep(gap)
-        if mode in CLUSTER_MODES:
-            assert cluster is not None
+        if cluster is not None and mode in cluster.modes:
             await cluster.apply(mode, seconds)
         elif mode == "kill":
             assert isinstance(faults, BrokerFaults)
@@ -724,6 +873,58 @@ async def read_kafka_partition(
     finally:
         if held:
             limit.release()
+
+
+def read_committed(
+    bootstrap: str, topic: str, partitions: int, visit: Callable[[int, int, bytes], None]
+) -> int:
+    """Every record of ``topic`` on Apache Kafka, read by a confluent-kafka consumer (librdkafka:
+    a client apart from producerkit's) with ``isolation.level=read_committed``, each partition
+    from its first offset in offset order, until every partition reached the high watermark
+    asked for first and QUIET_POLLS polls of 1 s in a row brought nothing (or GIVE_UP_POLLS did
+    before that: what is missing is then reported as such); returns the sum of the high
+    watermarks (the offsets the brokers assigned)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"chaos-read-{uuid.uuid4().hex[:8]}",  # never joined: assign() only
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+            "log_level": 3,
+        }
+    )
+    try:
+        ends = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        ]
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        positions = [0] * partitions
+
+        def reached() -> bool:
+            return all(position >= end for position, end in zip(positions, ends, strict=True))
+
+        quiet = 0
+        while quiet < (QUIET_POLLS if reached() else GIVE_UP_POLLS):
+            messages = consumer.consume(10_000, timeout=1.0)
+            quiet = 0 if messages else quiet + 1
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.fatal():
+                        raise HarnessError(f"the read-back failed: {error.str()}")
+                    continue
+                partition, offset = message.partition() or 0, message.offset() or 0
+                visit(partition, offset, message.value() or b"")
+                positions[partition] = offset + 1
+        if not reached():
+            print(f"  read-back: stopped at {positions}, short of {ends}", flush=True)
+        return sum(ends)
+    finally:
+        consumer.close()
 
 
 class ServedBatch(NamedTuple):
@@ -1623,7 +1824,14 @@ def print_summary(report: dict[str, Any]) -> None:
             f"  recovery {recovery:>7}  {w['detail']}"
         )
     cluster = report.get("cluster")
-    if cluster:
+    if cluster and "min_insync_replicas" in cluster:
+        print(
+            f"Apache Kafka {cluster['version']}: {cluster['brokers']} nodes, replication"
+            f" {cluster['replication']}, min.insync.replicas {cluster['min_insync_replicas']};"
+            f" node faults done {cluster['faults_done']}; leaders at the end"
+            f" {cluster['leaders_at_end']}"
+        )
+    elif cluster:
         epochs = cluster["producer_ids_epochs"]
         print(
             f"cluster: {cluster['brokers']} brokers, replication {cluster['replication']};"
@@ -1754,24 +1962,39 @@ def plot(report: dict[str, Any], output: Path) -> None:
 # --------------------------------------------------------------------------- run
 
 
+def node_faults(
+    cluster: KafkaCluster | ApacheKafka, topic: str, partitions: int, seed: int
+) -> NodeFaults:
+    """The cluster's own faults on ``topic``, seeded apart from the proxy's."""
+    from producerkit.testing.kafka_cluster import KafkaCluster
+
+    rng = random.Random(f"{seed}-cluster")
+    if isinstance(cluster, KafkaCluster):
+        return ClusterFaults(cluster, topic, partitions, rng)
+    return ApacheFaults(cluster, topic, partitions, rng)
+
+
 async def chaos(
     args: argparse.Namespace,
     broker: LocalBroker | None,
     faults: FaultProxy,
-    cluster: KafkaCluster | None = None,
+    cluster: KafkaCluster | ApacheKafka | None = None,
 ) -> dict[str, Any]:
-    """One run against ``broker`` behind ``faults``, or against ``cluster`` behind its own
-    fault proxy (``faults``), with its own faults too."""
+    """One run against ``broker`` behind ``faults``, or against ``cluster`` (the mock's or
+    Apache Kafka's) behind its own fault proxy (``faults``), with its own faults too."""
     jetstream = args.backend == "jetstream"
     nonce = uuid.uuid4().hex[:8]
     topic, capacity_topic = f"chaos{nonce}", f"capacity{nonce}"
+    cluster_faults = (
+        None if cluster is None else node_faults(cluster, topic, args.partitions, args.seed)
+    )
     options: dict[str, Any] = {"timeout": args.timeout}
     if jetstream:
         options.update(create_stream=True, stream_storage="file")
     else:
         for name in (topic, capacity_topic):
-            if cluster is not None:
-                cluster.create_topic(name, partitions=args.partitions, replication=REPLICATION)
+            if cluster_faults is not None:
+                await asyncio.to_thread(cluster_faults.create_topic, name)
             else:
                 assert broker is not None
                 await create_kafka_topic(broker.url, name, args.partitions)
@@ -1812,12 +2035,12 @@ async def chaos(
     ledger = Ledger(math.ceil(rate * seconds) + 1, t0)
     holder.append(ledger)
     live: LiveReader | None = None
-    cluster_faults: ClusterFaults | None = None
-    if cluster is not None:  # read while the load runs: the mock keeps 5 MB a partition
-        cluster_rng = random.Random(f"{args.seed}-cluster")
-        cluster_faults = ClusterFaults(cluster, topic, args.partitions, cluster_rng)
-        live = LiveReader(
-            cluster.mock_addresses, topic, dict(cluster_faults.leaders), len(ledger.status)
+    if isinstance(cluster_faults, ClusterFaults):  # read while the load runs: the mock keeps
+        live = LiveReader(  # 5 MB a partition
+            cluster_faults.mock.mock_addresses,
+            topic,
+            dict(cluster_faults.leaders),
+            len(ledger.status),
         )
         cluster_faults.watchers.append(live.move)
         live.start()
@@ -1855,7 +2078,7 @@ async def chaos(
         injector.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await injector  # a cluster fault cut short ends its window
-        await asyncio.to_thread(cluster.reset if cluster is not None else faults.clear)
+        await asyncio.to_thread(cluster_faults.reset if cluster_faults else faults.clear)
         closing = time.monotonic()
         with contextlib.suppress(pk.ProduceError):
             await producer.close()
@@ -1863,8 +2086,14 @@ async def chaos(
         sampler.cancel()
     stats = producer.stats
     rss_end = rss_mb()
-    process = broker.process if broker is not None else None
-    broker_rss = rss_mb(process.pid) if process is not None else math.nan
+    if broker is not None:
+        processes = [broker.process]
+    elif isinstance(cluster_faults, ApacheFaults):  # the nodes' JVMs
+        processes = [node.process for node in cluster_faults.kafka.nodes]
+    else:
+        processes = []
+    pids = [process.pid for process in processes if process is not None]
+    broker_rss = sum(rss_mb(pid) for pid in pids) if pids else math.nan
     windows = [
         {
             "mode": w.mode,
@@ -1881,18 +2110,17 @@ async def chaos(
     read_started = time.monotonic()
     view = cluster_report = None
     if live is not None:
-        assert cluster is not None and cluster_faults is not None
+        assert isinstance(cluster_faults, ClusterFaults)
         broker_count = await live.finish()
         stored = Stored.from_positions(ledger, live.result, live.positions())
         broker_count -= stored.warm_ups
         for error in live.errors:
             print(f"HARNESS ERROR: {error}", flush=True)
         harness_error = harness_error or "; ".join(live.errors[:3]) or None
-        await asyncio.to_thread(cluster.batches.settle, 5.0)
+        await asyncio.to_thread(cluster_faults.mock.batches.settle, 5.0)
         view = kafka_view(stored, live.served())
         cluster_report = {
-            "brokers": len(cluster.broker_ids),
-            "replication": REPLICATION,
+            **cluster_faults.report(),
             "read_max_lag_records": live.result.get("max_lag"),
             "read_margin_records": live.result.get("margin"),
             "read_fetches": live.result.get("fetches"),
@@ -1902,8 +2130,16 @@ async def chaos(
             "sequence_gaps": view["sequence_gaps"],
             "unbatched_records": view["unbatched_records"],
             "stored_only_in_batches_kafka_refuses": view["stored_only_in_batches_kafka_refuses"],
-            **cluster_summary(cluster.batches, topic, cluster_faults.errors_pushed),
+            **cluster_summary(cluster_faults.mock.batches, topic, cluster_faults.errors_pushed),
         }
+    elif isinstance(cluster_faults, ApacheFaults):
+        stored = Stored(ledger)
+        bootstrap = cluster_faults.kafka.bootstrap_servers
+        high = await asyncio.to_thread(
+            read_committed, bootstrap, topic, args.partitions, stored.visit
+        )
+        broker_count = high - stored.warm_ups
+        cluster_report = await asyncio.to_thread(cluster_faults.report)
     else:
         stored = Stored(ledger)
         reader = read_jetstream if jetstream else read_kafka
@@ -1967,15 +2203,28 @@ async def chaos(
     }
 
 
+def start_cluster(backend: str) -> KafkaCluster | ApacheKafka:
+    """The mock cluster (recording the Produce batches) or Apache Kafka, CLUSTER_BROKERS
+    brokers, not started (``with`` starts it)."""
+    if backend == "kafka-cluster":
+        from producerkit.testing.kafka_cluster import KafkaCluster
+
+        return KafkaCluster(CLUSTER_BROKERS, record_batches=True)
+    from producerkit.testing.apache_kafka import ApacheKafka
+
+    return ApacheKafka(CLUSTER_BROKERS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True, help="how long the load runs")
     parser.add_argument("--seed", type=int, default=1, help="seeds the faults and the keys")
     parser.add_argument(
         "--backend",
-        choices=("kafka", "jetstream", "kafka-cluster"),
+        choices=("kafka", "jetstream", "kafka-cluster", "kafka-apache"),
         required=True,
-        help="kafka: Tansu; kafka-cluster: librdkafka's mock cluster of 3 brokers, in-process",
+        help="kafka: Tansu; kafka-cluster: librdkafka's mock cluster of 3 brokers, in-process;"
+        " kafka-apache: 3 Apache Kafka nodes (Java 17+)",
     )
     parser.add_argument("--preset", choices=("throughput",), help="Kafka's preset (default: none)")
     parser.add_argument(
@@ -1998,12 +2247,15 @@ def main(argv: list[str] | None = None) -> int:
         "--max-rate",
         type=float,
         help="cap the measured rate at this many msg/s (default: none; kafka-cluster:"
-        f" {CLUSTER_MAX_RATE:,.0f}, what the mock can serve back while the load runs)",
+        f" {CLUSTER_MAX_RATE:,.0f}, what the mock can serve back while the load runs;"
+        f" kafka-apache: {APACHE_MAX_RATE:,.0f})",
     )
     parser.add_argument("--modes", help="faults to draw from, comma-separated (default: all)")
     args = parser.parse_args(argv)
-    if args.max_rate is None and args.backend == "kafka-cluster":
-        args.max_rate = CLUSTER_MAX_RATE
+    if args.max_rate is None:
+        args.max_rate = {"kafka-cluster": CLUSTER_MAX_RATE, "kafka-apache": APACHE_MAX_RATE}.get(
+            args.backend
+        )
     if args.preset and args.backend == "jetstream":
         parser.error("--preset is a Kafka setting")
     known = default_modes(args.backend)
@@ -2018,10 +2270,8 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("aiokafka", "nats"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
-    if args.backend == "kafka-cluster":
-        from producerkit.testing.kafka_cluster import KafkaCluster
-
-        with KafkaCluster(CLUSTER_BROKERS, record_batches=True) as cluster:
+    if args.backend in ("kafka-cluster", "kafka-apache"):
+        with start_cluster(args.backend) as cluster:
             report = asyncio.run(chaos(args, None, cluster.faults, cluster))
     else:
         starter = start_nats if args.backend == "jetstream" else start_kafka
