@@ -27,13 +27,16 @@ stamps each batch with its producer id, epoch and the partition's next sequence 
 first carries it, and keeps those through its retries, so the broker stores it once and in
 order. A batch stamped keeps its records whole (those failed meanwhile were reported possibly
 stored): its sequence range must not change. The broker's sequence errors are the sender's to
-resolve: OUT_OF_ORDER_SEQUENCE_NUMBER on a batch waiting for an earlier one retries it; on
-the partition's next batch (the broker lost what came before, or never had a batch given up
-on), UNKNOWN_PRODUCER_ID, and an epoch the broker no longer takes, the sender stops sending,
-waits until every request was answered, has the epoch bumped (KIP-360, or a new producer id)
-and sends every batch not yet acked again, numbered from 0, as librdkafka does; but a batch
-whose request went unanswered may be stored, and under a new epoch the broker could not tell
-it from a new one: its records fail then, possibly stored (BrokerUnavailable).
+resolve: OUT_OF_ORDER_SEQUENCE_NUMBER on a batch waiting for an earlier one retries it (a
+transaction's batch too: with several in flight, one refused retriably or lost on the wire
+makes the broker refuse those after it); on the partition's next batch (the broker lost what
+came before, or never had a batch given up on), UNKNOWN_PRODUCER_ID, and an epoch the broker
+no longer takes, the sender stops sending, waits until every request was answered, has the
+epoch bumped (KIP-360, or a new producer id) and sends every batch not yet acked again,
+numbered from 0, as librdkafka does; but a batch whose request went unanswered may be stored,
+and under a new epoch the broker could not tell it from a new one: its records fail then,
+possibly stored (BrokerUnavailable). A transactional producer bumps no epoch: those errors
+fail its transaction, which aborts.
 DUPLICATE_SEQUENCE_NUMBER means the broker stored the batch before: its records are acked,
 without an offset (the broker gives none).
 """
@@ -396,8 +399,11 @@ class Sender:
             self._acked(batch, None)
             return
         error = kafka_errors.for_code(code)()
-        if self.renew_producer_id is None:  # a transaction's: it aborts, and numbers anew
-            self._retry_or_fail(batch, error, retriable=False)
+        if self.renew_producer_id is None:  # a transaction's: it aborts, and numbers anew ...
+            # ... unless the broker only had not stored an earlier batch, which goes out again
+            # first (refused retriably, or its request lost): then this one follows it
+            waiting = code == _OUT_OF_ORDER_SEQUENCE and self._earlier_unsettled(batch)
+            self._retry_or_fail(batch, error, retriable=waiting)
             return
         if code != _OUT_OF_ORDER_SEQUENCE or not self._earlier_unsettled(batch):
             if not self._bump_due:
