@@ -8,7 +8,9 @@ tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``a
 asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
 ``backend`` runs a test on memory, null, kafka, kafka-cluster (kafka:// on the plugin's
 ``kafka_cluster``, librdkafka's mock cluster of three brokers), kafka-apache (kafka:// on the
-plugin's ``apache_kafka``, one real Apache Kafka node), jetstream and nats: a behaviour
+plugin's ``apache_kafka``, one real Apache Kafka node), jetstream, jetstream-cluster
+(jetstream:// on the plugin's ``jetstream_cluster``, three nats-servers, the streams a producer
+creates replicated on all three) and nats: a behaviour
 test takes it and skips, or asserts the typed refusal, by what ``backend.spec`` declares the
 backend can do (``takes_tombstones``, ``stores_records``...), never by its name;
 ``backend.read()`` reads back what it stored, and on real backends
@@ -36,6 +38,7 @@ from producerkit.backends.base import BackendSpec
 from producerkit.backends.memory import get_store
 from producerkit.testing.apache_kafka import ApacheKafka
 from producerkit.testing.kafka_cluster import KafkaCluster
+from producerkit.testing.nats_cluster import JetStreamCluster
 from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
 
@@ -48,7 +51,16 @@ TRANSACTIONS_ON_THE_FAST_PATH = pytest.mark.skipif(
     "refuses them with AtomicBatchError kind='unsupported')",
 )
 
-BACKENDS = ["memory", "null", "kafka", "kafka-cluster", "kafka-apache", "jetstream", "nats"]
+BACKENDS = [
+    "memory",
+    "null",
+    "kafka",
+    "kafka-cluster",
+    "kafka-apache",
+    "jetstream",
+    "jetstream-cluster",
+    "nats",
+]
 
 #: The backends the ``backend`` fixture also runs on the Python core where the C one is the
 #: default (``producerkit._core``): memory:// for the window, routing and admission, and Kafka
@@ -73,7 +85,8 @@ def core(request: pytest.FixtureRequest) -> Iterator[_core.Core]:
 
 
 _KAFKA_BACKENDS = ("kafka", "kafka-cluster", "kafka-apache")
-_REAL_BACKENDS = (*_KAFKA_BACKENDS, "jetstream", "nats")
+_JETSTREAM_BACKENDS = ("jetstream", "jetstream-cluster")
+_REAL_BACKENDS = (*_KAFKA_BACKENDS, *_JETSTREAM_BACKENDS, "nats")
 _BROKER_FIXTURES = (
     "kafka_broker",
     "nats_broker",
@@ -82,6 +95,7 @@ _BROKER_FIXTURES = (
     "apache_kafka",
     "apache_kafka_cluster",
     "apache_kafka_tv0",
+    "jetstream_cluster",
 )
 
 
@@ -179,6 +193,7 @@ class BackendCase:
         cluster: KafkaCluster | None = None,
         core: _core.Core | None = None,
         apache: ApacheKafka | None = None,
+        jetstream_cluster: JetStreamCluster | None = None,
     ) -> None:
         self.name = name
         #: The core its producers take (see the ``backend`` fixture): C where it was built.
@@ -193,6 +208,8 @@ class BackendCase:
         self.cluster = cluster
         #: The session's Apache Kafka node behind kafka-apache (None elsewhere).
         self.apache = apache
+        #: The session's JetStream cluster behind jetstream-cluster (None elsewhere).
+        self.jetstream_cluster = jetstream_cluster
         #: memory://NAME's store, held here so that it outlives the test's producers.
         self.store = get_store(url.removeprefix("memory://")) if name == "memory" else None
 
@@ -229,6 +246,8 @@ class BackendCase:
             return self.cluster.faults
         if self.apache is not None:
             return self.apache.faults
+        if self.jetstream_cluster is not None:
+            return self.jetstream_cluster.faults
         assert self.broker is not None, f"{self.name}:// has no broker to put a proxy before"
         return self.broker.faults
 
@@ -242,6 +261,7 @@ class BackendCase:
             self.cluster,
             self.core,
             self.apache,
+            self.jetstream_cluster,
         )
         case.store = self.store
         return case
@@ -256,7 +276,7 @@ class BackendCase:
         assert self.spec.stores_records, f"{self.name}:// stores nothing to read back"
         if self.kafka:
             return await read_kafka(self.url, topic, expected, timeout)
-        if self.name == "jetstream":
+        if self.name in _JETSTREAM_BACKENDS:
             records = await read_jetstream(self.url, topic, expected, timeout)
             for record in records:
                 headers = {
@@ -313,6 +333,10 @@ def _backend_case(request: pytest.FixtureRequest, name: str) -> BackendCase:
     if name == "kafka-apache":
         apache: ApacheKafka = request.getfixturevalue("apache_kafka")
         return BackendCase(name, apache.url, {}, apache=apache)
+    if name == "jetstream-cluster":
+        cluster3: JetStreamCluster = request.getfixturevalue("jetstream_cluster")
+        options = {"create_stream": True, "stream_replicas": 3}
+        return BackendCase(name, cluster3.url, options, jetstream_cluster=cluster3)
     broker = request.getfixturevalue("nats_broker")
     if name == "jetstream":
         return BackendCase(name, f"jetstream://{broker.host_port}", {"create_stream": True}, broker)
@@ -373,8 +397,10 @@ async def read_jetstream(
     nats-py pull consumer, in stream order."""
     import nats
     import nats.errors
+    import nats.js.errors
 
-    nc = await nats.connect(url.replace("jetstream://", "nats://"))
+    servers = [f"nats://{server}" for server in url.partition("://")[2].split(",")]
+    nc = await nats.connect(servers)
     try:
         js = nc.jetstream()
         probe = subject.replace(".>", ".0").replace(".*", ".0")
@@ -393,6 +419,9 @@ async def read_jetstream(
                 batch = await psub.fetch(2000, timeout=0.5)
             except TimeoutError:  # nats-py may raise a plain asyncio.TimeoutError too
                 quiet += 1
+                continue
+            except nats.js.errors.ServiceUnavailableError:  # a cluster's consumer not ready yet
+                await asyncio.sleep(0.1)
                 continue
             for msg in batch:
                 records.append(

@@ -151,8 +151,9 @@ async def test_jetstream_kill9_restart_every_message_accounted(
                 await producer.flush()
             return failures, stats
 
-        failures, stats = await main()
-        assert stats.failed > 0, "the kill should have cost some acks"
+        failures, _ = await main()
+        # Messages awaiting a PubAck when the connection died are published again after the
+        # reconnect (their msg_ids make that safe): the kill may cost no ack at all.
         assert all(isinstance(f.exception, pk.ProducerkitError) for f in failures)
         failed_values = [f.value for f in failures]
         assert len(set(failed_values)) == len(failed_values)

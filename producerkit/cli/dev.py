@@ -5,6 +5,7 @@
     producerkit dev                 # both, in the foreground; Ctrl-C stops them
     producerkit dev nats --detach   # in the background; the URLs are printed and saved
     producerkit dev kafka --kafka apache --kafka-brokers 3   # Apache Kafka itself, 3 nodes
+    producerkit dev nats --nats-cluster   # a JetStream cluster of three nats-servers
     producerkit dev status          # what is running
     producerkit dev stop            # stop what --detach started
 
@@ -19,6 +20,11 @@ free and on free ports otherwise. Tansu keeps records in memory; JetStream store
 jars, which needs Java 17+, and Maven the first time), ``--kafka-brokers`` nodes of it, the
 first on ``--kafka-port``; it stores under ``--workdir``. Every node is listed as a ``kafka``
 broker with the cluster's URL.
+
+``--nats-cluster`` runs three nats-servers routed as one JetStream cluster instead of one
+(:class:`~producerkit.testing.nats_cluster.JetStreamCluster`), the first on ``--nats-port``;
+each is listed as a ``nats`` broker with the cluster's URL (``jetstream://`` with the three
+servers); ``stream_replicas=3`` makes a ``create_stream=True`` producer's streams R3.
 
 ``--detach`` records the brokers (pids, URLs, work directories) in a state file:
 ``$PRODUCERKIT_DEV_STATE``, else ``$XDG_RUNTIME_DIR/producerkit/dev.json``, else
@@ -152,6 +158,8 @@ def _start(kinds: list[str], args: argparse.Namespace, workdir: Path) -> list[Lo
                 started.append(
                     start_kafka(port=_choose_port("kafka", args.kafka_port), workdir=workdir)
                 )
+            elif args.nats_cluster:
+                started.extend(_start_jetstream_cluster(args, workdir))
             else:
                 started.append(
                     start_nats(port=_choose_port("nats", args.nats_port), workdir=workdir)
@@ -176,6 +184,20 @@ def _start_apache_kafka(args: argparse.Namespace, workdir: Path) -> list[LocalBr
     for node in nodes:
         _CLUSTERS[node] = (kafka.url, workdir)
     return nodes
+
+
+def _start_jetstream_cluster(args: argparse.Namespace, workdir: Path) -> list[LocalBroker]:
+    """Start three nats-servers as one JetStream cluster storing under ``workdir``: their
+    processes, described with the cluster's URL."""
+    from producerkit.testing.nats_cluster import JetStreamCluster
+
+    cluster = JetStreamCluster(
+        workdir=workdir, ports=[_choose_port("nats", args.nats_port)]
+    ).start()
+    servers = cluster.servers
+    for server in servers:
+        _CLUSTERS[server] = (cluster.url, workdir)
+    return servers
 
 
 def _stop_pid(pid: int, wait: float = 5.0) -> None:
@@ -248,6 +270,7 @@ examples:
   producerkit dev --detach            # both in the background; their URLs printed
   producerkit dev kafka --kafka-port 19092 --detach
   producerkit dev kafka --kafka apache --kafka-brokers 3   # Apache Kafka itself (needs Java)
+  producerkit dev nats --nats-cluster # three nats-servers, one JetStream cluster
   producerkit dev status --json       # the detached brokers, as JSON
   producerkit dev stop                # stop the detached brokers
 """,
@@ -275,6 +298,12 @@ examples:
     )
     parser.add_argument("--kafka-port", type=int, help="default 9092 if free")
     parser.add_argument("--nats-port", type=int, help="default 4222 if free")
+    parser.add_argument(
+        "--nats-cluster",
+        action="store_true",
+        help="three nats-servers routed as one JetStream cluster instead of one (the first on "
+        "--nats-port)",
+    )
     parser.add_argument(
         "--workdir",
         type=Path,

@@ -17,6 +17,9 @@
   real Apache Kafka nodes (KRaft, one or several) run from the Maven Central jars (Java needed):
   what Tansu and the mock do not enforce (``read_committed``, fencing, idempotent
   deduplication, transaction timeouts), with nodes to kill, stop and restart and leaders to move.
+- :mod:`producerkit.testing.nats_cluster`:
+  :class:`~producerkit.testing.nats_cluster.JetStreamCluster`, three nats-servers routed as one
+  JetStream cluster (R1/R3 streams, leaders to step down, servers to ``kill -9`` and restart).
 - :mod:`producerkit.testing.pytest_plugin`: the pytest plugin (``producerkit[pytest]``): these
   brokers as fixtures, with their faults, and ``produce_benchmark``.
 """

@@ -30,6 +30,11 @@ node of an Apache Kafka fixture.
   controller); tests kill, stop and restart nodes and move leaders. After each test that left a
   node down, the hook restarts it (``ApacheKafka.reset``: every node up and back in the ISR;
   topics and leaders stay).
+- ``jetstream_cluster`` (session): three nats-servers with JetStream routed as one cluster, a
+  :class:`~producerkit.testing.nats_cluster.JetStreamCluster`: ``jetstream_cluster.url`` is
+  ``jetstream://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``; tests create R1/R3 streams, step
+  leaders down, kill and restart servers. After each test that left a server down, the hook
+  restarts it (``JetStreamCluster.reset``; streams and leaders stay).
 - ``apache_kafka_tv0`` (session): one node formatted with ``transaction.version=0``, the
   transactions protocol before KIP-890.
 - ``produce_benchmark``: pytest-benchmark's ``benchmark`` for producing, on one persistent event
@@ -67,6 +72,7 @@ if TYPE_CHECKING:
     from producerkit.testing.apache_kafka import ApacheKafka
     from producerkit.testing.brokers import BrokerFaults, LocalBroker
     from producerkit.testing.kafka_cluster import KafkaCluster
+    from producerkit.testing.nats_cluster import JetStreamCluster
 
 __all__ = [
     "LATENCY_PERCENTILES",
@@ -167,6 +173,7 @@ def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
 _SESSION_BROKERS = pytest.StashKey[list[SessionBroker]]()
 _SESSION_CLUSTERS = pytest.StashKey[list["KafkaCluster"]]()
 _SESSION_APACHE_KAFKAS = pytest.StashKey[list["ApacheKafka"]]()
+_SESSION_JETSTREAM_CLUSTERS = pytest.StashKey[list["JetStreamCluster"]]()
 _Broker = TypeVar("_Broker", bound=SessionBroker)
 
 
@@ -183,14 +190,16 @@ def _shared(config: pytest.Config, broker: _Broker) -> Iterator[_Broker]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Clear the faults a test left on the session brokers, reset the session's Kafka
-    cluster if the test changed it, and start again the Apache Kafka nodes it left down,
-    before its fixtures' teardown."""
+    cluster if the test changed it, and start again the Apache Kafka nodes and nats-servers it
+    left down, before its fixtures' teardown."""
     for broker in item.config.stash.get(_SESSION_BROKERS, ()):
         broker.clear_faults()
     for cluster in item.config.stash.get(_SESSION_CLUSTERS, ()):
         cluster.reset()
     for kafka in item.config.stash.get(_SESSION_APACHE_KAFKAS, ()):
         kafka.reset()
+    for jetstream in item.config.stash.get(_SESSION_JETSTREAM_CLUSTERS, ()):
+        jetstream.reset()
 
 
 def _kafka(workdir: Path) -> SessionBroker:
@@ -307,6 +316,30 @@ def apache_kafka_tv0(request: pytest.FixtureRequest) -> Iterator[ApacheKafka]:
     KIP-890: no server-side defence against a late produce of an ended transaction) for the
     whole session."""
     yield from _apache_kafka(request.config, 1, transaction_version=0)
+
+
+@pytest.fixture(scope="session")
+def jetstream_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JetStreamCluster]:
+    """Three nats-servers (1, 2, 3) with JetStream routed as one cluster, storing in a temp dir,
+    for the whole session (started when a test first asks for it); a server a test left down
+    is restarted after it."""
+    from producerkit.errors import MissingDependencyError
+    from producerkit.testing.nats_cluster import JetStreamCluster
+
+    cluster = JetStreamCluster(3, workdir=tmp_path_factory.mktemp("jetstream-cluster"))
+    try:
+        cluster.start()
+    except MissingDependencyError as exc:
+        pytest.skip(str(exc))
+    clusters = request.config.stash.setdefault(_SESSION_JETSTREAM_CLUSTERS, [])
+    clusters.append(cluster)
+    try:
+        yield cluster
+    finally:
+        clusters.remove(cluster)
+        cluster.stop()
 
 
 class ProduceBenchmarkResult:

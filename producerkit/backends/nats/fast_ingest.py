@@ -126,6 +126,12 @@ class LaneHost(Protocol):
     def send_one(self, record: Record) -> None:
         """Write ``record`` on the per-message PubAck path."""
 
+    def wait_out_election(self, record: Record) -> bool:
+        """``record`` was answered "no responders" (not stored): where its stream exists, the
+        host publishes it again after the election (or fails it at its deadline) and says
+        True; False where it takes the stream for missing."""
+        ...
+
     def fast_reply_prefix(self) -> str:
         """``<inbox>.``: where the replies to fast batches arrive."""
         ...
@@ -432,8 +438,26 @@ class Lane:
                 self._settle(chunk, sequence, count)
             self.drain()
             return
+        no_responders = not data and (headers or {}).get("Status") == "503"
+        if number == 1 and no_responders and self._election(chunk):
+            self.drain()
+            return
         self._refused(chunk, number, op, self._refusal(chunk, number, data, headers))
         self.drain()
+
+    def _election(self, chunk: Chunk) -> bool:
+        """The chunk's first message had no responders: the stream has no leader (an election)
+        and stored nothing of the chunk (its later messages get the same answer). Its records
+        wait the election out on the host's per-message path; False where the host takes the
+        stream for missing (the first record then fails as a refusal would)."""
+        pending = self.host.reports.pending
+        records = [record for record in chunk.records if record.seq in pending]
+        if not records or not self.host.wait_out_election(records[0]):
+            return False
+        self._drop(chunk)
+        for record in records[1:]:
+            self.host.wait_out_election(record)
+        return True
 
     def _refusal(
         self, chunk: Chunk, number: int, data: bytes, headers: Mapping[str, str] | None
@@ -441,6 +465,12 @@ class Lane:
         subject = chunk.subject
         if 0 < number <= chunk.written:
             subject = self.host.subject(chunk.records[number - 1])
+        if not data and (headers or {}).get("Status") == "503":
+            # The stream existed (this lane was made from it): its leader is being elected.
+            return DeliveryError(
+                f"no leader of stream {self.stream!r} answered (503 no responders: a leader "
+                "election); the fast batch was cut there"
+            )
         error = puback_error(subject, data, headers)
         return error or DeliveryError(f"unreadable fast batch reply {data[:200]!r}")
 

@@ -27,13 +27,14 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 
 from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
-from producerkit.backends.nats.connection import NatsClientConnection
+from producerkit.backends.nats.connection import _ERROR_LOG_INTERVAL, NatsClientConnection
 from producerkit.backends.nats.errors import translate
 from producerkit.backends.nats.fast_ingest import APPEND, START, Chunk, Lane, fast_reply
 from producerkit.backends.nats.pubacks import (
@@ -60,6 +61,13 @@ _STREAM_WAIT_MAX = 4.0
 _STREAM_PAUSE = 0.1
 #: Seconds the stream info that tells whether a topic takes fast batches waits for its answer.
 _LANE_WAIT = 2.0
+#: A stream that answers "no responders" (503) after it stored messages has no leader (an
+#: election): its messages are published again after this pause, doubled while the 503s go on,
+#: up to ``_ELECTION_PAUSE_MAX``, within each message's deadline.
+_ELECTION_PAUSE = 0.05
+_ELECTION_PAUSE_MAX = 1.0
+#: Seconds between two looks for PubAcks a leader change lost (``_check_lost_acks``).
+_ACK_CHECK = 1.0
 #: The first nats-server with fast batches.
 _FAST_INGEST_SERVER = (2, 14)
 
@@ -84,6 +92,19 @@ class JetStreamConnection(NatsClientConnection):
         self.chunks: dict[bytes, Chunk] = {}
         self._drain_scheduled = False
         self._spawned: set[asyncio.Future[None]] = set()
+        # Leader elections: the topics whose stream was found or stored a message (a 503 for
+        # them is an election, not a missing stream), the records waiting one out by seq, the
+        # timer that publishes them again and its pause.
+        self._stream_topics: set[str] = set()
+        self._electing: dict[int, Record] = {}
+        self._election_timer: asyncio.TimerHandle | None = None
+        self._election_pause = _ELECTION_PAUSE
+        self._last_election_log = 0.0
+        # Lost PubAcks (a leader that died or stepped down with messages in hand): each
+        # topic's last acked record's seq, the last token given at the previous check, its timer.
+        self._acked_seq: dict[str, int] = {}
+        self._ack_mark = 0
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     async def connect(self) -> None:
         await super().connect()
@@ -96,11 +117,13 @@ class JetStreamConnection(NatsClientConnection):
             _natspy_compat.deliver_pubacks_directly(
                 self._nc, subscription, self._inbox, self._handle_ack, self._settle_acks
             )
+        self._ack_timer = asyncio.get_running_loop().call_later(_ACK_CHECK, self._check_lost_acks)
 
     async def prepare_topic(self, topic: str) -> int | None:
         stream = None
         if self.options.get("create_stream"):
             stream = await self._ensure_stream(topic)
+            self._stream_topics.add(topic)
         if self._fast_ingest_possible():
             why_not = await self._learn_lane(topic, stream)
         else:
@@ -220,7 +243,14 @@ class JetStreamConnection(NatsClientConnection):
         allow: dict[str, Any] = {"allow_atomic": True} if self.options.get("allow_atomic") else {}
         if self._server_has_fast_ingest():
             allow["allow_batched"] = True
-        await js.add_stream(name=name, subjects=[topic, f"{topic}.>"], storage=storage, **allow)
+        replicas = self.options.get("stream_replicas", 1)
+        await js.add_stream(
+            name=name,
+            subjects=[topic, f"{topic}.>"],
+            storage=storage,
+            num_replicas=replicas,
+            **allow,
+        )
         return name
 
     def send(self, record: Record) -> Awaitable[None] | None:
@@ -339,12 +369,7 @@ class JetStreamConnection(NatsClientConnection):
             await lane.written(timeout)
         try:
             if reply:
-                answer = await self._nc.request(
-                    self.subject(record),
-                    record.value or b"",
-                    timeout=timeout,
-                    headers=self.nats_headers(record),
-                )
+                answer = await self._request_through_election(record, timeout)
                 committed = None if lane is None else batch_puback(answer.data)
                 if lane is not None and committed is not None:  # the batch's last sequence
                     lane.anchor = max(lane.anchor or 0, committed[0])
@@ -355,6 +380,41 @@ class JetStreamConnection(NatsClientConnection):
         except Exception as exc:
             raise translate(exc) from exc
         return None
+
+    async def _request_through_election(self, record: Record, timeout: float) -> Msg:
+        """An atomic batch's request (its first message, its commit): one answered "no
+        responders" was received by nobody, so for a topic whose stream exists it is a leader
+        election, and the request is made again after a pause, within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        pause = _ELECTION_PAUSE
+        while True:
+            try:
+                return await self._nc.request(
+                    self.subject(record),
+                    record.value or b"",
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                    headers=self.nats_headers(record),
+                )
+            except nats.errors.NoRespondersError:
+                if time.monotonic() + pause >= deadline or not await self._stream_exists(record):
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _ELECTION_PAUSE_MAX)
+
+    async def _stream_exists(self, record: Record) -> bool:
+        """Whether a stream stores ``record``'s topic: one seen here, or one the server names
+        (asked once per topic; a server that does not answer is taken for one in an election)."""
+        if record.topic in self._stream_topics or record.topic in self._lanes:
+            return True
+        try:
+            js = self._nc.jetstream(timeout=min(self.timeout, _LANE_WAIT))
+            await js.find_stream_name_by_subject(self.subject(record))
+        except nats.js.errors.NotFoundError:
+            return False
+        except Exception as exc:
+            logger.debug("stream lookup for %r during a 503: %s", record.topic, translate(exc))
+        self._stream_topics.add(record.topic)
+        return True
 
     async def _on_ack(self, msg: Msg) -> None:
         """The public path: nats-py's subscription callback, once per PubAck. Its task calls it
@@ -439,6 +499,11 @@ class JetStreamConnection(NatsClientConnection):
             records.append(record)
             offsets.append(sequence)
         acked_each = self.reports.acked_each
+        if groups:
+            self._election_pause = _ELECTION_PAUSE
+            self._stream_topics.update(topic for topic, _ in groups)
+            for (topic, _), (records, _) in groups.items():
+                self._acked_seq[topic] = records[-1].seq
         for records, offsets in groups.values():
             try:
                 acked_each(records, offsets)
@@ -456,20 +521,109 @@ class JetStreamConnection(NatsClientConnection):
             if not is_plain(data):
                 error = puback_error(self.subject(record), data, headers)
                 if error is not None:  # the server refused it: not stored
-                    self.reports.failed(record, error, False)
+                    if not (_no_responders(data, headers) and self.wait_out_election(record)):
+                        self.reports.failed(record, error, False)
                     return
             sequence = puback_sequence(data)
             if sequence is None:
                 self.reports.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
                 return
             duplicate = puback_duplicate(data)
+            self._stream_topics.add(record.topic)
             self.reports.acked(record, sequence, duplicate)
+            self._acked_seq[record.topic] = record.seq
             if self._lanes and not duplicate:
                 lane = self._lanes.get(record.topic)
                 if lane is not None:
                     lane.anchor = sequence
         except Exception:  # never into the reader: the other PubAcks must still be settled
             logger.exception("error handling a PubAck")
+
+    def wait_out_election(self, record: Record) -> bool:
+        """A "no responders" PubAck for ``record``: nothing received it, so nothing stored it.
+        For a topic whose stream exists (found, created, or it stored a message here) that is a
+        leader election: publish it again after a pause, within its deadline (False: the stream
+        is missing, fail it). A record whose deadline comes first fails here, not stored."""
+        if record.topic not in self._stream_topics and record.topic not in self._lanes:
+            return False
+        now = time.monotonic()
+        if now + self._election_pause >= record.deadline:
+            self.reports.failed(
+                record,
+                DeliveryError(
+                    f"the JetStream stream storing {self.subject(record)!r} had no leader "
+                    f"until the message's deadline (503 no responders to every attempt: a "
+                    f"leader election that did not end within timeout={self.timeout:g}s)"
+                ),
+                False,
+            )
+            return True
+        if not self._electing and now - self._last_election_log >= _ERROR_LOG_INTERVAL:
+            self._last_election_log = now
+            logger.warning(
+                "JetStream stream storing %r has no leader (an election): publishing again "
+                "within each message's deadline",
+                self.subject(record),
+            )
+        if not self._electing and self._stream_lanes:
+            # The fast batches the old leader held are lost with it: ping them now rather
+            # than wait for their deadlines (the answer settles or forgets each).
+            asyncio.get_running_loop().call_soon(self._ping_lanes)
+        self._electing[record.seq] = record
+        if self._election_timer is None:
+            self._election_timer = asyncio.get_running_loop().call_later(
+                self._election_pause, self._publish_again
+            )
+        return True
+
+    def _check_lost_acks(self) -> None:
+        """Every ``_ACK_CHECK`` seconds: a message with a msg_id, published before the last
+        check, whose PubAck has not come while a later message of its topic was acked, lost
+        its PubAck (a stream answers in order: its leader died or stepped down holding it).
+        It is published again; the stream drops a duplicate of one it stored."""
+        self._ack_timer = asyncio.get_running_loop().call_later(_ACK_CHECK, self._check_lost_acks)
+        mark, self._ack_mark = self._ack_mark, self._next_token
+        acked = self._acked_seq
+        if not acked:
+            return
+        again = [
+            (token, record)
+            for token, record in self._awaiting.items()
+            if token <= mark
+            and record.msg_id is not None
+            and record.seq < acked.get(record.topic, 0)
+        ]
+        for token, record in again:
+            del self._awaiting[token]
+            self._send_again(record, possibly_stored=True)
+
+    def _ping_lanes(self) -> None:
+        for lane in self._stream_lanes.values():
+            try:
+                lane.reconnected()
+            except Exception:
+                logger.exception("fast ingest lane %r during an election", lane.stream)
+
+    def _publish_again(self) -> None:
+        """Publish again the records that waited out the pause, those still pending."""
+        self._election_timer = None
+        self._election_pause = min(self._election_pause * 2, _ELECTION_PAUSE_MAX)
+        held, self._electing = self._electing, {}
+        pending = self.reports.pending
+        for seq, record in held.items():
+            if pending.get(seq) is record:
+                self._send_again(record, possibly_stored=False)
+
+    def _send_again(self, record: Record, *, possibly_stored: bool) -> None:
+        """Publish ``record`` once more; if that fails, it fails, ``possibly_stored`` as an
+        earlier attempt may have left it."""
+        token = self._next_token = self._next_token + 1
+        self._awaiting[token] = record
+        try:
+            self._spawn(self.publish(record, reply=f"{self._inbox}.{token}"))
+        except Exception as exc:
+            del self._awaiting[token]
+            self.reports.failed(record, translate(exc), possibly_stored)
 
     def _sweep(self) -> None:
         """Forget records whose deadline passed (the producer failed them) and got no ack."""
@@ -496,10 +650,12 @@ class JetStreamConnection(NatsClientConnection):
                 return
 
     def unwritten(self, records: list[Record]) -> set[int]:
+        # A record waiting out an election: every attempt was answered "no responders".
+        electing = {record.seq for record in records if record.seq in self._electing}
         if not self._stream_lanes:
-            return set()
+            return electing
         numbers = {record.seq for record in records}
-        held: set[int] = set()
+        held: set[int] = electing
         for lane in self._stream_lanes.values():
             if lane.queue:
                 held |= lane.unwritten(numbers)
@@ -521,6 +677,13 @@ class JetStreamConnection(NatsClientConnection):
 
     async def _on_reconnected(self) -> None:
         await super()._on_reconnected()
+        # The PubAcks of what the lost server received are lost with it. A message with a
+        # msg_id is published again (the stream drops a duplicate of it within its duplicate
+        # window); one without waits for its PubAck until its deadline (possibly stored).
+        again = [(token, record) for token, record in self._awaiting.items() if record.msg_id]
+        for token, record in again:
+            del self._awaiting[token]
+            self._send_again(record, possibly_stored=True)
         for lane in self._stream_lanes.values():
             try:
                 lane.reconnected()
@@ -528,6 +691,9 @@ class JetStreamConnection(NatsClientConnection):
                 logger.exception("fast ingest lane %r after a reconnect", lane.stream)
 
     async def close(self) -> None:
+        for timer in (self._election_timer, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
         await super().close()
         if self._gathered:  # PubAcks that came in before the close
             self._report_gathered()
@@ -535,11 +701,19 @@ class JetStreamConnection(NatsClientConnection):
         awaiting, self._awaiting = self._awaiting, {}
         for record in awaiting.values():
             self.reports.failed(record, error)
+        electing, self._electing = self._electing, {}
+        for record in electing.values():  # every attempt was answered "no responders"
+            self.reports.failed(record, BrokerUnavailable("closed during a leader election"), False)
         unwritten = BrokerUnavailable("the connection closed before the message was written")
         for lane in self._stream_lanes.values():
             lane.close(error, unwritten)
         for future in list(self._spawned):
             future.cancel()
+
+
+def _no_responders(data: bytes, headers: Mapping[str, str] | None) -> bool:
+    """The empty reply with status 503 that a publish nobody received gets."""
+    return not data and (headers or {}).get("Status") == "503"
 
 
 def _covers_partitions(patterns: Iterable[str], topic: str) -> bool:

@@ -21,13 +21,15 @@ OPTIONS: Final[dict[str, type]] = {
     **_security.OPTIONS,
 }
 #: JetStream adds ``create_stream`` (create a stream for a topic that has none) and its
-#: ``stream_storage``, ``memory`` or ``file``, and ``allow_atomic`` (the stream it creates takes
+#: ``stream_storage``, ``memory`` or ``file``, its ``stream_replicas`` (1 to 5: how many servers
+#: of a cluster store it; default 1), and ``allow_atomic`` (the stream it creates takes
 #: atomic batches); ``fast_ingest`` (default true): write to a stream that allows fast batches
 #: (``allow_batched``) in fast batches, acked a batch at a time (docs/jetstream.md).
 JETSTREAM_OPTIONS: Final[dict[str, type]] = {
     **OPTIONS,
     "create_stream": bool,
     "stream_storage": str,
+    "stream_replicas": int,
     "allow_atomic": bool,
     "fast_ingest": bool,
 }
@@ -46,6 +48,11 @@ def checker(declared: Mapping[str, type]) -> Any:
         checked.update(security)
         if checked.get("stream_storage", "memory") not in ("memory", "file"):
             raise ConfigurationError("stream_storage must be 'memory' or 'file'")
+        if not 1 <= checked.get("stream_replicas", 1) <= 5:
+            raise ConfigurationError(
+                "stream_replicas must be 1 to 5 (JetStream's limit); a cluster of N servers "
+                "takes at most N"
+            )
         return checked
 
     return check_options
