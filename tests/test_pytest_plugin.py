@@ -4,6 +4,7 @@ subprocess (the plugin loaded through its entry point), with real brokers and th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,12 @@ def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def docs_example(section: str = "## A complete example") -> str:
-    """The first python block of a section of docs/testing.md."""
+    """The first python block of a section of docs/testing.md (tagged or not: ```python
+    test-file)."""
     text = DOCS.read_text().split(f"\n{section}\n", 1)[1]
-    return text.split("```python\n", 1)[1].split("```", 1)[0]
+    block = re.search(r"^```python[^\n]*\n(.*?)^```", text, re.M | re.S)
+    assert block is not None, f"no python block under {section!r}"
+    return block.group(1)
 
 
 def test_docs_example_writes_msgs_per_s_to_json(pytester: pytest.Pytester) -> None:
