@@ -99,6 +99,11 @@ _BROKER_FIXTURES = (
 )
 
 
+#: The brokers that judge what Kafka and JetStream guarantee (their tests run on asyncio only).
+_JUDGE_BACKENDS = ("kafka-apache", "jetstream-cluster")
+_JUDGE_FIXTURES = ("apache_kafka", "apache_kafka_cluster", "apache_kafka_tv0", "jetstream_cluster")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``brokers`` every test that talks to a real broker through a client library: it asks
     for a session broker, or for ``backend`` on kafka/jetstream/nats. ``pytest -m brokers`` runs
@@ -107,7 +112,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Only these run on uvloop too: a loop's differences show in its sockets and transports, and
     the tests of memory://, null:// and pure logic would double the suite's time for nothing, so
     their ``uvloop`` case is deselected; so is that of a backend on the Python core (``-pycore``:
-    what the core changes, no loop changes)."""
+    what the core changes, no loop changes), and that of the brokers there to judge a broker's
+    semantics (Apache Kafka, the JetStream cluster: ``kafka-apache``, ``jetstream-cluster`` and
+    the tests of their fixtures), whose client code and sockets are those the other Kafka and
+    JetStream cases run on uvloop."""
     on_asyncio_only: list[pytest.Item] = []
     kept: list[pytest.Item] = []
     for item in items:
@@ -122,7 +130,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.brokers)
         on_uvloop = params.get("anyio_backend") == _UVLOOP
         python_core = backend is not None and backend[1] == _core.PYTHON.name
-        if on_uvloop and (item.get_closest_marker("brokers") is None or python_core):
+        judge = (backend is not None and backend[0] in _JUDGE_BACKENDS) or any(
+            name in fixtures for name in _JUDGE_FIXTURES
+        )
+        if on_uvloop and (item.get_closest_marker("brokers") is None or python_core or judge):
             on_asyncio_only.append(item)
         else:
             kept.append(item)
