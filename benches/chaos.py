@@ -1742,9 +1742,11 @@ def analyze(
     # Recovery: from a fault's end to the first ack of a message sent after it ended.
     first_ack_from = np.minimum.accumulate(np.where(acked, settle_at, np.inf)[::-1])[::-1]
     recoveries = []
+    after_load = 0  # faults that outlasted the load (a slow leader move): nothing to recover
     for window in windows:
         end = window["end"]
         index = int(np.searchsorted(send_at, end))
+        after_load += index >= n
         recovery = float(first_ack_from[index] - end) if index < n else math.inf
         window["recovery_s"] = round(recovery, 3) if math.isfinite(recovery) else None
         if math.isfinite(recovery):
@@ -1784,7 +1786,9 @@ def analyze(
             "p50": round(float(np.median(recoveries)), 3) if recoveries else None,
             "max": round(max(recoveries), 3) if recoveries else None,
             "faults": len(windows),
-            "unrecovered": len(windows) - len(recoveries),
+            # sent to after the fault's end, and none of it acked
+            "unrecovered": len(windows) - len(recoveries) - after_load,
+            "ended_after_load": after_load,
         },
         "per_second": series,
     }

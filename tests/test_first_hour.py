@@ -39,7 +39,7 @@ def test_the_pytest_extra_brings_what_docs_testing_uses() -> None:
 
     page = (ROOT / "docs" / "testing.md").read_text()
     assert 'pip install "producerkit[pytest]"' in page
-    code = re.findall(r"^```python\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    code = re.findall(r"^```python(?: test-file)?\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
     modules = {
         name.split(".")[0]
         for block in code
