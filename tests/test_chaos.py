@@ -126,7 +126,8 @@ def test_chaos_on_apache_kafka_loses_nothing_and_stores_nothing_twice(tmp_path: 
     _assert_held(report, summary, (*MUST_BE_ZERO, "duplicates_stored"), faults=1)
     assert report["config"]["idempotent"] is True, summary
     modes = [w["mode"] for w in report["faults"]]
-    assert modes == ["kill", "reset", "leaders"][: len(modes)], summary
+    # The seed's bag: each mode once before any repeats (how many fit depends on the machine).
+    assert modes[:3] == ["kill", "reset", "leaders"][: len(modes)], summary
     cluster = report["cluster"]
     assert cluster["faults_done"]["kill"] == 1, cluster
     assert (cluster["replication"], cluster["min_insync_replicas"]) == (3, 2), cluster
