@@ -32,7 +32,9 @@ async def test_max_rate_5000_over_10000_messages_takes_two_seconds(
     assert stats.acked == 10_001 and stats.failed == 0
     # 2.0 s, the burst (50 ms) early, the last acks late; a busy machine adds (2.23 s was seen
     # on memory:// with the load at 12 on two cores)
-    assert 1.9 <= elapsed <= 2.5, elapsed
+    assert elapsed >= 1.9, elapsed
+    if backend.cluster is None:  # the cluster's recorder forwards in a thread of this process,
+        assert elapsed <= 2.5, elapsed  # sharing its GIL: its round trips say nothing of the limit
     assert stats.rate_waits > 0
 
 
@@ -47,7 +49,9 @@ async def test_max_bytes_rate_limits_bytes(backend: BackendCase, topic: str) -> 
             await producer.produce(b"v" * 1_000, nonblocking=True)  # 0.5 MB in all
         await producer.flush()
         elapsed = time.monotonic() - started
-    assert 0.42 <= elapsed <= 0.65, elapsed  # the first 50 ms are the initial burst
+    assert elapsed >= 0.42, elapsed  # the first 50 ms are the initial burst
+    if backend.cluster is None:  # see above: the cluster's round trips share this process
+        assert elapsed <= 0.65, elapsed
 
 
 async def test_concurrent_blocking_produces_share_the_limit_in_order(
