@@ -40,20 +40,19 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
+from producerkit.testing._local_cluster import LocalCluster
 from producerkit.testing.brokers import LocalBroker, free_port
 
 if TYPE_CHECKING:
-    from producerkit.testing.proxy import FaultProxy
+    pass
 
 __all__ = ["ApacheKafka", "cache_dir", "resolve_jars"]
 
@@ -277,7 +276,7 @@ class _Node(LocalBroker):
 # ---------------------------------------------------------------------- the cluster
 
 
-class ApacheKafka:
+class ApacheKafka(LocalCluster):
     """Apache Kafka ``version``: ``brokers`` nodes (ids 1..N, each a broker and a KRaft
     controller) on free loopback ports, formatted with ``transaction_version`` (2: KIP-890's
     transactions v2, Kafka 4's default; 0 or 1: the older protocol). ``heap`` is each JVM's
@@ -292,6 +291,9 @@ class ApacheKafka:
     most) with a min ISR of 2 when there are 3 nodes or more; a topic's ``min.insync.replicas``
     defaults to Kafka's 1 (:meth:`create_topic` sets it).
     """
+
+    scheme = "kafka"
+    _title = "Apache Kafka"
 
     def __init__(
         self,
@@ -320,11 +322,9 @@ class ApacheKafka:
         self._properties = {key: str(value) for key, value in (properties or {}).items()}
         self._ports = list(ports or ())
         self._jvm_options = list(jvm_options)
-        self._given_workdir = workdir
-        self._workdir: Path | None = None
+        super().__init__(workdir)
         self._nodes: dict[int, _Node] = {}
         self._admin: Any = None
-        self._faults: FaultProxy | None = None
 
     # ------------------------------------------------------------------ addresses
 
@@ -349,13 +349,6 @@ class ApacheKafka:
         return f"kafka://{self.bootstrap_servers}"
 
     @property
-    def workdir(self) -> Path:
-        """Where the nodes keep their configuration, data and logs (``node-<id>/``)."""
-        if self._workdir is None:
-            raise ConfigurationError("this ApacheKafka is not started")
-        return self._workdir
-
-    @property
     def nodes(self) -> list[LocalBroker]:
         """The nodes' processes, in id order (``log_tail()``, ``process``, ``freeze()``...)."""
         return list(self._started_nodes())
@@ -376,11 +369,7 @@ class ApacheKafka:
             raise ConfigurationError("this ApacheKafka is already started")
         java = java_binary()
         jars = resolve_jars(self.version)
-        if self._given_workdir is not None:
-            self._workdir = Path(self._given_workdir)
-            self._workdir.mkdir(parents=True, exist_ok=True)
-        else:
-            self._workdir = Path(tempfile.mkdtemp(prefix="producerkit-apache-kafka-"))
+        self._open_workdir("producerkit-apache-kafka-")
         self._java, self._classpath = java, f"{jars}/*"
         try:
             self._create_nodes()
@@ -537,9 +526,6 @@ class ApacheKafka:
         quorum that is leaving); those of a given ``workdir`` get SIGTERM together, and
         SIGKILL if still running 15 s later."""
         self._admin = None
-        faults, self._faults = self._faults, None
-        if faults is not None:
-            faults.stop()
         nodes = list(self._nodes.values())
         graceful = self._given_workdir is not None
         for node in nodes:
@@ -552,22 +538,7 @@ class ApacheKafka:
         for node in nodes:
             node.stop(wait=max(0.0, deadline - time.monotonic()))
         self._nodes.clear()
-        if self._given_workdir is None and self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-        self._workdir = None
-
-    close = stop
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        self._close_workdir()
 
     def __repr__(self) -> str:
         if not self._nodes:
@@ -606,29 +577,14 @@ class ApacheKafka:
             lambda: self._in_sync(node_id), deadline - time.monotonic(), f"node {node_id} to rejoin"
         )
 
-    @property
-    def faults(self) -> FaultProxy:
-        """A :class:`~producerkit.testing.proxy.FaultProxy` in front of node 1 (started the first
-        time it is asked for): give a client :attr:`faulty_url`, and every connection it makes,
-        to each node Metadata names, passes through the proxy's faults."""
-        if self._faults is None:
-            from producerkit.testing.proxy import FaultProxy
-
-            host, _, port = self._node(self.node_ids[0]).host_port.rpartition(":")
-            self._faults = FaultProxy("kafka", host, int(port)).start()
-        return self._faults
-
-    @property
-    def faulty_url(self) -> str:
-        """``kafka://`` through :attr:`faults`."""
-        return f"kafka://{self.faults.host_port}"
+    def _first_port(self) -> int:
+        return self._node(self.node_ids[0]).port
 
     def reset(self) -> None:
         """Clear the fault proxy's faults and restart every node that is not running (see
         :meth:`restart`); nothing else when all run. Topics, records and leaders stay as they
         are. The pytest plugin calls it after each test."""
-        if self._faults is not None:
-            self._faults.clear()
+        self._clear_faults()
         for node_id in self.node_ids:
             if self._nodes and not self.running(node_id):
                 self.restart(node_id)
@@ -910,18 +866,15 @@ class ApacheKafka:
             raise ConfigurationError(f"no partition {partition} of {topic!r}")
         return found.partitions[partition]
 
-    def _wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
-        """Poll ``condition`` until true (its Kafka errors count as not yet); a
-        :class:`~producerkit.errors.BrokerUnavailable` after ``timeout`` seconds."""
+    def _wait(
+        self,
+        condition: Callable[[], bool],
+        timeout: float,
+        what: str,
+        *,
+        not_yet: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """:meth:`LocalCluster._wait`, where the condition's Kafka errors count as not yet."""
         from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            try:
-                if condition():
-                    return
-            except KafkaException:
-                pass
-            if time.monotonic() >= deadline:
-                raise BrokerUnavailable(f"Apache Kafka: timed out waiting for {what}")
-            time.sleep(0.1)
+        super()._wait(condition, timeout, what, not_yet=(KafkaException, *not_yet))

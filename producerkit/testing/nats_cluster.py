@@ -25,23 +25,21 @@ directory removed by :meth:`stop`, unless ``workdir`` was given.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from producerkit.errors import BrokerUnavailable, ConfigurationError
+from producerkit.testing._local_cluster import LocalCluster
 from producerkit.testing.brokers import LocalBroker, free_port, nats_server_binary
 
 if TYPE_CHECKING:
-    from producerkit.testing.proxy import FaultProxy
+    pass
 
 __all__ = ["JetStreamCluster"]
 
@@ -115,7 +113,7 @@ class _Server(LocalBroker):
             raise BrokerUnavailable(f"nats-server {self.name} did not {what} in time:\n{tail}")
 
 
-class JetStreamCluster:
+class JetStreamCluster(LocalCluster):
     """``servers`` nats-servers (1..N, named ``n1``...) with JetStream, routed to each other as
     one cluster (``cluster_name``), on free loopback ports; each stores under its own directory
     of the work directory. Nothing runs until :meth:`start` (or ``with``); :meth:`stop` stops
@@ -124,6 +122,9 @@ class JetStreamCluster:
     ``ports``: the client ports of the first servers (the others, and the route and
     monitoring ports, are free ports). ``extra_args`` are added to every server's command line.
     """
+
+    scheme = "jetstream"
+    _title = "JetStreamCluster"
 
     def __init__(
         self,
@@ -141,11 +142,9 @@ class JetStreamCluster:
         self._ports = list(ports)
         self._count = servers
         self.cluster_name = cluster_name
-        self._given_workdir = workdir
-        self._workdir: Path | None = None
+        super().__init__(workdir)
         self._extra_args = list(extra_args)
         self._servers: dict[int, _Server] = {}
-        self._faults: FaultProxy | None = None
 
     # ------------------------------------------------------------------ addresses
 
@@ -184,13 +183,6 @@ class JetStreamCluster:
         takes the servers as a list: ``nats_url.split(",")`` after the scheme)."""
         return f"nats://{self.host_ports}"
 
-    @property
-    def workdir(self) -> Path:
-        """Where the servers keep their stores and logs (``n<id>/``)."""
-        if self._workdir is None:
-            raise ConfigurationError("this JetStreamCluster is not started")
-        return self._workdir
-
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, wait: float = 60.0) -> Self:
@@ -200,11 +192,7 @@ class JetStreamCluster:
         if self._servers:
             raise ConfigurationError("this JetStreamCluster is already started")
         binary = nats_server_binary()
-        if self._given_workdir is not None:
-            self._workdir = Path(self._given_workdir)
-            self._workdir.mkdir(parents=True, exist_ok=True)
-        else:
-            self._workdir = Path(tempfile.mkdtemp(prefix="producerkit-jetstream-cluster-"))
+        self._open_workdir("producerkit-jetstream-cluster-")
         try:
             self._create_servers(binary)
             deadline = time.monotonic() + wait
@@ -262,29 +250,11 @@ class JetStreamCluster:
         """Kill every server (their stores are about to go, or stay as they are in a given
         ``workdir``) and remove the work directory if this object made it. Safe to call
         again."""
-        faults, self._faults = self._faults, None
-        if faults is not None:
-            faults.stop()
         for server in self._servers.values():
             server.kill()
             server.process = None
         self._servers.clear()
-        if self._given_workdir is None and self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-        self._workdir = None
-
-    close = stop
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        self._close_workdir()
 
     def __repr__(self) -> str:
         if not self._servers:
@@ -315,28 +285,14 @@ class JetStreamCluster:
         server.wait_listening(deadline)
         self._wait_healthy(server, deadline)
 
-    @property
-    def faults(self) -> FaultProxy:
-        """A :class:`~producerkit.testing.proxy.FaultProxy` in front of server 1 (started the
-        first time it is asked for); :attr:`faulty_url` connects through it."""
-        if self._faults is None:
-            from producerkit.testing.proxy import FaultProxy
-
-            server = self._server(self.server_ids[0])
-            self._faults = FaultProxy("jetstream", "127.0.0.1", server.port).start()
-        return self._faults
-
-    @property
-    def faulty_url(self) -> str:
-        """``jetstream://`` through :attr:`faults` (server 1 only)."""
-        return f"jetstream://{self.faults.host_port}"
+    def _first_port(self) -> int:
+        return self._server(self.server_ids[0]).port
 
     def reset(self) -> None:
         """Clear the fault proxy's faults and restart every server that is not running (see
         :meth:`restart`); nothing else when all run. Streams, messages and leaders stay as they
         are. The pytest plugin calls it after each test."""
-        if self._faults is not None:
-            self._faults.clear()
+        self._clear_faults()
         for server_id in self.server_ids:
             if self._servers and not self.running(server_id):
                 self.restart(server_id)
@@ -465,13 +421,6 @@ class JetStreamCluster:
                 f"no server {server_id!r}: this cluster's are {self.server_ids}"
             )
         return server
-
-    def _wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while not condition():
-            if time.monotonic() >= deadline:
-                raise BrokerUnavailable(f"JetStream cluster: timed out waiting for {what}")
-            time.sleep(0.1)
 
 
 def _request(port: int, subject: str, payload: bytes, timeout: float) -> dict[str, Any]:
