@@ -76,7 +76,7 @@ def add_broker_flags(
             "--kafka-url",
             metavar="URL",
             help="run against this Kafka broker (kafka://HOST:PORT) instead of starting Tansu "
-            "here (a topic per run is created on it; its CPU is not measured)",
+            "here (a topic per run is created on it; its CPU is measured with --kafka-pid)",
         )
     if nats:
         parser.add_argument(
