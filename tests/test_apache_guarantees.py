@@ -212,6 +212,7 @@ async def test_a_skipped_sequence_number_is_caught_by_the_broker(
     OUT_OF_ORDER_SEQUENCE_NUMBER instead of storing it. producerkit then does what it does for
     a sequence error (bumps the epoch and sends every batch not acked again, numbered from 0),
     so the read-back still passes the idempotence check: each message once, in order."""
+    monkeypatch.setenv("PRODUCERKIT_CLIENT_PATH", "fast")  # producerkit's own stamps
     kafka = apache_kafka
     topic = _topic("skipped-seq")
     kafka.create_topic(topic, partitions=1)

@@ -158,14 +158,20 @@ def test_blocks_run(
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     shell = _Shell(tmp_path, urls)
     request.addfinalizer(shell.stop_dev_brokers)
+    refused_names: set[str] = set()
     for info, code, line in code_blocks:
         if info != "python":
             shell.run(code, f"{page_id(page)}:{line}", interrupt=info == "bash interrupt")
             continue
         if "pyspark" in code and not _spark_available():
             continue
-        if _ON_THE_PUBLIC_PATH and "atomic_batch(" in code and "kafka" in code:
-            continue  # refused there, typed (tests/test_transactions.py checks the refusal)
+        if _ON_THE_PUBLIC_PATH and (
+            ("atomic_batch(" in code and "kafka" in code) or _uses(code, refused_names)
+        ):
+            # refused there, typed (tests/test_transactions.py checks the refusal); so is a
+            # later block that calls what such a block defined
+            refused_names |= _defines(code)
+            continue
         for placeholder, url in urls.items():
             code = code.replace(placeholder, url)
         # Leading newlines: tracebacks show the line numbers of the page. Top-level await is
@@ -378,3 +384,18 @@ def test_quickstart_example_runs() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "acked=10001, failed=0" in result.stdout
+
+
+def _defines(code: str) -> set[str]:
+    """The names a block's top level defines (functions, classes)."""
+    tree = ast.parse(code)
+    defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {node.name for node in tree.body if isinstance(node, defined)}
+
+
+def _uses(code: str, names: set[str]) -> bool:
+    """Whether a block names any of ``names``."""
+    if not names:
+        return False
+    tree = ast.parse(code)
+    return any(isinstance(node, ast.Name) and node.id in names for node in ast.walk(tree))

@@ -252,8 +252,9 @@ async def test_the_check_catches_a_producer_that_drops_possibly_stored(
 
 @pytest.mark.parametrize("fault", [step_down, kill_leader], ids=["step-down", "kill-9"])
 async def test_fast_ingest_through_a_leader_change(
-    jetstream_cluster: JetStreamCluster, fault: Fault
+    jetstream_cluster: JetStreamCluster, fault: Fault, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PRODUCERKIT_CLIENT_PATH", "fast")  # fast batches are written there only
     name = f"fi{uuid.uuid4().hex[:8]}"
     jetstream_cluster.create_stream(name, replicas=3, config={"allow_batched": True})
     fast_acked: list[int] = []

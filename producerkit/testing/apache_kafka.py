@@ -695,8 +695,16 @@ class ApacheKafka(LocalCluster):
                 f"the replicas of {topic}-{partition} to become {wanted}",
             )
 
+        def everywhere() -> bool:
+            # Each node's metadata cache learns the new leader on its own, and a metadata
+            # request goes to any node: ask as many times as it takes to hear from each (most
+            # likely), so that a caller's next look sees the new leader too.
+            return all(
+                self.leader_of(topic, partition) == to_node for _ in range(3 * len(self.node_ids))
+            )
+
         def led() -> bool:
-            if self.leader_of(topic, partition) == to_node:
+            if everywhere():
                 return True
             futures = self._admin_client().elect_leaders(
                 ElectionType.PREFERRED, [TopicPartition(topic, partition)]
@@ -704,7 +712,7 @@ class ApacheKafka(LocalCluster):
             # ELECTION_NOT_NEEDED, or not yet possible: look again.
             with contextlib.suppress(Exception):
                 futures.result(max(1.0, deadline - time.monotonic()))
-            return self.leader_of(topic, partition) == to_node
+            return everywhere()
 
         self._wait(led, deadline - time.monotonic(), f"node {to_node} to lead {topic}-{partition}")
 
