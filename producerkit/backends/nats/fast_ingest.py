@@ -45,6 +45,10 @@ while disconnected, then pings each unsettled chunk, whose answer settles it (th
 the gap the lost bytes left) or says it was forgotten; a server that does not answer is pinged
 every :data:`PING_AFTER` seconds while the lane waits, and what is unanswered fails at its
 deadline (possibly stored where it was written; not stored where the lane still held it).
+A committed chunk whose PubAck does not come is pinged too: a new stream leader holds the
+batch as replicated, without a commit the old leader received, and answers the ping with a
+flow-control ack covering every message (the lane commits again) or a gap (the batch ends
+there, and its PubAck says what was stored); a ping no leader heard (503) is sent again.
 """
 
 from __future__ import annotations
@@ -361,6 +365,7 @@ class Lane:
         chunk.last_write = self.writes
         if last_op == COMMIT:
             chunk.committed = True
+            self._wait()  # its PubAck is waited for: pinged if it does not come
         self.host.write_run(run, chunk.prefix_bytes, first, last_op)
 
     def _end(self, chunk: Chunk) -> None:
@@ -371,7 +376,13 @@ class Lane:
             self.chunk = None  # an ended chunk holds the lane until its PubAck settles it
         if chunk.committed and not chunk.ended:
             return
+        self._commit_again(chunk)
+
+    def _commit_again(self, chunk: Chunk) -> None:
+        """Write an end-of-batch commit after the chunk's last message (ending it, or committing
+        it once more where a new stream leader lost its commit)."""
         chunk.committed = True
+        self._wait()
         if self.host.writable():
             reply = f"{chunk.prefix}{chunk.written + 1}.{COMMIT_EOB}.$FI"
             self.host.write_control(chunk.subject, reply)
@@ -390,15 +401,24 @@ class Lane:
         return min(PING_AFTER, self.host.timeout / 4)
 
     def _check(self) -> None:
+        """Ping the chunk being written where it waits for a reply that has not come, and each
+        committed chunk whose PubAck has not come (a new stream leader holds a batch without the
+        commit the old one received: the ping's answer says what it has)."""
         self._timer = None
         self.sweep()
-        chunk = self.chunk
-        if chunk is None or chunk.may_write():
-            return
-        if time.monotonic() - chunk.last_reply >= self._ping_after():
-            self._ping(chunk)
-            chunk.last_reply = time.monotonic()
-        self._wait()
+        now = time.monotonic()
+        waiting = False
+        for chunk in list(self.unsettled.values()):
+            if chunk is self.chunk and chunk.may_write():
+                continue
+            if chunk is not self.chunk and not chunk.committed:
+                continue
+            waiting = True
+            if now - chunk.last_reply >= self._ping_after():
+                self._ping(chunk)
+                chunk.last_reply = now
+        if waiting:
+            self._wait()
 
     # ------------------------------------------------------------------ replies
 
@@ -419,6 +439,10 @@ class Lane:
             chunk.flow = self.granted = max(interval, 1)
             if chunk is self.chunk:
                 self.drain()
+            elif op == PING and chunk.committed and not chunk.ended and acked >= chunk.written:
+                # The server holds every message of a committed chunk but no commit (a new
+                # leader): commit it again (a commit that did arrive makes this one a no-op).
+                self._commit_again(chunk)
             return
         notice = None if headers else flow_notice(data)
         if notice is not None:
@@ -441,6 +465,12 @@ class Lane:
         no_responders = not data and (headers or {}).get("Status") == "503"
         if number == 1 and no_responders and self._election(chunk):
             self.drain()
+            return
+        if no_responders and op in (PING, COMMIT_EOB):
+            # No leader heard the ping or the commit (an election): not an answer. The chunk is
+            # pinged again until the new leader says what it holds, or its records' deadlines.
+            chunk.last_reply = time.monotonic() - self._ping_after() / 2
+            self._wait()
             return
         self._refused(chunk, number, op, self._refusal(chunk, number, data, headers))
         self.drain()
@@ -483,6 +513,13 @@ class Lane:
         if code == UNKNOWN_BATCH:
             if chunk.ended and op != PING:
                 return  # a message written after the server ended the batch: its PubAck comes
+            if chunk.committed and op in (PING, COMMIT_EOB):
+                # The commit may have been stored just before this (its PubAck follows once it
+                # is replicated): the chunk fails only if that PubAck does not come.
+                asyncio.get_running_loop().call_later(
+                    self._ping_after(), self._forget_unsettled, chunk, str(error)
+                )
+                return
             self._forget(chunk, str(error), possibly_stored=True)
             return
         if op in (PING, COMMIT_EOB) or not 0 < number <= chunk.written:
@@ -578,6 +615,10 @@ class Lane:
         )
         for record in chunk.records:
             self.host.reports.failed(record, error, possibly_stored)
+
+    def _forget_unsettled(self, chunk: Chunk, why: str) -> None:
+        if chunk.key in self.unsettled:
+            self._forget(chunk, why, possibly_stored=True)
 
     def _drop(self, chunk: Chunk) -> None:
         self.unsettled.pop(chunk.key, None)
