@@ -278,18 +278,10 @@ class ProduceWire:
         """aiokafka's connection to ``node_id``, opened if needed; None if it cannot connect."""
         return await self._client._get_conn(node_id)
 
-    def write(
-        self, conn: Any, batches: Sequence[tuple[str, int, bytes | None, bytes | bytearray]]
-    ) -> asyncio.Future[Any] | None:
-        """Write one Produce request carrying ``(topic, partition, head, batch)`` items (each
-        partition once): ``head``, where given, is the batch's 61-byte header stamped anew
-        (``idempotence.stamp``), written in place of the batch's own. Returns the future of its
-        response (failed with RequestTimedOutError once it is given up on, see the class), or
-        None with ``acks=0``, where no response comes.
-
-        Raises KafkaConnectionError (retriable) if the connection has closed, and whatever
-        else goes wrong before anything was written.
-        """
+    def _produce_request(self, conn: Any) -> tuple[Any, int]:
+        """aiokafka's Produce request (which parses the response) for ``conn``, and the version
+        to write. Raises UnsupportedVersionError where producerkit cannot frame what the broker
+        takes."""
         request = self._implicit_add
         if request is None:
             request = self._request.prepare(conn._versions)
@@ -307,11 +299,16 @@ class ProduceWire:
                     f"the broker does not take Produce v{version} (its range: {speaks}), which "
                     "a transaction of transactions v2 is written with"
                 )
-        flexible = request.FLEXIBLE_VERSION
-        writer = conn._writer
-        if writer is None or writer.transport.is_closing():
-            raise kafka_errors.KafkaConnectionError("the connection closed")
-        correlation_id = conn._next_correlation_id()
+        return request, version
+
+    def _frame(
+        self,
+        version: int,
+        flexible: bool,
+        correlation_id: int,
+        batches: Sequence[tuple[str, int, bytes | None, bytes | bytearray]],
+    ) -> list[bytes | bytearray | memoryview]:
+        """The Produce request's bytes after its size, in parts (the batches not copied)."""
         by_topic: dict[str, list[tuple[int, bytes | None, bytes | bytearray]]] = {}
         for topic, partition, head, data in batches:
             by_topic.setdefault(topic, []).append((partition, head, data))
@@ -351,6 +348,26 @@ class ProduceWire:
         if flexible:
             framing.append(_NO_TAGS)
             parts.append(b"".join(framing))
+        return parts
+
+    def write(
+        self, conn: Any, batches: Sequence[tuple[str, int, bytes | None, bytes | bytearray]]
+    ) -> asyncio.Future[Any] | None:
+        """Write one Produce request carrying ``(topic, partition, head, batch)`` items (each
+        partition once): ``head``, where given, is the batch's 61-byte header stamped anew
+        (``idempotence.stamp``), written in place of the batch's own. Returns the future of its
+        response (failed with RequestTimedOutError once it is given up on, see the class), or
+        None with ``acks=0``, where no response comes.
+
+        Raises KafkaConnectionError (retriable) if the connection has closed, and whatever
+        else goes wrong before anything was written.
+        """
+        request, version = self._produce_request(conn)
+        writer = conn._writer
+        if writer is None or writer.transport.is_closing():
+            raise kafka_errors.KafkaConnectionError("the connection closed")
+        correlation_id = conn._next_correlation_id()
+        parts = self._frame(version, request.FLEXIBLE_VERSION, correlation_id, batches)
         writer.write(_INT32.pack(sum(map(len, parts))))
         for part in parts:
             # A memoryview: if the socket takes part of it, asyncio keeps the rest without a copy.
