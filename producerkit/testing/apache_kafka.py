@@ -16,9 +16,10 @@ What it needs: ``java`` (17 or newer) on the PATH, and ``mvn`` the first time a 
 the jars (``org.apache.kafka:kafka_2.13``, ``kafka-tools`` for reassigning partitions, and
 slf4j-simple for the log) are resolved by Maven into a cache directory,
 ``$PRODUCERKIT_CACHE``, else ``$XDG_CACHE_HOME/producerkit``, else ``~/.cache/producerkit``,
-under ``apache-kafka-<version>/``, once (a file lock keeps parallel test workers from
-resolving at the same time; a marker file says the copy is complete). Without them,
-:class:`~producerkit.errors.MissingDependencyError` says what to install. A node that does not
+under ``apache-kafka-<version>/``, once (:mod:`producerkit.testing.maven`: a file lock keeps
+parallel test workers from resolving at the same time; a marker file says the copy is
+complete). Without them, :class:`~producerkit.errors.MissingDependencyError` says what to
+install. A node that does not
 start raises :class:`~producerkit.errors.BrokerUnavailable` with the end of its log.
 
 The Python side needs confluent-kafka (``pip install "producerkit[pytest]"``) for the admin
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
+from producerkit.testing import maven
 from producerkit.testing._local_cluster import LocalCluster
 from producerkit.testing.brokers import LocalBroker, free_port
 
@@ -56,13 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ApacheKafka", "cache_dir", "resolve_jars"]
 
-_INSTALL_JAVA: Final = (
-    "Apache Kafka needs Java 17+ and, to fetch its jars once, Maven: "
-    "apt-get install openjdk-17-jre-headless maven (or brew install openjdk maven)"
-)
 _INSTALL_PYTHON: Final = 'pip install "producerkit[pytest]"'
 _SLF4J_VERSION: Final = "2.0.17"
-_COMPLETE: Final = ".complete"
 _STARTED: Final = b"Kafka Server started"
 
 #: JVM flags for a test broker on a small machine (2 cores, several JVMs at once). The serial
@@ -80,107 +76,42 @@ _JVM_FLAGS: Final = (
 
 
 def cache_dir(version: str) -> Path:
-    """Where the jars of Apache Kafka ``version`` are kept: ``$PRODUCERKIT_CACHE``, else
-    ``$XDG_CACHE_HOME/producerkit``, else ``~/.cache/producerkit``; then
-    ``apache-kafka-<version>/``."""
-    explicit = os.environ.get("PRODUCERKIT_CACHE")
-    if explicit:
-        base = Path(explicit).expanduser()
-    elif os.environ.get("XDG_CACHE_HOME"):
-        base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "producerkit"
-    else:
-        base = Path.home() / ".cache" / "producerkit"
-    return base / f"apache-kafka-{version}"
+    """Where the jars of Apache Kafka ``version`` are kept: ``apache-kafka-<version>/`` under
+    :func:`~producerkit.testing.maven.cache_root`."""
+    return maven.cache_root() / f"apache-kafka-{version}"
 
 
 def java_binary() -> str:
     """The ``java`` on the PATH, or :class:`~producerkit.errors.MissingDependencyError`."""
     java = shutil.which("java")
     if java is None:
-        raise MissingDependencyError(f"no java on the PATH. {_INSTALL_JAVA}")
+        raise MissingDependencyError(f"no java on the PATH. {maven.INSTALL_JAVA}")
     return java
-
-
-def _pom(version: str) -> str:
-    # slf4j-api is declared so that Maven does not pick kafka's 1.7.x, which binds no 2.x
-    # slf4j-simple (the broker would then log nothing).
-    dependencies = [
-        ("org.apache.kafka", "kafka_2.13", version),
-        ("org.apache.kafka", "kafka-tools", version),
-        ("org.slf4j", "slf4j-api", _SLF4J_VERSION),
-        ("org.slf4j", "slf4j-simple", _SLF4J_VERSION),
-    ]
-    # kafka-tools brings Kafka Connect's runtime (Jetty, Jersey: 45 jars) that the
-    # reassignment tool does not use.
-    exclusions = {
-        "kafka-tools": "<exclusions><exclusion><groupId>org.apache.kafka</groupId>"
-        "<artifactId>connect-runtime</artifactId></exclusion></exclusions>"
-    }
-    listed = "\n".join(
-        f"    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-        f"<version>{release}</version>{exclusions.get(artifact, '')}</dependency>"
-        for group, artifact, release in dependencies
-    )
-    return f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>producerkit</groupId>
-  <artifactId>apache-kafka-test-broker</artifactId>
-  <version>{version}</version>
-  <packaging>pom</packaging>
-  <dependencies>
-{listed}
-  </dependencies>
-</project>
-"""
 
 
 def resolve_jars(version: str) -> Path:
     """The directory holding every jar Apache Kafka ``version`` runs from, resolved by Maven
-    into :func:`cache_dir` the first time (a few seconds, ~45 MB) and reused after.
-
-    Safe to call from parallel processes: one resolves under an exclusive file lock while the
-    others wait for it, and the directory counts as complete only once its marker file is
-    written. ``mvn`` missing: :class:`~producerkit.errors.MissingDependencyError`; Maven
-    failing (no network, unknown version): :class:`~producerkit.errors.BrokerUnavailable` with
-    the end of its output."""
-    home = cache_dir(version)
-    jars = home / "jars"
-    if (home / _COMPLETE).exists():
-        return jars
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (home / _COMPLETE).exists():
-            return jars  # another process resolved them while this one waited
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise MissingDependencyError(
-                f"no mvn on the PATH to fetch the Apache Kafka {version} jars. {_INSTALL_JAVA}"
-            )
-        (home / "pom.xml").write_text(_pom(version))
-        shutil.rmtree(jars, ignore_errors=True)
-        result = subprocess.run(
-            [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(home / "pom.xml"),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={jars}",
-            ],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
-        if result.returncode != 0 or not any(jars.glob("kafka_2.13-*.jar")):
-            output = (result.stdout + result.stderr).strip().splitlines()
-            raise BrokerUnavailable(
-                f"Maven could not fetch the Apache Kafka {version} jars "
-                f"(exit code {result.returncode}):\n" + "\n".join(output[-20:])
-            )
-        (home / _COMPLETE).write_text(f"{version}\n")
-    return jars
+    into :func:`cache_dir` the first time (a few seconds, ~45 MB) and reused after
+    (:func:`~producerkit.testing.maven.resolve_jars`: safe from parallel processes). ``mvn``
+    missing, or Maven failing (no network, unknown version):
+    :class:`~producerkit.errors.MissingDependencyError`."""
+    # slf4j-api is declared so that Maven does not pick kafka's 1.7.x, which binds no 2.x
+    # slf4j-simple (the broker would then log nothing). kafka-tools brings Kafka Connect's
+    # runtime (Jetty, Jersey: 45 jars) that the reassignment tool does not use.
+    return maven.resolve_jars(
+        cache_dir(version).name,
+        [
+            maven.Artifact("org.apache.kafka", "kafka_2.13", version),
+            maven.Artifact(
+                "org.apache.kafka",
+                "kafka-tools",
+                version,
+                excluded=("org.apache.kafka:connect-runtime",),
+            ),
+            maven.Artifact("org.slf4j", "slf4j-api", _SLF4J_VERSION),
+            maven.Artifact("org.slf4j", "slf4j-simple", _SLF4J_VERSION),
+        ],
+    )
 
 
 # ---------------------------------------------------------------------- one node
