@@ -2,7 +2,7 @@
 against what the broker stored.
 
     python benches/chaos.py --minutes M --seed S
-        --backend kafka|jetstream|kafka-cluster|kafka-apache
+        --backend kafka|jetstream|kafka-cluster|kafka-apache|jetstream-cluster
         [--preset throughput] [--rate N] [--json PATH] [--plot PATH]
 
 The broker is started here from the installed wheels, behind a ``BrokerFaults`` proxy that the
@@ -15,7 +15,12 @@ created with aiokafka's admin client) or nats-server with JetStream on file stor
 (``kafka-apache``) three real Apache Kafka nodes (``producerkit.testing.ApacheKafka``, each a
 broker and a KRaft controller, run from the Maven Central jars: Java 17+), a topic of
 ``--partitions`` partitions with replication 3 and ``min.insync.replicas`` 2, behind the fault
-proxy in front of node 1 (Metadata rewritten: every connection passes through it).
+proxy in front of node 1 (Metadata rewritten: every connection passes through it). Or
+(``jetstream-cluster``) three nats-servers routed as one JetStream cluster
+(``producerkit.testing.JetStreamCluster``, not advertising each other to clients), the producer
+given all three through the fault proxy (a listener each) and creating its stream R3 on file
+storage (``create_stream=True, stream_replicas=3``); messages carry a ``msg_id`` in alternate
+runs of ID_RUN (the others, without one, go in fast batches where they come in bursts).
 
 1. Capacity: without faults, the producer publishes as fast as it can for ``--capacity-seconds``
    to a topic of its own; the load runs at half that rate (or at ``--rate``).
@@ -32,7 +37,9 @@ proxy in front of node 1 (Metadata rewritten: every connection passes through it
    retriable Produce errors, rarely a sequence error), or on Apache Kafka one of its nodes'
    (``ApacheFaults``: kill -9 of a node leading partitions, restarted 1-10 s later, the window
    open until it is back in every ISR; every leader moved, a reassignment and a preferred
-   election a partition); modes are drawn from a shuffled bag, so
+   election a partition), or on the JetStream cluster its servers' (``JetStreamFaults``: kill
+   -9 of any server, restarted 1-10 s later, the window open until it is healthy again; the
+   stream's leader stepped down); modes are drawn from a shuffled bag, so
    each comes before any repeats. None starts unless it ends ``timeout + 3`` s before the load
    does. Windows come from the proxy's log (and the cluster faults' own).
 4. End: stop producing, clear the faults, close the producer (every message now has an outcome),
@@ -45,7 +52,8 @@ proxy in front of node 1 (Metadata rewritten: every connection passes through it
    a batch past a sequence gap at once, where Kafka would not. Apache Kafka keeps everything and
    judges the producer's sequences itself: its topic is read at the end by a confluent-kafka
    consumer (librdkafka: a client apart from producerkit's) with ``isolation.level`` at
-   ``read_committed``, every partition to its high watermark.
+   ``read_committed``, every partition to its high watermark. The JetStream cluster's stream
+   is read like one server's, straight from the servers.
 
 Exit code 0 when every must-be-0 check holds (see ``CHECKS`` and docs/reliability.md, "Chaos
 runs"), 1 otherwise.
@@ -86,7 +94,10 @@ from producerkit.testing.proxy import FaultLog, FaultProxy
 if TYPE_CHECKING:
     from producerkit.testing.apache_kafka import ApacheKafka
     from producerkit.testing.kafka_cluster import KafkaCluster
+    from producerkit.testing.nats_cluster import JetStreamCluster
     from producerkit.testing.transaction_view import BatchLog
+
+    Cluster = KafkaCluster | ApacheKafka | JetStreamCluster
 
 VALUE_SIZE = 100
 #: The proxy's faults on both backends; ``kill`` only where the store survives it (JetStream).
@@ -98,8 +109,11 @@ CLUSTER_MODES = ("leaders", "broker_down", "errors")
 #: Apache Kafka's node faults (``--backend kafka-apache``): kill -9 of a node that leads
 #: partitions and its restart; every partition's leader moved. See ApacheFaults.
 APACHE_MODES = ("kill", "leaders")
-#: Faults that start and end at once.
-INSTANT_MODES = ("reset", "leaders")
+#: The JetStream cluster's server faults (``--backend jetstream-cluster``): kill -9 of any
+#: server and its restart; the stream's leader stepped down. See JetStreamFaults.
+JETSTREAM_CLUSTER_MODES = ("kill", "step_down")
+#: Faults that start and end at once (a leader move's window lasts until it is done).
+INSTANT_MODES = ("reset", "leaders", "step_down")
 GAP = (5.0, 20.0)
 DURATION = (1.0, 10.0)
 CLUSTER_BROKERS = 3
@@ -121,6 +135,14 @@ APACHE_MAX_RATE = 2000.0
 #: Apache Kafka's topic's log segments: a node killed replays its active segments from the last
 #: recovery point on restart (Kafka's default segment of 1 GB: all of it), before it serves.
 SEGMENT_BYTES = 16 * 1024 * 1024
+#: The JetStream cluster's default rate cap (msg/s): three nats-servers store every message
+#: three times (R3, file storage) on the same 2 cores as the producer and the proxy, and a
+#: server killed catches up on what it missed before it reports itself healthy.
+JETSTREAM_CLUSTER_MAX_RATE = 2000.0
+#: On the JetStream cluster messages i with ``(i // ID_RUN) % 2 == 0`` carry a msg_id (sent
+#: one by one, each PubAck'd; duplicates among them must be 0) and the others none (in fast
+#: batches where a burst brings 8 or more at once; a lost PubAck fails them possibly stored).
+ID_RUN = 1000
 #: How long a killed node may take to start again and rejoin every ISR.
 RESTART_WAIT = 120.0
 MOVE_AFTER = 2.0
@@ -182,6 +204,8 @@ class Ledger:
         self.partition = array("b", bytes(capacity))
         self.offset = array("I", bytes(4 * capacity))
         self.error_names: list[str] = [""]
+        #: each error type's first message, as the Failure gave it
+        self.first_errors: dict[str, str] = {}
         self.double_outcomes = 0
         self.duplicate_acks = 0  # Delivery.duplicate: JetStream recognised the msg_id
         self.longest_call = 0.0
@@ -232,6 +256,7 @@ class Ledger:
         name = type(exception).__name__
         if name not in self.error_names:
             self.error_names.append(name)
+            self.first_errors[name] = str(exception)[:400]
         self.error[i] = self.error_names.index(name)
 
 
@@ -359,6 +384,8 @@ def default_modes(backend: str) -> tuple[str, ...]:
         return PROXY_MODES + CLUSTER_MODES
     if backend == "kafka-apache":
         return PROXY_MODES + APACHE_MODES
+    if backend == "jetstream-cluster":
+        return PROXY_MODES + JETSTREAM_CLUSTER_MODES
     return PROXY_MODES
 
 
@@ -395,7 +422,7 @@ class NodeFaults:
 
     def __init__(
         self,
-        cluster: KafkaCluster | ApacheKafka,
+        cluster: Cluster,
         brokers: Sequence[int],
         topic: str,
         partitions: int,
@@ -598,6 +625,71 @@ class ApacheFaults(NodeFaults):
         }
 
 
+class JetStreamFaults(NodeFaults):
+    """The JetStream cluster's server faults on the load's stream: ``kill`` sends SIGKILL to any
+    server (the stream's leader or one of its followers, at random; the producer may be
+    connected to it), starts it again after the fault's 1-10 s on the same ports and store,
+    and the window stays open until it reports itself healthy (back in the cluster, caught
+    up); ``step_down`` asks the stream's leader to step down, the window open until another is
+    elected. Each kill of the leader's server is kept in :attr:`leader_deaths`
+    (``time.monotonic()``), for the time from a leader's death to the next ack."""
+
+    modes = JETSTREAM_CLUSTER_MODES
+
+    def __init__(self, cluster: JetStreamCluster, stream: str, rng: random.Random) -> None:
+        super().__init__(cluster, cluster.server_ids, stream, 1, rng)
+        self.jetstream = cluster
+        self.done: Counter[str] = Counter()
+        self.leader_deaths: list[float] = []
+
+    async def apply(self, mode: str, seconds: float) -> None:
+        """Either fault; a cluster that does not do what was asked in time (a server that does
+        not come back, a stream without a leader) is a HarnessError."""
+        from producerkit.errors import ProducerkitError
+
+        try:
+            leader = await asyncio.to_thread(self.jetstream.wait_for_leader, self.topic)
+            if mode == "step_down":
+                await self.step_down(leader)
+            else:
+                # by role, not number (who leads is the cluster's choice): a seed kills the
+                # leader's server the same times in every run
+                followers = [server for server in self.brokers if server != leader]
+                await self.kill(self.rng.choice([leader, *followers]), leader, seconds)
+        except ProducerkitError as exc:
+            raise HarnessError(f"the JetStream cluster's {mode}: {exc}") from exc
+        self.done[mode] += 1
+
+    async def step_down(self, leader: int) -> None:
+        window = self.log.open("step_down", f"leader n{leader} steps down")
+        try:
+            await asyncio.to_thread(self.jetstream.step_down, self.topic)
+        finally:
+            self.log.close(window)
+
+    async def kill(self, victim: int, leader: int, seconds: float) -> None:
+        role = "the stream's leader" if victim == leader else f"a follower (leader n{leader})"
+        window = self.log.open(
+            "kill", f"server n{victim}, {role}, kill -9, restarted after {seconds:.1f} s"
+        )
+        try:
+            await asyncio.to_thread(self.jetstream.kill, victim)
+            if victim == leader:
+                self.leader_deaths.append(time.monotonic())
+                self.done["kill_leader"] += 1
+            await asyncio.sleep(seconds)
+            await asyncio.to_thread(self.jetstream.restart, victim, RESTART_WAIT)
+        finally:
+            self.log.close(window)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            **super().report(),
+            "faults_done": dict(sorted(self.done.items())),
+            "leader_at_end": self.jetstream.leader_of(self.topic),
+        }
+
+
 async def inject_faults(
     faults: FaultProxy,
     plan: Iterator[tuple[float, str, float, float]],
@@ -672,13 +764,15 @@ def rss_mb(pid: int | None = None) -> float:
 
 class Messages:
     """Message i: one of ``keys`` keys (seeded), a value that carries ``"i key seq "`` (seq: the
-    message's number within its key) padded to VALUE_SIZE, and on JetStream a unique msg_id."""
+    message's number within its key) padded to VALUE_SIZE, and on JetStream a unique msg_id
+    (with ``id_runs``, only where :func:`has_msg_id`)."""
 
-    def __init__(self, keys: int, seed: str, jetstream: bool) -> None:
+    def __init__(self, keys: int, seed: str, jetstream: bool, id_runs: bool = False) -> None:
         self._rng = random.Random(seed)
         self._keys = [b"key-%03d" % k for k in range(keys)]
         self._sequences = [0] * keys
         self._nonce = uuid.uuid4().hex[:8] if jetstream else None
+        self._id_runs = id_runs
         self._pad = b"x" * VALUE_SIZE
 
     def make(self, i: int) -> tuple[bytes, bytes, str | None]:
@@ -686,8 +780,15 @@ class Messages:
         seq = self._sequences[key]
         self._sequences[key] = seq + 1
         head = b"%d %d %d " % (i, key, seq)
-        msg_id = None if self._nonce is None else f"{self._nonce}-{i}"
+        with_id = self._nonce is not None and (not self._id_runs or has_msg_id(i))
+        msg_id = f"{self._nonce}-{i}" if with_id else None
         return self._keys[key], head + self._pad[: VALUE_SIZE - len(head)], msg_id
+
+
+def has_msg_id(i: Any) -> Any:
+    """Whether message ``i`` (an int, or a numpy array of them) carries a msg_id where ids come
+    in runs (the JetStream cluster): the even runs of ID_RUN."""
+    return (i // ID_RUN) % 2 == 0
 
 
 async def measure_capacity(
@@ -1349,7 +1450,8 @@ async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, byte
     import nats.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    nc = await nats.connect(url.replace("jetstream://", "nats://"))
+    hosts = url.partition("://")[2].split(",")  # a cluster's every server
+    nc = await nats.connect([f"nats://{host}" for host in hosts])
     try:
         js = nc.jetstream()
         stream = await js.find_stream_name_by_subject(subject)
@@ -1639,6 +1741,8 @@ CLUSTER_CHECKS = {
     " again under the same producer id, epoch, partition and sequence (deduplicated by Kafka),"
     " or one Kafka would refuse for its sequence",
     "order_violations_mock_log": "order violations in the log as the mock stored it",
+    "duplicates_without_id": "the JetStream cluster's extra stored copies of messages without a"
+    " msg_id (producerkit publishes none of them again: 0 expected, reported)",
 }
 
 
@@ -1652,9 +1756,14 @@ def analyze(
     strict_order: bool,
     dedupes: bool,
     view: dict[str, Any] | None = None,
+    with_id: Any = None,
+    leader_deaths: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The checks; with ``view`` (the cluster's kafka_view) duplicates and order are judged on
-    the log Kafka would have, and the raw figures are reported beside them."""
+    the log Kafka would have, and the raw figures are reported beside them. With ``with_id``
+    (a mask of the messages that carried a msg_id) duplicates are judged among those, and
+    reported among the others. With ``leader_deaths`` (seconds since t0) the time from each to
+    the first ack of a message sent after it."""
     import numpy as np
 
     n = ledger.sent
@@ -1674,6 +1783,7 @@ def analyze(
             "possibly_stored_false": int((of_type & (status == FAILED_UNSTORED)).sum()),
             "possibly_stored_true": int((of_type & (status == FAILED_STORED)).sum()),
             "raised_by_produce": int((of_type & (status == RAISED)).sum()),
+            **({} if with_id is None else {"with_msg_id": int((of_type & with_id).sum())}),
         }
     without_offset = acked & (np.frombuffer(ledger.offset, np.uint32)[:n] == 0)
     counts = {
@@ -1693,6 +1803,9 @@ def analyze(
         "stored_distinct": int((copies > 0).sum()),
         "failed_possibly_stored_true_found": int(((status == FAILED_STORED) & (copies > 0)).sum()),
     }
+    if with_id is not None:
+        counts["with_msg_id"] = int(with_id.sum())
+        counts["failed_with_msg_id"] = int((failed & with_id).sum())
     masks = {  # the checks about single messages, whose examples the report shows
         "without_outcome": status == PENDING,
         "acked_missing": acked & (copies == 0),
@@ -1708,6 +1821,10 @@ def analyze(
         "duplicates_stored": stored.duplicates,
         "order_violations": stored.order_violations,
     }
+    if with_id is not None:
+        extra = np.maximum(copies.astype(np.int64) - 1, 0)
+        checks["duplicates_stored"] = int(extra[with_id].sum())
+        checks["duplicates_without_id"] = int(extra[~with_id].sum())
     if view is not None:
         checks["duplicates_stored"] = view["duplicates"]
         checks["order_violations"] = view["order_violations"]
@@ -1741,16 +1858,32 @@ def analyze(
     blocked = ledger.longest_call - timeout
     # Recovery: from a fault's end to the first ack of a message sent after it ended.
     first_ack_from = np.minimum.accumulate(np.where(acked, settle_at, np.inf)[::-1])[::-1]
+
+    def to_next_ack(at: float) -> float:
+        """From ``at`` to the first ack of a message sent after it (inf: none)."""
+        index = int(np.searchsorted(send_at, at))
+        return float(first_ack_from[index] - at) if index < n else math.inf
+
     recoveries = []
     after_load = 0  # faults that outlasted the load (a slow leader move): nothing to recover
     for window in windows:
         end = window["end"]
-        index = int(np.searchsorted(send_at, end))
-        after_load += index >= n
-        recovery = float(first_ack_from[index] - end) if index < n else math.inf
+        after_load += int(np.searchsorted(send_at, end)) >= n
+        recovery = to_next_ack(end)
         window["recovery_s"] = round(recovery, 3) if math.isfinite(recovery) else None
         if math.isfinite(recovery):
             recoveries.append(recovery)
+    leader_death = None
+    if leader_deaths is not None:
+        delays = [to_next_ack(at) for at in leader_deaths]
+        acked_after = [delay for delay in delays if math.isfinite(delay)]
+        leader_death = {
+            "p50": round(float(np.median(acked_after)), 3) if acked_after else None,
+            "max": round(max(acked_after), 3) if acked_after else None,
+            "kills_of_the_leader": len(delays),
+            "without_an_ack_after": len(delays) - len(acked_after),
+            "each_s": [round(d, 3) if math.isfinite(d) else None for d in delays],
+        }
     seconds = math.ceil(max(send_at.max(initial=0), settle_at.max(initial=0))) + 1
     series = {
         "sent": np.bincount(send_at.astype(int), minlength=seconds).tolist(),
@@ -1765,6 +1898,7 @@ def analyze(
     return {
         "counts": counts,
         "failures_by_type": failures,
+        "first_errors": dict(ledger.first_errors),
         "checks": {
             name: {
                 "value": value,
@@ -1790,6 +1924,7 @@ def analyze(
             "unrecovered": len(windows) - len(recoveries) - after_load,
             "ended_after_load": after_load,
         },
+        "leader_death_to_next_ack_s": leader_death,
         "per_second": series,
     }
 
@@ -1814,8 +1949,16 @@ def print_summary(report: dict[str, Any]) -> None:
             else ""
         )
     )
+    if "with_msg_id" in counts:
+        print(
+            f"with a msg_id {counts['with_msg_id']:,} (in runs of {ID_RUN:,}), of them failed"
+            f" {counts['failed_with_msg_id']:,}"
+        )
     for name, by in sorted(result["failures_by_type"].items()):
         print(f"  {name}: {by}")
+        first = result.get("first_errors", {}).get(name)
+        if first:
+            print(f"    the first: {first}")
     print(
         f"stored records {counts['stored_records']:,} (distinct {counts['stored_distinct']:,});"
         f" the broker's count {counts['stored_records_broker_count']:,}"
@@ -1828,7 +1971,14 @@ def print_summary(report: dict[str, Any]) -> None:
             f"  recovery {recovery:>7}  {w['detail']}"
         )
     cluster = report.get("cluster")
-    if cluster and "min_insync_replicas" in cluster:
+    if cluster and "leader_at_end" in cluster:
+        print(
+            f"JetStream cluster: {cluster['brokers']} nats-servers, an R{cluster['replication']}"
+            f" file stream; server faults done {cluster['faults_done']}; the stream's leader at"
+            f" the end n{cluster['leader_at_end']}; acked in fast batches"
+            f" {cluster['fast_ingest_acked']:,}"
+        )
+    elif cluster and "min_insync_replicas" in cluster:
         print(
             f"Apache Kafka {cluster['version']}: {cluster['brokers']} nodes, replication"
             f" {cluster['replication']}, min.insync.replicas {cluster['min_insync_replicas']};"
@@ -1860,6 +2010,14 @@ def print_summary(report: dict[str, Any]) -> None:
     print(
         f"recovery p50 {rec['p50']}s max {rec['max']}s ({rec['unrecovered']} without an ack after)"
     )
+    death = result.get("leader_death_to_next_ack_s")
+    if death is not None:
+        print(
+            f"from a leader's death to the next ack: p50 {death['p50'] or '-'} s"
+            f" max {death['max'] or '-'} s"
+            f" ({death['kills_of_the_leader']} kills of the leader's server,"
+            f" {death['without_an_ack_after']} without an ack after)"
+        )
     blocked = result["blocked_past_timeout_s"]
     print(
         f"longest produce() call {blocked['longest_call_s']:.3f}s at t={blocked['at_s']}s:"
@@ -1924,6 +2082,7 @@ def plot(report: dict[str, Any], output: Path) -> None:
         "kill": "tab:brown",
         "reset": "tab:pink",
         "leaders": "tab:olive",
+        "step_down": "tab:olive",
         "broker_down": "tab:brown",
         "errors": "tab:cyan",
     }
@@ -1966,15 +2125,17 @@ def plot(report: dict[str, Any], output: Path) -> None:
 # --------------------------------------------------------------------------- run
 
 
-def node_faults(
-    cluster: KafkaCluster | ApacheKafka, topic: str, partitions: int, seed: int
-) -> NodeFaults:
-    """The cluster's own faults on ``topic``, seeded apart from the proxy's."""
+def node_faults(cluster: Cluster, topic: str, partitions: int, seed: int) -> NodeFaults:
+    """The cluster's own faults on ``topic`` (the JetStream cluster's: on its stream, named
+    alike), seeded apart from the proxy's."""
     from producerkit.testing.kafka_cluster import KafkaCluster
+    from producerkit.testing.nats_cluster import JetStreamCluster
 
     rng = random.Random(f"{seed}-cluster")
     if isinstance(cluster, KafkaCluster):
         return ClusterFaults(cluster, topic, partitions, rng)
+    if isinstance(cluster, JetStreamCluster):
+        return JetStreamFaults(cluster, topic, rng)
     return ApacheFaults(cluster, topic, partitions, rng)
 
 
@@ -1982,11 +2143,15 @@ async def chaos(
     args: argparse.Namespace,
     broker: LocalBroker | None,
     faults: FaultProxy,
-    cluster: KafkaCluster | ApacheKafka | None = None,
+    cluster: Cluster | None = None,
 ) -> dict[str, Any]:
-    """One run against ``broker`` behind ``faults``, or against ``cluster`` (the mock's or
-    Apache Kafka's) behind its own fault proxy (``faults``), with its own faults too."""
-    jetstream = args.backend == "jetstream"
+    """One run against ``broker`` behind ``faults``, or against ``cluster`` (the mock's, Apache
+    Kafka's or the JetStream cluster) behind its own fault proxy (``faults``), with its own
+    faults too."""
+    import numpy as np
+
+    jetstream = args.backend in ("jetstream", "jetstream-cluster")
+    id_runs = args.backend == "jetstream-cluster"
     nonce = uuid.uuid4().hex[:8]
     topic, capacity_topic = f"chaos{nonce}", f"capacity{nonce}"
     cluster_faults = (
@@ -1995,6 +2160,8 @@ async def chaos(
     options: dict[str, Any] = {"timeout": args.timeout}
     if jetstream:
         options.update(create_stream=True, stream_storage="file")
+        if cluster is not None:
+            options["stream_replicas"] = REPLICATION
     else:
         for name in (topic, capacity_topic):
             if cluster_faults is not None:
@@ -2013,7 +2180,8 @@ async def chaos(
         if holder:
             holder[0].on_delivery(result, context)
 
-    producer = pk.Producer(faults.url, topic=topic, on_delivery=on_delivery, **options)
+    url = faults.url if cluster is None else cluster.faulty_url  # every member's, proxied
+    producer = pk.Producer(url, topic=topic, on_delivery=on_delivery, **options)
     await producer.start()
     idempotent = getattr(producer.backend, "idempotent", None)
     if idempotent is not None:
@@ -2025,7 +2193,7 @@ async def chaos(
             producer,
             capacity_topic,
             args.capacity_seconds,
-            Messages(args.keys, f"{args.seed}-capacity", jetstream),
+            Messages(args.keys, f"{args.seed}-capacity", jetstream, id_runs),
         )
         rate = min(capacity / 2, args.max_messages / seconds, args.max_rate or math.inf)
         capped = " (capped by --max-messages/--max-rate)" if rate < capacity / 2 else ""
@@ -2035,6 +2203,7 @@ async def chaos(
         )
     await producer.produce(WARM_UP)
     baseline = producer.stats
+    fast_acked_before = getattr(producer.backend, "fast_ingest_acked", 0)
     t0 = time.monotonic() + 0.01
     ledger = Ledger(math.ceil(rate * seconds) + 1, t0)
     holder.append(ledger)
@@ -2071,7 +2240,7 @@ async def chaos(
     print(f"load: {seconds:g} s at {rate:,.0f} msg/s, faults among {', '.join(modes)}", flush=True)
     harness_error = None
     try:
-        messages = Messages(args.keys, f"{args.seed}-keys", jetstream)
+        messages = Messages(args.keys, f"{args.seed}-keys", jetstream, id_runs)
         await send_load(producer, ledger, rate, seconds, messages)
         try:
             await injector
@@ -2089,11 +2258,14 @@ async def chaos(
         close_seconds = time.monotonic() - closing
         sampler.cancel()
     stats = producer.stats
+    fast_ingest_acked = getattr(producer.backend, "fast_ingest_acked", 0) - fast_acked_before
     rss_end = rss_mb()
     if broker is not None:
         processes = [broker.process]
     elif isinstance(cluster_faults, ApacheFaults):  # the nodes' JVMs
         processes = [node.process for node in cluster_faults.kafka.nodes]
+    elif isinstance(cluster_faults, JetStreamFaults):
+        processes = [server.process for server in cluster_faults.jetstream.servers]
     else:
         processes = []
     pids = [process.pid for process in processes if process is not None]
@@ -2144,6 +2316,14 @@ async def chaos(
         )
         broker_count = high - stored.warm_ups
         cluster_report = await asyncio.to_thread(cluster_faults.report)
+    elif isinstance(cluster_faults, JetStreamFaults):
+        stored = Stored(ledger)
+        url = cluster_faults.jetstream.url
+        broker_count = await read_jetstream(url, topic, stored.visit) - stored.warm_ups
+        cluster_report = {
+            **await asyncio.to_thread(cluster_faults.report),
+            "fast_ingest_acked": fast_ingest_acked,
+        }
     else:
         stored = Stored(ledger)
         reader = read_jetstream if jetstream else read_kafka
@@ -2159,6 +2339,12 @@ async def chaos(
         strict_order=not jetstream and args.preset is None,
         dedupes=jetstream or cluster is not None,
         view=view,
+        with_id=has_msg_id(np.arange(ledger.sent)) if id_runs else None,
+        leader_deaths=(
+            [at - t0 for at in cluster_faults.leader_deaths]
+            if isinstance(cluster_faults, JetStreamFaults)
+            else None
+        ),
     )
     checks_pass = all(check["pass"] for check in result["checks"].values())
     return {
@@ -2207,13 +2393,18 @@ async def chaos(
     }
 
 
-def start_cluster(backend: str) -> KafkaCluster | ApacheKafka:
-    """The mock cluster (recording the Produce batches) or Apache Kafka, CLUSTER_BROKERS
-    brokers, not started (``with`` starts it)."""
+def start_cluster(backend: str) -> Cluster:
+    """The mock cluster (recording the Produce batches), Apache Kafka or the JetStream cluster
+    (its servers naming none of each other to the producer, which reaches each through the
+    proxy only), CLUSTER_BROKERS brokers, not started (``with`` starts it)."""
     if backend == "kafka-cluster":
         from producerkit.testing.kafka_cluster import KafkaCluster
 
         return KafkaCluster(CLUSTER_BROKERS, record_batches=True)
+    if backend == "jetstream-cluster":
+        from producerkit.testing.nats_cluster import JetStreamCluster
+
+        return JetStreamCluster(CLUSTER_BROKERS, extra_args=["--no_advertise=true"])
     from producerkit.testing.apache_kafka import ApacheKafka
 
     return ApacheKafka(CLUSTER_BROKERS)
@@ -2225,10 +2416,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seeds the faults and the keys")
     parser.add_argument(
         "--backend",
-        choices=("kafka", "jetstream", "kafka-cluster", "kafka-apache"),
+        choices=("kafka", "jetstream", "kafka-cluster", "kafka-apache", "jetstream-cluster"),
         required=True,
         help="kafka: Tansu; kafka-cluster: librdkafka's mock cluster of 3 brokers, in-process;"
-        " kafka-apache: 3 Apache Kafka nodes (Java 17+)",
+        " kafka-apache: 3 Apache Kafka nodes (Java 17+); jetstream-cluster: 3 nats-servers,"
+        " an R3 stream",
     )
     parser.add_argument("--preset", choices=("throughput",), help="Kafka's preset (default: none)")
     parser.add_argument(
@@ -2252,15 +2444,18 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="cap the measured rate at this many msg/s (default: none; kafka-cluster:"
         f" {CLUSTER_MAX_RATE:,.0f}, what the mock can serve back while the load runs;"
-        f" kafka-apache: {APACHE_MAX_RATE:,.0f})",
+        f" kafka-apache: {APACHE_MAX_RATE:,.0f}; jetstream-cluster:"
+        f" {JETSTREAM_CLUSTER_MAX_RATE:,.0f})",
     )
     parser.add_argument("--modes", help="faults to draw from, comma-separated (default: all)")
     args = parser.parse_args(argv)
     if args.max_rate is None:
-        args.max_rate = {"kafka-cluster": CLUSTER_MAX_RATE, "kafka-apache": APACHE_MAX_RATE}.get(
-            args.backend
-        )
-    if args.preset and args.backend == "jetstream":
+        args.max_rate = {
+            "kafka-cluster": CLUSTER_MAX_RATE,
+            "kafka-apache": APACHE_MAX_RATE,
+            "jetstream-cluster": JETSTREAM_CLUSTER_MAX_RATE,
+        }.get(args.backend)
+    if args.preset and args.backend in ("jetstream", "jetstream-cluster"):
         parser.error("--preset is a Kafka setting")
     known = default_modes(args.backend)
     unknown = set((args.modes or "").split(",")) - {"", *known}
@@ -2274,7 +2469,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("aiokafka", "nats"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
-    if args.backend in ("kafka-cluster", "kafka-apache"):
+    if args.backend in ("kafka-cluster", "kafka-apache", "jetstream-cluster"):
         with start_cluster(args.backend) as cluster:
             report = asyncio.run(chaos(args, None, cluster.faults, cluster))
     else:

@@ -267,6 +267,29 @@ def test_refuse_resets_open_connections_and_refuses_new_ones_on_the_same_port(
     assert echoed(connect(proxy), b"back") == b"back"
 
 
+def test_forward_puts_another_broker_behind_the_same_faults(
+    proxy: FaultProxy, echo: EchoServer
+) -> None:
+    other = EchoServer()
+    try:
+        forwarded = proxy.forward("127.0.0.1", other.port)
+        assert forwarded != proxy.host_port
+        assert proxy.forward("127.0.0.1", other.port) == forwarded  # one listener each
+        host, port = forwarded.split(":")
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        assert echoed(sock, b"to the other") == b"to the other"
+        assert bytes(other.received) == b"to the other" and not echo.received
+        proxy.refuse(0.5)  # one fault for both
+        with pytest.raises(ConnectionResetError):
+            sock.recv(100)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=10)
+        time.sleep(0.7)
+        assert echoed(socket.create_connection((host, int(port)), timeout=10), b"b") == b"b"
+    finally:
+        other.close()
+
+
 def test_reset_aborts_every_connection_and_accepts_new_ones(proxy: FaultProxy) -> None:
     socks = [connect(proxy) for _ in range(3)]
     for sock in socks:

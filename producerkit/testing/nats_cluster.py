@@ -183,6 +183,17 @@ class JetStreamCluster(LocalCluster):
         takes the servers as a list: ``nats_url.split(",")`` after the scheme)."""
         return f"nats://{self.host_ports}"
 
+    @property
+    def faulty_url(self) -> str:
+        """``jetstream://`` with every server through :attr:`faults` (a listener each, one set
+        of faults for all): a client given it reaches each server only through the proxy. The
+        servers also name each other to their clients (INFO's ``connect_urls``), which a client
+        may then reach directly; start the cluster with ``extra_args=["--no_advertise=true"]``
+        so that they do not."""
+        faults = self.faults
+        others = [faults.forward("127.0.0.1", server.port) for server in self.servers[1:]]
+        return f"{self.scheme}://{','.join([faults.host_port, *others])}"
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, wait: float = 60.0) -> Self:

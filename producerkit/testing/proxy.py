@@ -148,6 +148,17 @@ class FaultProxy:
         """``host:port`` of the proxy's listener for the broker it was made for."""
         return f"{self.listen_host}:{self._listen_port}"
 
+    def forward(self, host: str, port: int) -> str:
+        """Listen for another broker too (``host:port``), behind the same faults and latency as
+        the first: the ``host:port`` to give clients for it. For a cluster whose clients are
+        given every member (a NATS cluster; Kafka's other brokers are found from Metadata)."""
+        result: list[int] = []
+        if self._loop is None:
+            result.append(self._listen_for((host, port)))
+        else:
+            self._control(lambda: result.append(self._listen_for((host, port))))
+        return f"{self.listen_host}:{result[0]}"
+
     @property
     def rtt_ms(self) -> float:
         return self._half_delay * 2000.0
