@@ -106,6 +106,8 @@ def test_exactly_once_refuses_a_transactional_id_before_any_task_runs(
             .mode("append")
             .save()
         )
+    with pytest.raises(pk.ConfigurationError, match=r"exactly_once: transactions .* acks='all'"):
+        pks.publish(df, apache_kafka.url, topic=topic, exactly_once=True, acks=1)
     assert apache_kafka.read(topic, isolation="read_uncommitted") == []
 
 
@@ -176,6 +178,36 @@ def cluster_topic(kafka_cluster: KafkaCluster) -> str:
     name = _name("rows")
     kafka_cluster.create_topic(name, partitions=3, replication=3)
     return name
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"acks": 1}, "acks='all'"),
+        ({"enable_idempotence": False}, "enable_idempotence=False"),
+        ({"acks": "all", "max_batches_in_flight": 6}, "max_batches_in_flight"),
+    ],
+    ids=["acks-1", "not-idempotent", "six-batches-in-flight"],
+)
+async def test_settings_that_rule_out_transactions_are_refused_not_overridden(
+    kafka_cluster: KafkaCluster, cluster_topic: str, options: dict[str, Any], named: str
+) -> None:
+    """A transaction is written by the idempotent producer: ``acks=1``,
+    ``enable_idempotence=False`` or more than 5 batches in flight are refused (as the Java
+    client refuses them beside a ``transactional.id``), at construction where a
+    ``transactional_id`` is given, else at the ``atomic_batch()`` that needs them; the
+    producer goes on producing."""
+    with pytest.raises(pk.ConfigurationError, match=named):
+        pk.Producer(kafka_cluster.url, topic=cluster_topic, transactional_id="tx", **options)
+    async with pk.Producer(
+        kafka_cluster.url, topic=cluster_topic, timeout=10.0, **options
+    ) as producer:
+        with pytest.raises(pk.ConfigurationError, match=rf"atomic_batch\(\).*{named}"):
+            async with producer.atomic_batch() as batch:
+                await batch.produce(b"never")
+        outcome = await producer.produce(b"after")
+        assert outcome.offset is not None
 
 
 @pytest.mark.anyio

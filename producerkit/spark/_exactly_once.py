@@ -157,7 +157,8 @@ _SET_BY_EXACTLY_ONCE: Final = {
 
 def check_job(config: SinkConfig) -> float | None:
     """Refuse, on the driver, an exactly-once write that could not be one: another backend,
-    on Kafka an option exactly-once sets itself (``transactional_id``), a partition column or
+    on Kafka an option exactly-once sets itself (``transactional_id``), settings that rule out
+    transactions (``acks`` other than all, ``enable_idempotence=False``), a partition column or
     ``on_error="count"`` (a transaction is all or nothing), on JetStream a stream whose
     duplicate window is shorter than ``exactly_once_timeout`` (or, that not given, a warning
     naming the window). Raises ConfigurationError before any task runs; returns that window
@@ -168,6 +169,10 @@ def check_job(config: SinkConfig) -> float | None:
         for name, reason in _SET_BY_EXACTLY_ONCE.items():
             if name in kwargs:
                 raise ConfigurationError(f"{name}={kwargs[name]!r} with exactly_once: {reason}")
+        from producerkit.backends.kafka.options import transaction_refusal
+
+        if (refusal := transaction_refusal(kwargs)) is not None:
+            raise ConfigurationError(f"exactly_once: {refusal}")
         if config.partition_col is not None:
             raise ConfigurationError(
                 "exactly_once on Kafka routes rows by key (a transaction's batch takes no "

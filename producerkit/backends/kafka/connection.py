@@ -174,6 +174,8 @@ class KafkaConnection(Connection):
                 f"and this connection is on aiokafka's public API ({self.client_path_reason})",
                 kind="unsupported",
             )
+        if (refusal := options.transaction_refusal(self.options)) is not None:
+            raise ConfigurationError(f"atomic_batch() on this producer: {refusal}")
         self._coordinator = transactions.Coordinator(
             self._producer.client,
             transactional_id,

@@ -83,6 +83,10 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
     _check_idempotence(checked)
+    if checked.get("transactional_id") is not None and (
+        refusal := transaction_refusal(checked)
+    ):
+        raise ConfigurationError(f"transactional_id={checked['transactional_id']!r}: {refusal}")
     _check_compression(checked.get("compression_type"))
     level = codecs.check_level(checked.get("compression_type"), checked.get("compression_level"))
     if level is not None:
@@ -111,6 +115,30 @@ def _check_idempotence(checked: Mapping[str, Any]) -> None:
             f"enable_idempotence=True allows at most {IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT} "
             f"max_batches_in_flight (what a broker orders per producer), got {batches}"
         )
+
+
+def transaction_refusal(options: Mapping[str, Any]) -> str | None:
+    """Why a producer with these options cannot write transactions (atomic batches), or None.
+    A transaction is written by the idempotent producer: settings that rule it out are refused,
+    as the Java client refuses them beside a ``transactional.id``, never overridden."""
+    if options.get("enable_idempotence") is False:
+        return (
+            "transactions (atomic batches) are written by the idempotent producer; drop "
+            "enable_idempotence=False"
+        )
+    acks = options.get("acks")
+    if acks not in (None, "all", "-1", -1):
+        return (
+            f"transactions (atomic batches) need acks='all' (every in-sync replica has each "
+            f"message before the commit), got acks={acks}"
+        )
+    batches = options.get("max_batches_in_flight", 1)
+    if batches > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+        return (
+            f"transactions (atomic batches) allow at most {IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT} "
+            f"max_batches_in_flight (what a broker orders per producer), got {batches}"
+        )
+    return None
 
 
 def idempotence_wanted(options: Mapping[str, Any]) -> tuple[bool | None, str]:
