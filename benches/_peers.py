@@ -7,7 +7,9 @@ prints one JSON line: ``{"runner", "messages", "seconds", "rate", "client_cpu", 
 (CPU in seconds; ``broker_cpu`` is null without ``--broker-pid``). The client's CPU is this
 process's (``time.process_time()``: every thread of it, librdkafka's included), the broker's is
 its process's user + system time (psutil), both read when the runner's clock starts and stops,
-so neither start-up, imports nor connecting counts.
+so neither start-up, imports nor connecting counts. The Java producer's rows run a JVM from
+here (``_java.py``), which times its own pass: its wall and CPU seconds are the JVM's
+(``Clock.stop(measured=...)``), the broker's CPU is read here around it.
 
 ``RUNNER`` is one of ``throughput.PEER_RUNNERS`` (producerkit and the peers that install on
 this interpreter, imported from throughput.py) or of :data:`FAST_PUBLISHERS`: the JetStream fast
@@ -43,11 +45,17 @@ class Clock:
         self._cpu = time.process_time()
         self._wall = time.perf_counter()
 
-    def stop(self, count: int) -> int:
-        """The rate of ``count`` messages since the clock started; the figures into ``last``."""
+    def stop(self, count: int, *, measured: tuple[float, float] | None = None) -> int:
+        """The rate of ``count`` messages since the clock started; the figures into ``last``.
+
+        ``measured``: the wall and CPU seconds of a client in a process of its own that timed
+        itself (the Java producer's JVM, ``_java.py``), taken instead of this process's; the
+        broker's CPU is still read here, from the clock's start to this call."""
         wall = time.perf_counter() - self._wall
         cpu = time.process_time() - self._cpu
         broker = _cpu_of(self._broker)
+        if measured is not None:
+            wall, cpu = measured
         rate = round(count / wall)
         Clock.last = {
             "messages": count,

@@ -1,39 +1,47 @@
 """Where the CPU of a Kafka run goes: the client's and the broker's, per message.
 
     python benches/cpu_per_message.py [--messages 600000] [--repeat 3]
-        [--kafka-broker tansu|apache|both] [--warmup 180]
+        [--kafka-broker tansu|apache|both] [--warmup 180] [--no-java]
 
 On Tansu with null storage (``--kafka-broker tansu``, the default), on one Apache Kafka node
 (``apache``: its JVM with the flags of Kafka's own start script, warmed up for ``--warmup``
 seconds first, see ``benches/_brokers.py``), or on both, rounds interleaved (each runner on one
 broker, then on the other), the same 512-byte keyed messages as ``benches/throughput.py``:
 producerkit's ``produce()`` at its defaults and with the bench's throughput settings,
-``produce_batch`` (chunks of 10,000) with them, and confluent-kafka at librdkafka's defaults,
-each on a new 4-partition topic. For each run: the rate, the CPU this process used
-(confluent-kafka's librdkafka threads included) and the CPU the broker process used (Tansu's,
-or the JVM's), per message and in cores (CPU seconds per second of the run), and the rate the
-two would reach if they had the machine's cores to themselves
-(``os.cpu_count() / (client + broker CPU per message)``): the ceiling any client reaches
-on this machine with the broker on it. Then each runner's medians over the rounds per broker.
+``produce_batch`` (chunks of 10,000) with them, confluent-kafka at librdkafka's defaults, and
+the Java producer at its defaults and with its throughput settings (``throughput.JAVA_ROWS``:
+kafka-clients in a JVM of its own, ``benches/_java.py``; skipped, saying why, without a JDK or
+with ``--no-java``), each on a new 4-partition topic. For each run: the rate, the CPU this
+process used over the whole run (confluent-kafka's librdkafka threads included), or the JVM's
+over its timed pass (after its start and a warm-up that the JIT settled in; every thread of
+the JVM), and the CPU the broker process used over the same span (Tansu's, or the JVM's), per
+message and in cores (CPU seconds per second of the run), and the rate the two would reach if
+they had the machine's cores to themselves (``os.cpu_count() / (client + broker CPU per
+message)``): the ceiling any client reaches on this machine with the broker on it. Then each
+runner's medians over the rounds per broker.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _brokers
+import _java
+from _peers import Clock
 from throughput import (
+    JAVA_ROWS,
     KAFKA_SETTINGS,
     Messages,
     batch_chunks,
@@ -77,10 +85,26 @@ async def batch_run(url: str, topic: str, messages: Messages) -> int:
     return int(len(messages) / elapsed)
 
 
+def run_java(
+    java: Callable[[str, str, Messages], Coroutine[Any, Any, int]],
+    messages: Messages,
+    url: str,
+    topic: str,
+) -> int:
+    """One run of a Java producer's row (``throughput.JAVA_ROWS``); its figures in
+    ``Clock.last``."""
+    return asyncio.run(java(url, topic, messages))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=600_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--no-java",
+        action="store_true",
+        help="leave out the Java producer (a JVM started and warmed up for each run takes seconds)",
+    )
     _brokers.add_broker_flags(parser, nats=False)
     _brokers.add_kafka_broker_choice(parser)
     args = parser.parse_args()
@@ -100,6 +124,15 @@ def main() -> int:
             confluent_kafka(url, topic, messages)
         ),
     }
+    #: The runners in a JVM of their own: their figures are their timed pass's, as their clock
+    #: left them (``Clock.last``), not this process's CPU over the whole run.
+    java_runs = {name.removeprefix("kafka: "): java for name, java in JAVA_ROWS.items()}
+    why = "--no-java" if args.no_java else _java.missing()
+    if why is None:
+        for name, java in java_runs.items():
+            runs[name] = functools.partial(run_java, java, messages)
+    else:
+        print(f"skipped the Java producer: {why}", flush=True)
     #: (broker, runner) -> each round's (msg/s, client µs/msg, broker µs/msg or None)
     results: dict[tuple[str, str], list[tuple[int, float, float | None]]] = {}
     with _brokers.kafka_brokers(args, storage="null://sink") as brokers:
@@ -112,12 +145,21 @@ def main() -> int:
                 for kafka in brokers:
                     url, topic = kafka.kafka_url, f"cpu-{time.monotonic_ns()}"
                     asyncio.run(create_kafka_topic(url, topic, 4))
+                    # The JVM's clock reads the broker's CPU over its timed pass (psutil).
+                    Clock.broker_pid = kafka.pid if name in java_runs else None
                     broker_before, client_before = broker_cpu(kafka.pid), own_cpu()
                     started = time.perf_counter()
                     rate = run(url, topic)
                     wall = time.perf_counter() - started
                     broker = broker_cpu(kafka.pid) - broker_before
                     client = own_cpu() - client_before
+                    if name in java_runs:
+                        timed = Clock.last
+                        wall, client, broker = (
+                            timed["seconds"],
+                            timed["client_cpu"],
+                            timed["broker_cpu"] or 0.0,
+                        )
                     asyncio.run(delete_topic(url, topic))  # Apache Kafka keeps what it stored
                     measured = kafka.pid is not None  # named by --kafka-url: not measured
                     results.setdefault((kafka.name, name), []).append(

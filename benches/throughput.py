@@ -47,7 +47,10 @@ more cores; wall-clock ratios against a peer on two shared cores do not). Every 
 by ``benches/_peers.py`` in a fresh process of its own, rounds interleaved and rotated, keyed
 512-byte values: producerkit (``produce()`` at its defaults and with the throughput settings,
 ``produce_batch``) and each peer at its own defaults (confluent-kafka's ``produce()``,
-``produce_batch`` and asyncio ``AIOProducer``, kafka-python 3, aiokafka's loop; nats-py's
+``produce_batch`` and asyncio ``AIOProducer``, kafka-python 3, aiokafka's loop, and the Java
+producer, kafka-clients in a JVM of its own, at its defaults and with ``JAVA_THROUGHPUT_SETTINGS``
+(``benches/_java.py``: built at bench time, needs a JDK 17+ and Maven the first time; warmed up
+until its JIT settled, its CPU over its timed pass, every thread of the JVM); nats-py's
 ``publish_async``, and the fast publishers of nats-jetstream-extra and of natsio with
 natsio-jetstream-batch, which need Python 3.13: ``--peers-python`` names the interpreter of
 a venv that has them). Kafka on Tansu with null storage, a new 4-partition topic per run;
@@ -86,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 import _brokers
+import _java
 from _peers import Clock
 
 import producerkit as pk
@@ -102,6 +106,15 @@ KAFKA_SETTINGS: dict[str, Any] = {
     "max_in_flight_messages": 15_000,
     "preset": "throughput",
     "max_batch_size": 256 * 1024,
+}
+#: The Java producer's throughput settings beside producerkit's (``KAFKA_SETTINGS``): the same
+#: batch size, no compression (neither compresses), and the Java client's default linger (5 ms;
+#: 0 and 20 measured no better, docs/performance.md). Its other defaults are producerkit's too:
+#: idempotent, acks all, 5 batches in flight (per connection); its window is its 32 MB
+#: ``buffer.memory``.
+JAVA_THROUGHPUT_SETTINGS: dict[str, Any] = {
+    "batch.size": KAFKA_SETTINGS["max_batch_size"],
+    "linger.ms": 5,
 }
 Messages = list[tuple[bytes | None, bytes]]
 
@@ -358,6 +371,20 @@ async def kafka_python(url: str, topic: str, messages: Messages) -> int:
     finally:
         producer.close()
     return rate
+
+
+def java_producer(
+    settings: dict[str, Any] | None = None,
+) -> Callable[[str, str, Messages], Coroutine[Any, Any, int]]:
+    """The Java producer (kafka-clients, in a JVM of its own: ``benches/_java.py``) with
+    ``settings`` over its defaults, as a runner: it sends as many messages as it is given,
+    keyed as they are (it makes the same ones itself), and leaves its JVM's figures in
+    ``Clock.last``."""
+
+    async def run(url: str, topic: str, messages: Messages) -> int:
+        return await _java.java_producer(_servers(url), topic, len(messages), settings)
+
+    return run
 
 
 # --------------------------------------------------------------------------- NATS peers
@@ -827,6 +854,12 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         metavar="TEXT",
         help="--only peers: only the runners whose name has TEXT in it (repeatable)",
+    )
+    parser.add_argument(
+        "--no-java",
+        action="store_true",
+        help="--only peers: leave out the Java producer's rows (a JVM started and warmed up "
+        "for each run takes seconds)",
     )
     parser.add_argument(
         "--peers-python",
@@ -1312,6 +1345,11 @@ def production_main(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- peers: CPU per message
 
+#: The Java producer's rows of ``--only peers`` (``--no-java`` leaves them out).
+JAVA_ROWS: dict[str, Callable[[str, str, Messages], Coroutine[Any, Any, int]]] = {
+    "kafka: Java producer, defaults": java_producer(),
+    "kafka: Java producer, throughput settings": java_producer(JAVA_THROUGHPUT_SETTINGS),
+}
 #: ``--only peers``: every runner by its row's name, as ``_peers.py`` runs it in a process of its
 #: own, ``(url, topic, messages) -> msg/s``, its clock (``_peers.Clock``) reading its CPU and the
 #: broker's. Kafka runners publish to a new 4-partition topic on Tansu (null storage), JetStream
@@ -1333,6 +1371,7 @@ PEER_RUNNERS: dict[str, Callable[[str, str, Messages], Awaitable[int]]] = {
     "kafka: confluent-kafka AIOProducer": confluent_aio,
     "kafka: kafka-python 3": kafka_python,
     "kafka: aiokafka send() loop": aiokafka_send_loop,
+    **JAVA_ROWS,
     "jetstream: producerkit produce()": lambda url, topic, messages: producerkit_run(
         url, topic, messages
     ),
@@ -1357,7 +1396,7 @@ FAST_PUBLISHER_ROWS = {
     "jetstream: nats-jetstream-extra FastPublisher": "nats-jetstream-extra",
     "jetstream: natsio + natsio-jetstream-batch": "natsio-jetstream-batch",
 }
-#: ``--only peers``'s targets (issue 41): (what, measure, runner, peer, at most / at least).
+#: ``--only peers``'s targets (issues 41, 46): (what, measure, runner, peer, at most / at least).
 #: ``client`` is client CPU per message (lower is better: the ratio is wanted at most the
 #: bound), ``rate`` msg/s (the ratio is wanted above the bound).
 PK_KAFKA, PK_KAFKA_BATCH = (
@@ -1369,6 +1408,7 @@ PEER_TARGETS: list[tuple[str, str, str, float]] = [
     ("client", PK_KAFKA, "kafka: confluent-kafka produce()", 0.5),
     ("client", PK_KAFKA_BATCH, "kafka: confluent-kafka produce()", 0.4),
     ("client", PK_KAFKA_BATCH, "kafka: confluent-kafka produce_batch", 0.4),
+    ("client", PK_KAFKA, "kafka: Java producer, throughput settings", 1.0),
     ("rate", PK_KAFKA, "kafka: confluent-kafka AIOProducer", 1.0),
     ("rate", PK_KAFKA, "kafka: kafka-python 3", 1.0),
     *[
@@ -1387,6 +1427,8 @@ def peers_main(args: argparse.Namespace) -> int:
     rows.update(dict.fromkeys(FAST_PUBLISHER_ROWS, python or ""))
     if args.peer:
         rows = {name: how for name, how in rows.items() if any(s in name for s in args.peer)}
+    if args.no_java:
+        rows = {name: how for name, how in rows.items() if name not in JAVA_ROWS}
     skipped = {name: why for name in rows if (why := _peer_missing(name, rows[name]))}
     for name, why in skipped.items():
         print(f"  skipped {name}: {why}", flush=True)
@@ -1487,6 +1529,8 @@ def _peer_missing(name: str, python: str) -> str | None:
             last = (done.stderr.strip().splitlines() or ["?"])[-1]
             return f"{runner} does not import in {python}: {last}"
         return None
+    if name in JAVA_ROWS:
+        return _java.missing()
     module, package = PEER_NEEDS.get(name, ("producerkit", "producerkit"))
     try:
         found = importlib.util.find_spec(module) is not None
@@ -1549,6 +1593,11 @@ def _run_line(one: dict[str, Any]) -> str:
     return (
         f"{one['rate']:>10,} msg/s  client {one['client_cpu'] / one['messages'] * 1e6:5.2f} µs/msg"
         + ("" if broker is None else f"  broker {broker / one['messages'] * 1e6:5.2f} µs/msg")
+        + (
+            f"  (JIT {one['jit_seconds']:.3f} s, after {one['warm_up_passes']} warm-up passes)"
+            if "jit_seconds" in one
+            else ""
+        )
     )
 
 

@@ -68,8 +68,8 @@ TINY: dict[str, dict[str, list[str]]] = {
         ],
     },
     "cpu_per_message.py": {
-        "": ["--messages", "500", "--repeat", "1", *KAFKA],
-        "apache": ["--messages", "500", "--repeat", "1", *APACHE],
+        "": ["--messages", "500", "--repeat", "1", "--no-java", *KAFKA],
+        "apache": ["--messages", "500", "--repeat", "1", "--no-java", *APACHE],
     },
     "fused_path.py": {"": ["--messages", "500", "--rounds", "1", *KAFKA]},
     "latency_at_rates.py": {
@@ -125,7 +125,12 @@ TINY: dict[str, dict[str, list[str]]] = {
         "batch": ["--only", "batch", "--messages", "300", "--repeat", "1", *KAFKA],
         # The Python 3.13 fast publishers run where PRODUCERKIT_PEERS_PYTHON names a 3.13 venv
         # with them; else the suite skips them (and any peer not installed), saying why.
-        "peers": ["--only", "peers", "--messages", "300", "--repeat", "1", *BROKERS],
+        "peers": ["--only", "peers", "--messages", "300", "--repeat", "1", "--no-java", *BROKERS],
+        # One JVM (started, warmed up, timed: 5-15 s), javac the first time.
+        "peers-java": [
+            *["--only", "peers", "--messages", "300", "--repeat", "1", *BROKERS],
+            *["--peer", "kafka: Java producer, throughput settings"],
+        ],
         "peers on apache": [
             *["--only", "peers", "--messages", "300", "--repeat", "1", "--nats-url", "{nats}"],
             *["--peer", "kafka: producerkit produce(), defaults"],
@@ -135,7 +140,8 @@ TINY: dict[str, dict[str, list[str]]] = {
 }
 
 #: What a bench needs beyond producerkit's own dependencies and the brokers' wheels (which the
-#: session fixtures check): modules, and ``java`` (a command). A key ``bench[run]`` is one run's.
+#: session fixtures check): modules, and commands (``COMMANDS``). A key ``bench[run]`` is one
+#: run's.
 NEEDS: dict[str, tuple[str, ...]] = {
     "bench_partitioners.py": ("pytest_benchmark",),
     "bench_spark.py": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java"),
@@ -149,7 +155,12 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "throughput.py": ("confluent_kafka",),
     "throughput.py[batch]": ("confluent_kafka", "pyarrow"),  # its Arrow chunks
     "throughput.py[peers on apache]": ("confluent_kafka", "psutil", "java"),
+    "throughput.py[peers-java]": ("java", "javac", "mvn"),
 }
+
+#: The needs of ``NEEDS`` that are commands on the PATH, not modules: the JVM, and the JDK's
+#: compiler and Maven that build the Java producer's runner (benches/_java.py).
+COMMANDS = ("java", "javac", "mvn")
 
 #: Most seconds one tiny run may take (Spark's JVM start is most of bench_spark.py's ~20 s).
 TIMEOUT = 180
@@ -163,7 +174,7 @@ def test_every_bench_has_a_tiny_run() -> None:
 
 def _missing(needs: tuple[str, ...]) -> str | None:
     for need in needs:
-        found = shutil.which(need) if need == "java" else _importable(need)
+        found = shutil.which(need) if need in COMMANDS else _importable(need)
         if not found:
             return need
     return None
