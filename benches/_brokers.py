@@ -19,7 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -115,10 +115,13 @@ def add_kafka_broker_choice(parser: argparse.ArgumentParser, warmup: float = 180
 
 
 @contextlib.contextmanager
-def kafka_brokers(args: argparse.Namespace, **tansu: Any) -> Iterator[list[Broker]]:
+def kafka_brokers(
+    args: argparse.Namespace, apache_properties: Mapping[str, str] | None = None, **tansu: Any
+) -> Iterator[list[Broker]]:
     """The Kafka brokers ``args`` chooses (see :func:`add_kafka_broker_choice`), started for the
-    block: Tansu with ``start_kafka(**tansu)``, Apache Kafka with :func:`apache_kafka`; or
-    the one ``--kafka-url`` names (``--kafka-broker`` says which, ``--kafka-pid`` its process)."""
+    block: Tansu with ``start_kafka(**tansu)``, Apache Kafka with :func:`apache_kafka` (its
+    ``server.properties`` with ``apache_properties`` added); or the one ``--kafka-url`` names
+    (``--kafka-broker`` says which, ``--kafka-pid`` its process)."""
     names = list(KAFKA_BROKERS) if args.kafka_broker == "both" else [args.kafka_broker]
     if args.kafka_url:
         if len(names) > 1:
@@ -131,20 +134,25 @@ def kafka_brokers(args: argparse.Namespace, **tansu: Any) -> Iterator[list[Broke
     with contextlib.ExitStack() as stack:
         yield [
             stack.enter_context(
-                kafka(None, **tansu) if name == "tansu" else apache_kafka(args.warmup)
+                kafka(None, **tansu)
+                if name == "tansu"
+                else apache_kafka(args.warmup, apache_properties)
             )
             for name in names
         ]
 
 
 @contextlib.contextmanager
-def apache_kafka(warmup: float) -> Iterator[Broker]:
-    """One Apache Kafka node started for the block with :data:`APACHE_JVM_OPTIONS`, after
-    ``warmup`` seconds of traffic (:func:`warm_up`); its ``pid`` is the JVM's."""
+def apache_kafka(warmup: float, properties: Mapping[str, str] | None = None) -> Iterator[Broker]:
+    """One Apache Kafka node started for the block with :data:`APACHE_JVM_OPTIONS` (and
+    ``properties`` added to its ``server.properties``), after ``warmup`` seconds of traffic
+    (:func:`warm_up`); its ``pid`` is the JVM's."""
     from producerkit.testing.apache_kafka import ApacheKafka
 
     started = time.perf_counter()
-    with ApacheKafka(1, heap="1g", jvm_options=APACHE_JVM_OPTIONS) as cluster:
+    with ApacheKafka(
+        1, heap="1g", jvm_options=APACHE_JVM_OPTIONS, properties=properties
+    ) as cluster:
         (node,) = cluster.nodes
         assert node.process is not None
         broker = Broker(node.host_port, node.process.pid, "apache")

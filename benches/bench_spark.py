@@ -34,6 +34,27 @@ producer, its loop thread included. The JVM's CPU over the same action is shown 
 baseline is the single process's own user + system CPU over its timed loop. Target: the worker
 path <= 1.2x the baseline per row. Beside it, interleaved with it: the same rows through
 confluent-kafka (librdkafka's defaults) from this process, its CPU with librdkafka's threads.
+
+``--compare sinks`` (issue 46) measures Spark's own Kafka sink beside producerkit's instead::
+
+    python benches/bench_spark.py --compare sinks [--rows 10000000] [--stream-seconds 60]
+
+One Apache Kafka node (``--kafka-broker tansu`` where Java cannot run it) and one ``local[2]``
+Spark session (benches/_spark_sinks.py, Java 17, ``PYSPARK_PYTHON`` this interpreter) write
+the same DataFrame (``--rows`` keyed rows of ``--size`` = 512-byte values, cached) into the
+same topic with ``df.write.format("kafka")`` (``org.apache.spark:spark-sql-kafka-0-10_2.13``
+at the pinned pyspark's version, or the newest 4.x Maven Central serves if that one does not
+resolve; its jars resolved once into producerkit's cache and handed to Spark as local
+``spark.jars``) at its defaults and with its producer tuned (``--kafka-tuned``), producerkit's
+``publish()`` and ``format("producerkit")``, each also with ``exactly_once``: ``--repeat``
+rounds after one untimed round of each, the order rotated each round. CPU per row is the
+whole Spark process tree's (the driver's Python, the JVM, PySpark's daemon and its workers; the
+JVM's and the Python workers' shares shown), the broker's beside it. Each
+round's figures are divided by ``format("kafka")``'s of the same round, and the medians of those
+ratios reported. After the rounds every sink writes the DataFrame once more into a topic of its
+own, read back by a consumer (``read_committed``) and counted. Then a streaming query from the
+``rate`` source at ``--stream-rate`` rows/s through each sink for ``--stream-seconds``: the
+latency from each row's timestamp (carried in its value) to its log-append time on the broker.
 """
 
 from __future__ import annotations
@@ -41,10 +62,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import _brokers
@@ -158,6 +182,10 @@ spark.stop()
 """
 
 
+#: ``--masters``' default (``--compare masters``).
+_MASTERS = "local[1],local[2]"
+
+
 def _cpu_seconds() -> float:
     times = psutil.Process().cpu_times()
     return float(times.user + times.system)
@@ -246,24 +274,248 @@ def _spark(master: str, url: str, args: argparse.Namespace) -> dict[str, dict[st
     raise SystemExit(f"{master} run failed:\n{done.stderr[-4000:]}")
 
 
+#: The newest spark-sql-kafka-0-10 Maven Central served when the pinned pyspark's (4.3.0) was
+#: not there (2026-11-29): Spark's Kafka sink from it runs on Spark 4.3.0's JVM side.
+_SPARK_KAFKA_FALLBACK = "4.2.0"
+#: The Kafka sink's jars that Spark's own jars/ directory lacks: the rest of its dependencies
+#: (Scala, Hadoop's client, slf4j, lz4, snappy) are Spark's own, and a second copy would clash.
+_SPARK_KAFKA_JARS = (
+    "spark-sql-kafka-0-10_2.13",
+    "spark-token-provider-kafka-0-10_2.13",
+    "kafka-clients",
+    "commons-pool2",
+)
+#: The Kafka sink's producer tuned as Spark's guide allows (``kafka.``-prefixed producer
+#: configs): a longer linger and larger batches; no compression, so that every sink sends the
+#: same bytes.
+_KAFKA_TUNED = "linger.ms=10,batch.size=524288,buffer.memory=67108864"
+
+
+def spark_kafka_jars(version: str) -> tuple[str, list[Path]]:
+    """Spark's Kafka sink at Spark ``version`` (else at :data:`_SPARK_KAFKA_FALLBACK`, said on
+    stderr) and its dependencies Spark does not ship: which version, and the jar files."""
+    from producerkit.errors import MissingDependencyError
+    from producerkit.testing.maven import Artifact, resolve_jars
+
+    for release in dict.fromkeys((version, _SPARK_KAFKA_FALLBACK)):
+        artifact = Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", release)
+        try:
+            jars = resolve_jars(f"spark-sql-kafka-{release}", [artifact], only=_SPARK_KAFKA_JARS)
+        except MissingDependencyError as exc:
+            print(f"spark-sql-kafka-0-10 {release}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            continue
+        if release != version:
+            print(f"Spark's Kafka sink {release} on pyspark {version}", file=sys.stderr)
+        return release, sorted(jars.glob("*.jar"))
+    raise SystemExit("Spark's Kafka sink: no version resolved")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _compare_sinks(args: argparse.Namespace) -> int:
+    """``--compare sinks``: run benches/_spark_sinks.py against the broker and print (and with
+    ``--json`` write) its table."""
+    import pyspark
+
+    release, jars = spark_kafka_jars(pyspark.__version__)
+    # the timed topic keeps a bounded log: the broker checks it every 5 s (not 5 minutes)
+    properties = {"log.retention.check.interval.ms": "5000"}
+    load = {"start": os.getloadavg()}
+    with _brokers.kafka_brokers(args, apache_properties=properties) as (broker,):
+        settings = {
+            "master": args.masters if args.masters != _MASTERS else "local[2]",
+            "bootstrap": broker.host_port,
+            "url": broker.kafka_url,
+            "broker_pid": broker.pid,
+            "rows": args.rows,
+            "size": args.size or 512,
+            "partitions": args.partitions,
+            "topic_partitions": args.topic_partitions,
+            "repeat": args.repeat,
+            "jars": [str(jar) for jar in jars],
+            "tuned": dict(one.split("=", 1) for one in args.kafka_tuned.split(",") if one),
+            "only": args.only or [],
+            "verify": not args.no_verify,
+            "batch": args.rows > 0,
+            "driver_memory": args.driver_memory
+            or f"{max(2, math.ceil(args.rows * ((args.size or 512) + 60) * 2 / 2**30) + 1)}g",
+            "stream_rate": args.stream_rate,
+            "stream_seconds": args.stream_seconds,
+            "stream_repeat": args.stream_repeat,
+        }
+        print(
+            f"{args.rows:,} rows of {settings['size']} B, {settings['master']}, "
+            f"{broker.name} broker, Spark's Kafka sink {release}, load {load['start']}",
+            flush=True,
+        )
+        lines = _run_lines(
+            [sys.executable, str(Path(__file__).parent / "_spark_sinks.py"), json.dumps(settings)]
+        )
+    load["end"] = os.getloadavg()
+    rounds = [line for kind, line in lines if kind == "ROUND"]
+    figures = _sink_table(rounds, args.rows)
+    figures.update(
+        rows=args.rows,
+        value_bytes=settings["size"],
+        master=settings["master"],
+        broker=broker.name,
+        spark_kafka=release,
+        load=load,
+        verified=[line for kind, line in lines if kind == "VERIFY"],
+        streaming=[line for kind, line in lines if kind == "STREAM"],
+    )
+    _print_sinks(figures)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(figures, file, indent=2)
+    wrong = [one for one in figures["verified"] if one["read"] != one["rows"]]
+    return 1 if wrong else 0
+
+
+def _run_lines(command: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Run ``command``, echoing its figure lines as they come; each as (kind, figures)."""
+    lines: list[tuple[str, dict[str, Any]]] = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        for line in process.stdout:
+            kind, _, text = line.partition(" ")
+            if kind in ("ROUND", "VERIFY", "STREAM"):
+                figures = json.loads(text)
+                lines.append((kind, figures))
+                shown = ", ".join(
+                    f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+                    for key, value in figures.items()
+                )
+                print(f"  {kind.lower()}: {shown}", flush=True)
+        errors = process.stderr.read()
+    if process.returncode != 0:
+        raise SystemExit(f"the Spark run failed:\n{errors[-4000:]}")
+    return lines
+
+
+#: The sink every other is divided by, round by round.
+_BASELINE = 'format("kafka")'
+
+
+def _sink_table(rounds: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    """Each sink's medians over the rounds: rows/s, CPU µs per row (the Spark process tree's,
+    and the broker's), and the medians of its per-round ratios to :data:`_BASELINE`'s."""
+    baseline = {one["round"]: one for one in rounds if one["name"] == _BASELINE}
+    table: dict[str, dict[str, float | None]] = {}
+    for name in dict.fromkeys(one["name"] for one in rounds):
+        mine = [one for one in rounds if one["name"] == name]
+        paired = [(one, baseline[one["round"]]) for one in mine if one["round"] in baseline]
+        broker = [one["broker_cpu"] for one in mine if one.get("broker_cpu") is not None]
+        table[name] = {
+            "rows_per_second": _median([rows / one["seconds"] for one in mine]),
+            "cpu_us_per_row": _median([one["cpu"] / rows * 1e6 for one in mine]),
+            "jvm_cpu_us_per_row": _median([one["cpu_jvm"] / rows * 1e6 for one in mine]),
+            "python_cpu_us_per_row": _median([one["cpu_python"] / rows * 1e6 for one in mine]),
+            "broker_cpu_us_per_row": _median([cpu / rows * 1e6 for cpu in broker])
+            if broker
+            else None,
+            "offsets_per_row": _median([one["offsets"] / rows for one in mine]),
+            "rate_over_baseline": _median(
+                [base["seconds"] / one["seconds"] for one, base in paired]
+            )
+            if paired
+            else None,
+            "cpu_over_baseline": _median([one["cpu"] / base["cpu"] for one, base in paired])
+            if paired
+            else None,
+        }
+    return {"rounds": len(baseline), "runs": table}
+
+
+def _print_sinks(figures: dict[str, Any]) -> None:
+    print(
+        f"{figures['rows']:,} rows of {figures['value_bytes']} B, {figures['master']}, "
+        f"{figures['broker']} broker, Spark's Kafka sink {figures['spark_kafka']}; medians of "
+        f"{figures['rounds']} rounds; load average {figures['load']['start']} -> "
+        f"{figures['load']['end']}"
+    )
+    print(
+        f"  {'sink':<36} {'rows/s':>10} {'x kafka':>8} {'CPU us/row':>11} {'x kafka':>8} "
+        f"{'of it JVM':>10} {'Python':>7} {'broker us/row':>14}"
+    )
+    for name, row in figures["runs"].items():
+        broker = row["broker_cpu_us_per_row"]
+        print(
+            f"  {name:<36} {row['rows_per_second']:>10,.0f} {_ratio(row['rate_over_baseline']):>8} "
+            f"{row['cpu_us_per_row']:>11.2f} {_ratio(row['cpu_over_baseline']):>8} "
+            f"{row['jvm_cpu_us_per_row']:>10.2f} {row['python_cpu_us_per_row']:>7.2f} "
+            f"{'-' if broker is None else f'{broker:.2f}':>14}"
+        )
+    for one in figures["verified"]:
+        verdict = "ok" if one["read"] == one["rows"] else "WRONG"
+        print(f"  read back {one['name']:<36} {one['read']:,} of {one['rows']:,} rows: {verdict}")
+    for one in figures["streaming"]:
+        print(
+            f"  streaming round {one['round']} {one['name']:<24} {one['rows']:>9,} rows "
+            f"p50 {one['p50_ms']:7.1f} ms  p99 {one['p99_ms']:7.1f} ms  "
+            f"CPU {one['cpu'] / max(one['rows'], 1) * 1e6:6.2f} us/row"
+        )
+
+
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=100, help="value bytes")
+    parser.add_argument(
+        "--compare",
+        choices=["masters", "sinks"],
+        default="masters",
+        help="masters: local[1] and local[2] against one producer process (Tansu, null "
+        "storage); sinks: Spark's own Kafka sink beside producerkit's (Apache Kafka)",
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000, help="10000000 for the long run")
+    parser.add_argument(
+        "--size", type=int, help="value bytes (default: 100; 512 with --compare sinks)"
+    )
     parser.add_argument("--partitions", type=int, default=4, help="Spark partitions")
     parser.add_argument("--topic-partitions", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2, help="timed Spark rounds (best kept)")
     parser.add_argument("--limit", type=int, default=10_000, help="max_in_flight_messages")
     parser.add_argument(
-        "--masters", default="local[1],local[2]", help="Spark masters to run, comma-separated"
+        "--masters",
+        default=_MASTERS,
+        help="Spark masters to run, comma-separated (--compare sinks: one, local[2] by default)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    sinks = parser.add_argument_group("--compare sinks")
+    sinks.add_argument(
+        "--kafka-tuned",
+        default=_KAFKA_TUNED,
+        metavar="NAME=VALUE,...",
+        help=f"the tuned Kafka sink's producer configs (default: {_KAFKA_TUNED})",
+    )
+    sinks.add_argument(
+        "--only",
+        action="append",
+        metavar="SINK",
+        help="only this sink (its name as printed; repeat the flag for more)",
+    )
+    sinks.add_argument("--no-verify", action="store_true", help="skip the read-back counts")
+    sinks.add_argument("--driver-memory", help="Spark's driver memory (default: by --rows)")
+    sinks.add_argument("--stream-rate", type=int, default=20_000, help="rate source rows/s")
+    sinks.add_argument(
+        "--stream-seconds", type=float, default=0, help="each streaming query's run (0: none)"
+    )
+    sinks.add_argument("--stream-repeat", type=int, default=2, help="streaming rounds")
     _brokers.add_broker_flags(parser, nats=False)
+    _brokers.add_kafka_broker_choice(parser, warmup=60.0)
+    parser.set_defaults(kafka_broker=None)
     args = parser.parse_args(argv)
+    if args.compare == "sinks":
+        args.kafka_broker = args.kafka_broker or "apache"
+        return _compare_sinks(args)
+    args.size = args.size or 100
 
     runs: dict[str, dict[str, float]] = {}
     with _brokers.kafka(args.kafka_url, storage="null://sink") as broker:

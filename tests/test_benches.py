@@ -54,6 +54,11 @@ TINY: dict[str, dict[str, list[str]]] = {
             *["--rows", "200", "--repeat", "1", "--masters", "local[1]", "--partitions", "1"],
             *["--topic-partitions", "2", "--limit", "100", *KAFKA],
         ],
+        # Spark's own Kafka sink (its jars from Maven the first time) beside producerkit's
+        "sinks": [
+            *["--compare", "sinks", "--rows", "2000", "--repeat", "1", "--partitions", "2"],
+            *["--topic-partitions", "2", "--no-verify", *APACHE],
+        ],
     },
     "chaos.py": {
         "kafka": [
@@ -145,6 +150,7 @@ TINY: dict[str, dict[str, list[str]]] = {
 NEEDS: dict[str, tuple[str, ...]] = {
     "bench_partitioners.py": ("pytest_benchmark",),
     "bench_spark.py": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java"),
+    "bench_spark.py[sinks]": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java", "mvn"),
     "chaos.py": ("numpy", "matplotlib", "psutil"),
     "cpu_per_message.py": ("confluent_kafka",),
     "cpu_per_message.py[apache]": ("confluent_kafka", "psutil", "java"),
