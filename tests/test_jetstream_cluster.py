@@ -250,6 +250,50 @@ async def test_the_check_catches_a_producer_that_drops_possibly_stored(
         check_outcomes(outcomes, 600, stored)
 
 
+@pytest.mark.parametrize("followers_back", ["before", "after"])
+async def test_a_copy_still_being_stored_is_waited_for_not_called_unstored(
+    jetstream_cluster: JetStreamCluster, stream: str, followers_back: str
+) -> None:
+    """A msg_id message whose PubAck a reconnect lost is published again; while the stream is
+    still storing its first copy (proposed by the leader, not yet agreed: here both followers
+    are down) the stream answers "duplicate message id is in process" (10158). That is no
+    refusal: the first copy may yet be stored (the 30-minute chaos run failed 92 such messages
+    as not stored, and found them stored). The message is published again until the stream
+    answers with that copy's sequence: with the followers back before its deadline it is acked
+    (a duplicate), stored once; back after it, it fails possibly stored, and is stored."""
+    from producerkit.testing.proxy import FaultProxy
+
+    cluster = jetstream_cluster
+    leader = cluster.wait_for_leader(stream)
+    followers = [server for server in cluster.server_ids if server != leader]
+    timeout = 20.0 if followers_back == "before" else 3.0
+    outcomes: list[Outcome] = []
+    with FaultProxy("jetstream", "127.0.0.1", cluster.server(leader).port) as proxy:
+        producer = Producer(proxy.url, topic=stream, timeout=timeout, on_outcome=outcomes.append)
+        async with producer:
+            await producer.produce(b"m1", msg_id="m1")  # the stream is known
+            for server in followers:
+                await anyio.to_thread.run_sync(cluster.kill, server)
+            await producer.produce(b"m2", msg_id="m2", nonblocking=True)
+            await anyio.sleep(0.5)  # proposed, not stored: no PubAck
+            await anyio.to_thread.run_sync(proxy.reset)  # published again after the reconnect
+            await anyio.sleep(1.0 if followers_back == "before" else timeout + 0.5)
+            for server in followers:
+                await anyio.to_thread.run_sync(cluster.restart, server)
+            with contextlib.suppress(ProducerkitError):  # judged by the outcomes
+                await producer.flush()
+    await anyio.to_thread.run_sync(cluster.reset)
+    stored = await read_jetstream(cluster.url, stream, 2, timeout=30)
+    counts = check_outcomes(outcomes, 2, stored)
+    [second] = [outcome for outcome in outcomes if outcome.numbers == (2,)]
+    assert [record["value"] for record in stored] == [b"m1", b"m2"]
+    if followers_back == "before":
+        assert counts == {"acked": 2, "failed": 0, "duplicates": 0}, second
+    else:
+        assert second.possibly_stored is True, second
+        assert "still storing a copy" in str(second.error), second
+
+
 @pytest.mark.parametrize("fault", [step_down, kill_leader], ids=["step-down", "kill-9"])
 async def test_fast_ingest_through_a_leader_change(
     jetstream_cluster: JetStreamCluster, fault: Fault, monkeypatch: pytest.MonkeyPatch

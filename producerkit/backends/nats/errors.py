@@ -63,6 +63,10 @@ TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerkitError]], ...
 #: headers said (nats-server's errors.json): the expected stream does not match (10060), wrong
 #: last msg id (10070), wrong last sequence, with the stream's (10071) or without (10164).
 EXPECTATION_CODES: frozenset[int] = frozenset({10060, 10070, 10071, 10164})
+#: JetStream's "duplicate message id is in process" (409): on a replicated stream, a message with
+#: this ``Nats-Msg-Id`` is being stored (its leader proposed it, its replicas have not yet
+#: agreed); this copy was not stored, the first one may be.
+DUPLICATE_IN_PROCESS = 10158
 
 #: (words in a server -ERR line, producerkit error), in order of precedence.
 SERVER_ERRORS: tuple[tuple[tuple[str, ...], type[ProducerkitError]], ...] = (

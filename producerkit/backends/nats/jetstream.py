@@ -35,7 +35,7 @@ from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import _ERROR_LOG_INTERVAL, NatsClientConnection
-from producerkit.backends.nats.errors import translate
+from producerkit.backends.nats.errors import DUPLICATE_IN_PROCESS, translate
 from producerkit.backends.nats.fast_ingest import APPEND, START, Chunk, Lane, fast_reply
 from producerkit.backends.nats.pubacks import (
     batch_puback,
@@ -66,6 +66,10 @@ _LANE_WAIT = 2.0
 #: up to ``_ELECTION_PAUSE_MAX``, within each message's deadline.
 _ELECTION_PAUSE = 0.05
 _ELECTION_PAUSE_MAX = 1.0
+#: A message whose copy published before is still being stored (``DUPLICATE_IN_PROCESS``) is
+#: published again after this pause, within its deadline: the stream then answers with the stored
+#: copy's sequence.
+_IN_PROCESS_PAUSE = 0.1
 #: Seconds between two looks for PubAcks a leader change lost (``_check_lost_acks``).
 _ACK_CHECK = 1.0
 #: The first nats-server with fast batches.
@@ -98,6 +102,12 @@ class JetStreamConnection(NatsClientConnection):
         self._stream_topics: set[str] = set()
         self._electing: dict[int, Record] = {}
         self._election_timer: asyncio.TimerHandle | None = None
+        # Records published again after an attempt that may have stored them (its PubAck lost
+        # with a connection or a leader), by seq: a later attempt's refusal, or every later
+        # attempt answered "no responders", does not say they were not stored. And those whose
+        # earlier copy the stream is still storing, waiting to be published again.
+        self._maybe_stored: set[int] = set()
+        self._in_process: dict[int, tuple[Record, asyncio.TimerHandle]] = {}
         self._election_pause = _ELECTION_PAUSE
         self._last_election_log = 0.0
         # Lost PubAcks (a leader that died or stepped down with messages in hand): each
@@ -520,9 +530,11 @@ class JetStreamConnection(NatsClientConnection):
         try:
             if not is_plain(data):
                 error = puback_error(self.subject(record), data, headers)
-                if error is not None:  # the server refused it: not stored
-                    if not (_no_responders(data, headers) and self.wait_out_election(record)):
-                        self.reports.failed(record, error, False)
+                if error is not None:  # the server refused this copy: this one is not stored
+                    if getattr(error, "code", None) == DUPLICATE_IN_PROCESS:
+                        self._wait_for_copy_in_process(record)
+                    elif not (_no_responders(data, headers) and self.wait_out_election(record)):
+                        self.reports.failed(record, error, record.seq in self._maybe_stored)
                     return
             sequence = puback_sequence(data)
             if sequence is None:
@@ -548,14 +560,20 @@ class JetStreamConnection(NatsClientConnection):
             return False
         now = time.monotonic()
         if now + self._election_pause >= record.deadline:
+            maybe_stored = record.seq in self._maybe_stored
             self.reports.failed(
                 record,
                 DeliveryError(
                     f"the JetStream stream storing {self.subject(record)!r} had no leader "
-                    f"until the message's deadline (503 no responders to every attempt: a "
-                    f"leader election that did not end within timeout={self.timeout:g}s)"
+                    f"until the message's deadline (503 no responders to every attempt"
+                    + (
+                        " after one whose PubAck was lost, which may have stored it"
+                        if maybe_stored
+                        else ""
+                    )
+                    + f": a leader election that did not end within timeout={self.timeout:g}s)"
                 ),
-                False,
+                maybe_stored,
             )
             return True
         if not self._electing and now - self._last_election_log >= _ERROR_LOG_INTERVAL:
@@ -612,11 +630,42 @@ class JetStreamConnection(NatsClientConnection):
         pending = self.reports.pending
         for seq, record in held.items():
             if pending.get(seq) is record:
-                self._send_again(record, possibly_stored=False)
+                self._send_again(record, possibly_stored=seq in self._maybe_stored)
+
+    def _wait_for_copy_in_process(self, record: Record) -> None:
+        """A "duplicate message id is in process" answer (``DUPLICATE_IN_PROCESS``) for
+        ``record``: a copy published before (whose PubAck a reconnect or a leader change lost)
+        is being stored by the stream now. It is published again after a pause, within its
+        deadline, until the stream answers with that copy's sequence (a duplicate) or stores
+        this one; a record whose deadline comes first fails here, possibly stored."""
+        if time.monotonic() + _IN_PROCESS_PAUSE >= record.deadline:
+            self.reports.failed(
+                record,
+                DeliveryError(
+                    f"JetStream was still storing a copy of the message (msg_id "
+                    f"{record.msg_id!r}, published again after its PubAck was lost) at its "
+                    f"deadline (error code {DUPLICATE_IN_PROCESS}: duplicate message id is in "
+                    "process); that copy may be stored"
+                ),
+                True,
+            )
+            return
+        self._maybe_stored.add(record.seq)
+        timer = asyncio.get_running_loop().call_later(
+            _IN_PROCESS_PAUSE, self._publish_in_process_again, record.seq
+        )
+        self._in_process[record.seq] = (record, timer)
+
+    def _publish_in_process_again(self, seq: int) -> None:
+        record, _ = self._in_process.pop(seq)
+        if self.reports.pending.get(seq) is record:
+            self._send_again(record, possibly_stored=True)
 
     def _send_again(self, record: Record, *, possibly_stored: bool) -> None:
         """Publish ``record`` once more; if that fails, it fails, ``possibly_stored`` as an
-        earlier attempt may have left it."""
+        earlier attempt may have left it (if so, a later refusal says so too)."""
+        if possibly_stored:
+            self._maybe_stored.add(record.seq)
         token = self._next_token = self._next_token + 1
         self._awaiting[token] = record
         try:
@@ -634,6 +683,8 @@ class JetStreamConnection(NatsClientConnection):
         expired = [token for token, record in self._awaiting.items() if record.deadline < now]
         for token in expired:
             del self._awaiting[token]
+        if self._maybe_stored:  # keep only the unsettled
+            self._maybe_stored.intersection_update(self.reports.pending.keys())
         for lane in self._stream_lanes.values():
             lane.sweep()
 
@@ -650,8 +701,13 @@ class JetStreamConnection(NatsClientConnection):
                 return
 
     def unwritten(self, records: list[Record]) -> set[int]:
-        # A record waiting out an election: every attempt was answered "no responders".
-        electing = {record.seq for record in records if record.seq in self._electing}
+        # A record waiting out an election: every attempt was answered "no responders" (unless
+        # an earlier one's PubAck was lost: that one may have stored it).
+        electing = {
+            record.seq
+            for record in records
+            if record.seq in self._electing and record.seq not in self._maybe_stored
+        }
         if not self._stream_lanes:
             return electing
         numbers = {record.seq for record in records}
@@ -694,6 +750,12 @@ class JetStreamConnection(NatsClientConnection):
         for timer in (self._election_timer, self._ack_timer):
             if timer is not None:
                 timer.cancel()
+        in_process, self._in_process = self._in_process, {}
+        for record, timer in in_process.values():
+            timer.cancel()
+            self.reports.failed(
+                record, BrokerUnavailable("closed while a copy was being stored"), True
+            )
         await super().close()
         if self._gathered:  # PubAcks that came in before the close
             self._report_gathered()
@@ -702,8 +764,11 @@ class JetStreamConnection(NatsClientConnection):
         for record in awaiting.values():
             self.reports.failed(record, error)
         electing, self._electing = self._electing, {}
-        for record in electing.values():  # every attempt was answered "no responders"
-            self.reports.failed(record, BrokerUnavailable("closed during a leader election"), False)
+        for record in electing.values():  # every attempt was answered "no responders" (but one?)
+            maybe_stored = record.seq in self._maybe_stored
+            self.reports.failed(
+                record, BrokerUnavailable("closed during a leader election"), maybe_stored
+            )
         unwritten = BrokerUnavailable("the connection closed before the message was written")
         for lane in self._stream_lanes.values():
             lane.close(error, unwritten)
