@@ -8,10 +8,12 @@ are among them), and its classes are kept beside them in a directory named after
 hash: an edited runner is compiled again, an unchanged one once.
 
 :func:`java_producer` runs it: the JVM starts, sends passes of as many messages as the timed
-pass to warm up, until the JIT has compiled the send path, then the timed pass, and reports that
-pass's wall and CPU seconds (its whole process, every thread: I/O, GC, JIT) itself; the
-broker's CPU is read here, between the runner's mark that the timed pass starts and its report.
-Neither the JVM's start nor the warm-up counts.
+pass to warm up, until its JIT has settled (or ``warm_up_seconds`` ran out), then the timed
+pass, and reports that pass's wall and CPU seconds (its whole process, every thread: the sending
+one, the I/O thread, GC, JIT) itself, and how much of that CPU its JIT compiler threads took
+(``jit_cpu`` beside the figures in ``Clock.last``: on a busy machine C2 may still be compiling
+after a minute). The broker's CPU is read here, between the runner's mark that the timed pass
+starts and its report. Neither the JVM's start nor the warm-up counts.
 """
 
 from __future__ import annotations
@@ -136,8 +138,9 @@ async def java_producer(
     if timed["acked"] != count or timed["failed"]:
         raise RuntimeError(f"the Java producer's timed pass: {timed} of {count} messages")
     rate = clock.stop(count, measured=(timed["seconds"], timed["cpu"]))
-    # Whether the warm-up settled: the JIT's seconds in the timed pass, and the passes before.
-    Clock.last.update(jit_seconds=timed["jit"], warm_up_passes=report["warm_up_passes"])
+    # Whether the warm-up settled: the CPU of the JIT's threads (a part of client_cpu) in the
+    # timed pass, and how many passes came before it.
+    Clock.last.update(jit_cpu=timed["jit_cpu"], warm_up_passes=report["warm_up_passes"])
     return rate
 
 

@@ -1594,8 +1594,9 @@ def _run_line(one: dict[str, Any]) -> str:
         f"{one['rate']:>10,} msg/s  client {one['client_cpu'] / one['messages'] * 1e6:5.2f} µs/msg"
         + ("" if broker is None else f"  broker {broker / one['messages'] * 1e6:5.2f} µs/msg")
         + (
-            f"  (JIT {one['jit_seconds']:.3f} s, after {one['warm_up_passes']} warm-up passes)"
-            if "jit_seconds" in one
+            f"  (JIT {one['jit_cpu'] / one['messages'] * 1e6:.2f} µs/msg of it, after "
+            f"{one['warm_up_passes']} warm-up passes)"
+            if "jit_cpu" in one
             else ""
         )
     )

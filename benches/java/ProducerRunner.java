@@ -5,22 +5,26 @@
 //
 // Each pass sends MESSAGES of the benches' keyed 512-byte values (keys user-0 ... user-9999 in
 // turn) as fast as send() takes them, then flush(): every ack waited for, its errors counted.
-// KEY=VALUE are producer settings over the client's defaults. First warm-up passes, until one
-// in which the JIT compiled (almost) nothing (its compilers' time under 1% of the pass's CPU)
-// or, after at least one, until WARM_UP_SECONDS or MAX_WARM_UP_PASSES ran out; then the timed
-// pass. Prints "timed" as the timed pass starts, then one JSON line: each of the two passes'
+// KEY=VALUE are producer settings over the client's defaults. First warm-up passes, until the
+// JIT has settled (its compiler threads took under 1% of the process's CPU in two passes in a
+// row) or, after at least one pass, WARM_UP_SECONDS ran out; then the timed pass. Prints
+// "timed" as the timed pass starts, then one JSON line: the timed and the last warm-up pass's
 // wall and CPU seconds (the JVM's whole process, every thread: OperatingSystemMXBean's
-// getProcessCpuTime), the JIT's seconds, acks and errors, and how many warm-up passes ran.
-// Neither the JVM's start nor the warm-up counts in the timed pass.
+// getProcessCpuTime), the part of that CPU its JIT compiler threads took (read from /proc:
+// Linux), acks and errors, and how many warm-up passes ran. Neither the JVM's start nor the
+// warm-up counts in the timed pass.
 //
 // Warming up until the JIT settles measures the producer as a long-running JVM runs it; a
-// warm-up of a fixed count did not on a busy machine, where C2 was still compiling the send
-// path in the timed pass (docs/performance.md).
+// warm-up of a fixed count, or until one quiet pass, did not on a busy machine, where C2 was
+// still compiling the send path in the timed pass (docs/performance.md).
 
 import com.sun.management.OperatingSystemMXBean;
-import java.lang.management.CompilationMXBean;
+import java.io.IOException;
 import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.DirectoryStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.Locale;
 import java.util.Properties;
@@ -35,17 +39,24 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 public final class ProducerRunner {
     private static final int VALUE_BYTES = 512;
     private static final int DISTINCT_KEYS = 10_000;
-    private static final int MAX_WARM_UP_PASSES = 30;
     private static final double SETTLED_JIT_SHARE = 0.01;
+    private static final int SETTLED_PASSES = 2;
+    /** The name (truncated by Linux to 15 characters) of HotSpot's C1 and C2 threads. */
+    private static final String COMPILER_THREAD = "CompilerThre";
 
-    /** One pass's figures: wall, process CPU and JIT seconds, acks and errors. */
-    private record Pass(double seconds, double cpu, double jit, long acked, long failed) {
+    /** One pass's figures: wall, process CPU and its JIT compilers' CPU seconds, acks and
+     * errors. */
+    private record Pass(double seconds, double cpu, double jitCpu, long acked, long failed) {
+        boolean settled() {
+            return jitCpu <= SETTLED_JIT_SHARE * cpu;
+        }
+
         String json() {
             return String.format(
                     Locale.ROOT,
-                    "{\"seconds\": %.6f, \"cpu\": %.6f, \"jit\": %.3f, \"acked\": %d, "
+                    "{\"seconds\": %.6f, \"cpu\": %.6f, \"jit_cpu\": %.6f, \"acked\": %d, "
                             + "\"failed\": %d}",
-                    seconds, cpu, jit, acked, failed);
+                    seconds, cpu, jitCpu, acked, failed);
         }
     }
 
@@ -86,11 +97,12 @@ public final class ProducerRunner {
         try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(settings)) {
             Pass warm;
             int passes = 0;
+            int settled = 0;
             do {
                 warm = send(producer, topic, keys, value, messages);
                 passes++;
-            } while (warm.jit() > SETTLED_JIT_SHARE * warm.cpu()
-                    && passes < MAX_WARM_UP_PASSES && System.nanoTime() < warmUpEnds);
+                settled = warm.settled() ? settled + 1 : 0;
+            } while (settled < SETTLED_PASSES && System.nanoTime() < warmUpEnds);
             System.out.println("timed");
             System.out.flush();
             Pass timed = send(producer, topic, keys, value, messages);
@@ -107,9 +119,8 @@ public final class ProducerRunner {
             byte[][] keys, byte[] value, int count) {
         OperatingSystemMXBean system =
                 (OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
-        CompilationMXBean jit = ManagementFactory.getCompilationMXBean();
         Acks acks = new Acks();
-        long compiling = jit.getTotalCompilationTime();
+        long[] ticks = ticks();
         long cpu = system.getProcessCpuTime();
         long started = System.nanoTime();
         for (int i = 0; i < count; i++) {
@@ -118,8 +129,39 @@ public final class ProducerRunner {
         producer.flush();
         long wall = System.nanoTime() - started;
         cpu = system.getProcessCpuTime() - cpu;
-        compiling = jit.getTotalCompilationTime() - compiling;
-        return new Pass(wall / 1e9, cpu / 1e9, compiling / 1e3, acks.acked.get(),
+        long[] after = ticks();
+        long processTicks = after[0] - ticks[0];
+        double jitShare = processTicks > 0 ? (double) (after[1] - ticks[1]) / processTicks : 0;
+        return new Pass(wall / 1e9, cpu / 1e9, jitShare * cpu / 1e9, acks.acked.get(),
                 acks.failed.get());
+    }
+
+    /** The process's CPU clock ticks so far and its compiler threads' (user + system, from
+     * /proc: a compiler thread that ended takes its ticks with it); zeros where /proc is not
+     * there. */
+    private static long[] ticks() {
+        long[] ticks = new long[2];
+        ticks[0] = ticksOf(Path.of("/proc/self/stat"));
+        try (DirectoryStream<Path> tasks = Files.newDirectoryStream(Path.of("/proc/self/task"))) {
+            for (Path task : tasks) {
+                if (Files.readString(task.resolve("comm")).contains(COMPILER_THREAD)) {
+                    ticks[1] += ticksOf(task.resolve("stat"));
+                }
+            }
+        } catch (IOException e) {
+            return new long[2];
+        }
+        return ticks;
+    }
+
+    /** utime + stime of a /proc stat file (0 for a thread that has ended). */
+    private static long ticksOf(Path stat) {
+        try {
+            String text = Files.readString(stat);
+            String[] fields = text.substring(text.lastIndexOf(')') + 2).split(" ");
+            return Long.parseLong(fields[11]) + Long.parseLong(fields[12]);
+        } catch (IOException e) {
+            return 0;
+        }
     }
 }
