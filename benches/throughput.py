@@ -10,6 +10,7 @@
     python benches/throughput.py --only peers [--messages 200000] [--repeat 3]
         [--peers-python ~/.venvs/peers313/bin/python] [--peer kafka-python --peer ...]
         [--kafka-broker tansu|apache|both] [--warmup 180]
+    python benches/throughput.py --only jetstream-cluster [--messages 300000] [--repeat 3]
 
 ``--only defaults``: on Tansu null storage, producerkit at its true defaults, with
 ``preset="throughput"`` alone, and with larger windows (with and without the preset), against
@@ -63,6 +64,15 @@ the client process's CPU per message over the timed part (all its threads: librd
 kafka-python's sender), the broker process's (psutil; only for a broker started here), and the
 client's cores (CPU seconds per second); the table gives medians and ranges, then the issue's
 targets as medians of per-round ratios. A peer that is not installed is skipped, saying why.
+
+``--only jetstream-cluster``: JetStream as it runs in production beside one server: producerkit
+(``produce()`` at its defaults: fast batches) and nats-py's ``publish_async``, the rows of
+``--only peers``, each in a process of its own, rounds interleaved and rotated, on a new file
+stream per run that allows fast batches: R1 on one nats-server, and R3 on three nats-servers
+routed as one cluster (``producerkit.testing.JetStreamCluster``, started here; each client is
+given all three and connects to one, not always the stream's leader). msg/s and client CPU per
+message (the one server's CPU too; the cluster's is three processes and is not measured), and
+per round the ratios producerkit / nats-py and cluster / one server.
 
 Brokers are started here from the installed wheels: Tansu with ``null://`` storage (the protocol
 path only, as in seed 004) and with memory storage, and nats-server with JetStream (memory
@@ -394,7 +404,7 @@ async def nats_publish_async(url: str, topic: str, messages: Messages) -> int:
     """nats-py's own pipelined JetStream publish: ``js.publish_async`` futures, then gather."""
     import nats
 
-    nc = await nats.connect(_nats(url))
+    nc = await nats.connect(_nats_servers(url))
     try:
         js = nc.jetstream()
         clock = Clock()
@@ -458,6 +468,12 @@ def _servers(url: str) -> str:
 
 def _nats(url: str) -> str:
     return "nats://" + _servers(url)
+
+
+def _nats_servers(url: str) -> list[str]:
+    """Each server of ``url`` (one, or a cluster's: ``jetstream://h:p1,h:p2``) for nats-py,
+    which takes a cluster's as a list."""
+    return [f"nats://{server}" for server in _servers(url).split(",")]
 
 
 def _rate(count: int, elapsed: float) -> int:
@@ -831,6 +847,7 @@ def main(argv: list[str] | None = None) -> int:
             "compression",
             "batch",
             "peers",
+            "jetstream-cluster",
         ],
         action="append",
     )
@@ -888,6 +905,8 @@ def main(argv: list[str] | None = None) -> int:
         return batch_main(args)
     if "peers" in only:
         return peers_main(args)
+    if "jetstream-cluster" in only:
+        return jetstream_cluster_main(args)
     results: dict[str, dict[str, int]] = {}
     if "null" in only:
         print("null:// (no I/O: producerkit's own overhead)", flush=True)
@@ -1540,14 +1559,16 @@ def _peer_missing(name: str, python: str) -> str | None:
 
 
 def _run_in_own_process(
-    name: str, python: str, broker: _brokers.Broker, count: int
+    name: str, python: str, broker: _brokers.Broker, count: int, replicas: int = 1
 ) -> dict[str, Any] | None:
-    """One run of ``name`` by ``_peers.py`` in a fresh process, on a topic (a stream) of its own
-    made here and deleted afterwards; its figures, or None if it failed (reported)."""
+    """One run of ``name`` by ``_peers.py`` in a fresh process, on a topic (a stream of
+    ``replicas``) of its own made here and deleted afterwards; its figures, or None if it
+    failed (reported)."""
     kafka = name.startswith("kafka")
     url = broker.kafka_url if kafka else broker.jetstream_url
     topic = f"peers{time.monotonic_ns()}"
-    asyncio.run(create_kafka_topic(url, topic, 4) if kafka else new_fast_stream(url, topic))
+    made = create_kafka_topic(url, topic, 4) if kafka else new_fast_stream(url, topic, replicas)
+    asyncio.run(made)
     runner = FAST_PUBLISHER_ROWS.get(name, name)
     command = [python, str(PEERS_SCRIPT), runner, "--url", url, "--topic", topic]
     command += ["--messages", str(count)]
@@ -1565,15 +1586,19 @@ def _run_in_own_process(
     return result
 
 
-async def new_fast_stream(url: str, name: str) -> None:
-    """A stream ``name`` of subject ``name`` on file storage that allows fast batches."""
+async def new_fast_stream(url: str, name: str, replicas: int = 1) -> None:
+    """A stream ``name`` of subject ``name`` on file storage that allows fast batches, on
+    ``replicas`` servers; returns once it has a leader."""
     import nats
 
-    nc = await nats.connect(_nats(url))
+    nc = await nats.connect(_nats_servers(url))
     try:
-        await nc.jetstream().add_stream(
-            name=name, subjects=[name], storage="file", allow_batched=True
+        js = nc.jetstream(timeout=30)
+        await js.add_stream(
+            name=name, subjects=[name], storage="file", allow_batched=True, num_replicas=replicas
         )
+        while replicas > 1 and not getattr((await js.stream_info(name)).cluster, "leader", None):
+            await asyncio.sleep(0.1)
     finally:
         await nc.close()
 
@@ -1581,7 +1606,7 @@ async def new_fast_stream(url: str, name: str) -> None:
 async def delete_stream(url: str, name: str) -> None:
     import nats
 
-    nc = await nats.connect(_nats(url))
+    nc = await nats.connect(_nats_servers(url))
     try:
         await nc.jetstream().delete_stream(name)
     finally:
@@ -1667,6 +1692,94 @@ def peer_targets(
                 "met": met,
             }
         )
+    return out
+
+
+# --------------------------------------------------------------------------- JetStream cluster
+
+#: ``--only jetstream-cluster``: the rows of PEER_RUNNERS run on one server and on the cluster.
+CLUSTER_RUNNERS = (PK_JETSTREAM, "jetstream: nats-py publish_async")
+
+
+def jetstream_cluster_main(args: argparse.Namespace) -> int:
+    """``--only jetstream-cluster``: see the module docstring."""
+    from producerkit.testing.nats_cluster import JetStreamCluster
+
+    with _brokers.nats(args.nats_url) as one, JetStreamCluster(3) as cluster:
+        three = _brokers.Broker(cluster.host_ports)
+        print(f"JetStream: one server at {one.host_port}, a cluster at {three.host_port}")
+        places = {"one server, R1": (one, 1), "3-server cluster, R3": (three, 3)}
+        plan = [
+            (f"{place}: {runner}", runner, place) for runner in CLUSTER_RUNNERS for place in places
+        ]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
+        for number in range(args.repeat):
+            shift = number % len(plan)
+            for name, runner, place in plan[shift:] + plan[:shift]:
+                broker, replicas = places[place]
+                one_run = _run_in_own_process(
+                    runner, sys.executable, broker, args.messages, replicas
+                )
+                if one_run is not None:
+                    runs[name].append(one_run)
+                    print(f"  round {number + 1} {name:<62} {_run_line(one_run)}", flush=True)
+    table = [_peer_row(name, runs[name]) for name, _, _ in plan if runs[name]]
+    print("\n| where | runner | msg/s | client µs/msg | server µs/msg |\n|---|---|---:|---:|---:|")
+    for row in table:
+        place, _, runner = row["runner"].partition(": ")
+        print(
+            f"| {place} | {runner.removeprefix('jetstream: ')} | {_spread(row['rate'], '{:,.0f}')}"
+            f" | {_spread(row['client_us'], '{:.2f}')} | {_spread(row['broker_us'], '{:.2f}')} |"
+        )
+    ratios = cluster_ratios(runs, list(places))
+    print("\n| ratio, per round | msg/s | client µs/msg |\n|---|---:|---:|")
+    for what, by in ratios.items():
+        print(f"| {what} | {_spread(by['rate'], '{:.2f}x')} | {_spread(by['client'], '{:.2f}x')} |")
+    if FAILED_RUNNERS:
+        print(f"\nfailed: {', '.join(sorted(set(FAILED_RUNNERS)))}", file=sys.stderr)
+    save_report(
+        args.json,
+        {
+            "messages": args.messages,
+            "repeat": args.repeat,
+            "value_bytes": len(VALUE),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "runs": runs,
+            "table": table,
+            "ratios": ratios,
+            "failed_runners": sorted(set(FAILED_RUNNERS)),
+        },
+    )
+    return 1 if FAILED_RUNNERS else 0
+
+
+def cluster_ratios(
+    runs: dict[str, list[dict[str, Any]]], places: list[str]
+) -> dict[str, dict[str, list[float]]]:
+    """Per round (the n-th run of one row over the n-th of the other): producerkit / nats-py on
+    each place, and each runner's cluster / one server; msg/s and client CPU per message."""
+    pk_row, peer_row = CLUSTER_RUNNERS
+    one, cluster = places
+    pairs = {
+        f"{place}: producerkit / nats-py": (f"{place}: {pk_row}", f"{place}: {peer_row}")
+        for place in places
+    }
+    for row in CLUSTER_RUNNERS:
+        pairs[f"{row.removeprefix('jetstream: ')}: cluster / one server"] = (
+            f"{cluster}: {row}",
+            f"{one}: {row}",
+        )
+    out = {}
+    for what, (mine, theirs) in pairs.items():
+        rounds = list(zip(runs.get(mine, []), runs.get(theirs, []), strict=False))
+        out[what] = {
+            "rate": [a["rate"] / b["rate"] for a, b in rounds],
+            "client": [
+                (a["client_cpu"] / a["messages"]) / (b["client_cpu"] / b["messages"])
+                for a, b in rounds
+            ],
+        }
     return out
 
 

@@ -141,6 +141,10 @@ TINY: dict[str, dict[str, list[str]]] = {
             *["--peer", "kafka: producerkit produce(), defaults"],
             *["--peer", "kafka: confluent-kafka produce()", *APACHE],
         ],
+        "jetstream-cluster": [
+            *["--only", "jetstream-cluster", "--messages", "300", "--repeat", "1"],
+            *["--nats-url", "{nats}", "--json", "{tmp}/t.json"],
+        ],
     },
 }
 
@@ -162,6 +166,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "throughput.py[batch]": ("confluent_kafka", "pyarrow"),  # its Arrow chunks
     "throughput.py[peers on apache]": ("confluent_kafka", "psutil", "java"),
     "throughput.py[peers-java]": ("java", "javac", "mvn"),
+    "throughput.py[jetstream-cluster]": ("psutil",),  # the one server's CPU
 }
 
 #: The needs of ``NEEDS`` that are commands on the PATH, not modules: the JVM, and the JDK's
