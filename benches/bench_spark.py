@@ -366,6 +366,7 @@ def _compare_sinks(args: argparse.Namespace) -> int:
         verified=[line for kind, line in lines if kind == "VERIFY"],
         streaming=[line for kind, line in lines if kind == "STREAM"],
     )
+    figures["streaming_over_baseline"] = _stream_ratios(figures["streaming"])
     _print_sinks(figures)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:
@@ -431,6 +432,22 @@ def _sink_table(rounds: list[dict[str, Any]], rows: int) -> dict[str, Any]:
     return {"rounds": len(baseline), "runs": table}
 
 
+def _stream_ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each streaming sink's p50 and p99 over :data:`_BASELINE`'s of the same round, the
+    medians over the rounds."""
+    baseline = {one["round"]: one for one in runs if one["name"] == _BASELINE}
+    ratios: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(one["name"] for one in runs if one["name"] != _BASELINE):
+        paired = [(one, baseline[one["round"]]) for one in runs if one["name"] == name]
+        ratios[name] = {
+            quantile: _median(
+                [one[f"{quantile}_ms"] / base[f"{quantile}_ms"] for one, base in paired]
+            )
+            for quantile in ("p50", "p99")
+        }
+    return ratios
+
+
 def _print_sinks(figures: dict[str, Any]) -> None:
     print(
         f"{figures['rows']:,} rows of {figures['value_bytes']} B, {figures['master']}, "
@@ -438,10 +455,11 @@ def _print_sinks(figures: dict[str, Any]) -> None:
         f"{figures['rounds']} rounds; load average {figures['load']['start']} -> "
         f"{figures['load']['end']}"
     )
-    print(
-        f"  {'sink':<36} {'rows/s':>10} {'x kafka':>8} {'CPU us/row':>11} {'x kafka':>8} "
-        f"{'of it JVM':>10} {'Python':>7} {'broker us/row':>14}"
-    )
+    if figures["runs"]:
+        print(
+            f"  {'sink':<36} {'rows/s':>10} {'x kafka':>8} {'CPU us/row':>11} {'x kafka':>8} "
+            f"{'of it JVM':>10} {'Python':>7} {'broker us/row':>14}"
+        )
     for name, row in figures["runs"].items():
         broker = row["broker_cpu_us_per_row"]
         print(
@@ -457,7 +475,14 @@ def _print_sinks(figures: dict[str, Any]) -> None:
         print(
             f"  streaming round {one['round']} {one['name']:<24} {one['rows']:>9,} rows "
             f"p50 {one['p50_ms']:7.1f} ms  p99 {one['p99_ms']:7.1f} ms  "
-            f"CPU {one['cpu'] / max(one['rows'], 1) * 1e6:6.2f} us/row"
+            f"CPU {one['cpu'] / max(one['rows'], 1) * 1e6:6.2f} us/row  "
+            f"micro-batch {one.get('median_triggerExecution_ms', 0):.0f} ms "
+            f"(sink {one.get('median_addBatch_ms', 0):.0f})"
+        )
+    for name, ratios in figures["streaming_over_baseline"].items():
+        print(
+            f"  streaming {name}: p50 {_ratio(ratios['p50'])}x, p99 {_ratio(ratios['p99'])}x "
+            f"{_BASELINE}'s (medians of the per-round ratios)"
         )
 
 
@@ -503,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     sinks.add_argument("--no-verify", action="store_true", help="skip the read-back counts")
     sinks.add_argument("--driver-memory", help="Spark's driver memory (default: by --rows)")
-    sinks.add_argument("--stream-rate", type=int, default=20_000, help="rate source rows/s")
+    sinks.add_argument(
+        "--stream-rate", type=int, default=5_000, help="the rate source's rows/s (default: 5000)"
+    )
     sinks.add_argument(
         "--stream-seconds", type=float, default=0, help="each streaming query's run (0: none)"
     )
