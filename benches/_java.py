@@ -61,8 +61,8 @@ def runner_command() -> list[str]:
     """``java -cp ... ProducerRunner``, the runner compiled first if it is not yet.
 
     Raises :class:`~producerkit.errors.MissingDependencyError` without ``java``, ``javac`` or
-    (before the jars are cached) ``mvn``, or when Maven fails;
-    :class:`subprocess.CalledProcessError` when the source does not compile."""
+    (before the jars are cached) ``mvn``, or when Maven fails; :class:`RuntimeError` with
+    javac's output when the source does not compile."""
     from producerkit.errors import MissingDependencyError
     from producerkit.testing.apache_kafka import java_binary, resolve_jars
 
@@ -85,12 +85,13 @@ def _compile(javac: str, classpath: str, classes: Path) -> None:
     (a process compiling at the same time finds either nothing or the whole)."""
     building = Path(tempfile.mkdtemp(prefix="building-", dir=classes.parent))
     try:
-        subprocess.run(
+        done = subprocess.run(
             [javac, "-d", str(building), "-cp", classpath, str(SOURCE)],
-            check=True,
             capture_output=True,
             text=True,
         )
+        if done.returncode:
+            raise RuntimeError(f"javac failed on {SOURCE}:\n{done.stdout}{done.stderr}")
         try:
             building.rename(classes)
         except OSError:
@@ -111,8 +112,8 @@ async def java_producer(
     """Run the Java producer once: ``count`` keyed 512-byte messages to ``topic`` at
     ``servers`` (``host:port``) with ``settings`` (the producer's own names,
     ``{"linger.ms": 5}``) over its defaults; its rate, every message acked. Before them, passes
-    of ``count`` to warm up, until the JIT settled (it compiled almost nothing in one) or
-    ``warm_up_seconds`` passed (the runner's docstring).
+    of ``count`` to warm up, until the JIT settled (its compilers almost idle in two passes in a
+    row) or ``warm_up_seconds`` passed (the runner's header says how).
 
     The figures of the timed pass are left in :attr:`Clock.last <_peers.Clock.last>` as every
     runner's are: the JVM's wall and process CPU seconds, and the broker's CPU
