@@ -338,12 +338,38 @@ def test_a_partition_failing_on_every_attempt_stores_no_row(
     topic = target.topic()
     with pytest.raises(Exception, match="injected failure"):
         _write(path, _rows(spark, target, every_attempt=True), target, topic)
+    _check_a_failed_job_stored_nothing(target, topic)
+
+
+def _check_a_failed_job_stored_nothing(target: _Target, topic: str) -> None:
+    """Three quarters of the rows were written, none is served, no transaction is left open."""
     assert len(target.written(topic)) >= target.rows * 3 // 4  # written, ...
     states = target.states(topic)
     assert "open" not in states, target.explain(topic)
     assert target.committed(topic) == []  # ... and none served
     assert set(states) <= {"aborted", "not_stored"}, states
     assert states.get("aborted", target.rows) >= target.rows * 3 // 4, states
+
+
+@BROKERS
+def test_the_check_catches_a_driver_that_leaves_a_failed_jobs_transactions_open(
+    spark: SparkSession,
+    apache_kafka_cluster: ApacheKafka,
+    small_arrow_batches: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken on purpose: the driver of a failed exactly-once job aborts nothing, so the tasks
+    that succeeded leave their prepared transactions open. Apache Kafka holds every
+    read_committed reader of those partitions back at the last stable offset, and the check
+    above must refuse the run."""
+    target = _ApacheTarget(apache_kafka_cluster)
+    topic = target.topic()
+    monkeypatch.setattr(exactly, "abort_job", lambda *args, **kwargs: False)
+    with pytest.raises(Exception, match="injected failure"):
+        _write("publish", _rows(spark, target, every_attempt=True), target, topic)
+    target.explain = lambda topic: "left open"  # type: ignore[method-assign]  # (no 60 s wait)
+    with pytest.raises(AssertionError, match="left open"):
+        _check_a_failed_job_stored_nothing(target, topic)
 
 
 #: Streaming queries into ``format("producerkit")`` with exactly_once (``name=url`` arguments:
