@@ -83,9 +83,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
     _check_idempotence(checked)
-    if checked.get("transactional_id") is not None and (
-        refusal := transaction_refusal(checked)
-    ):
+    if checked.get("transactional_id") is not None and (refusal := transaction_refusal(checked)):
         raise ConfigurationError(f"transactional_id={checked['transactional_id']!r}: {refusal}")
     _check_compression(checked.get("compression_type"))
     level = codecs.check_level(checked.get("compression_type"), checked.get("compression_level"))
