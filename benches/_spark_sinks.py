@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -50,26 +51,58 @@ def broker_cpu(pid: int | None) -> float | None:
     return float(times.user + times.system)
 
 
+class TreeCpu:
+    """The CPU of this process and every descendant (Spark's JVM, PySpark's daemon and its
+    Python workers), by kind: ``jvm``, ``python``, ``driver`` (this process), and ``total``.
+
+    A thread reads each process's own user + system CPU every ``interval`` seconds and keeps
+    the last reading of every process it has seen, so a process that exits between two
+    :meth:`read` calls (PySpark kills a worker idle for a minute; a killed daemon's workers are
+    orphaned, so no parent in the tree reaps their CPU) still counts, up to its last reading.
+    Reaped children's CPU is not added: each process counts once, as itself."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self._seen: dict[tuple[int, float], tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._interval = interval
+        threading.Thread(target=self._sample_forever, daemon=True).start()
+
+    def _sample_forever(self) -> None:
+        while True:
+            self._sample()
+            time.sleep(self._interval)
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+                name, started = process.name(), process.create_time()
+            except psutil.NoSuchProcess:
+                continue
+            kind = "driver" if process.pid == me.pid else "jvm" if name == "java" else "python"
+            with self._lock:
+                self._seen[(process.pid, started)] = (kind, times.user + times.system)
+
+    def read(self) -> dict[str, float]:
+        """CPU seconds so far, by kind (read now, not at the last interval)."""
+        self._sample()
+        kinds = {"jvm": 0.0, "python": 0.0, "driver": 0.0}
+        with self._lock:
+            for kind, seconds in self._seen.values():
+                kinds[kind] += seconds
+        return {**kinds, "total": sum(kinds.values())}
+
+
+_tree_cpu: TreeCpu | None = None
+
+
 def tree_cpu() -> dict[str, float]:
-    """User + system CPU seconds of this process and every descendant, each with its reaped
-    children's (a worker that exited is still counted, through its parent), by kind: ``jvm``
-    (Spark's JVM), ``python`` (PySpark's daemon and its workers), ``driver`` (this process),
-    and ``total``."""
-    kinds = {"jvm": 0.0, "python": 0.0, "driver": 0.0}
-    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-            kind = (
-                "driver"
-                if process.pid == os.getpid()
-                else "jvm"
-                if process.name() == "java"
-                else "python"
-            )
-        except psutil.NoSuchProcess:
-            continue
-        kinds[kind] += times.user + times.system + times.children_user + times.children_system
-    return {**kinds, "total": sum(kinds.values())}
+    """:meth:`TreeCpu.read` of this process's one sampler (started on first use)."""
+    global _tree_cpu
+    if _tree_cpu is None:
+        _tree_cpu = TreeCpu()
+    return _tree_cpu.read()
 
 
 def _used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
