@@ -112,6 +112,8 @@ APACHE_MODES = ("kill", "leaders")
 #: The JetStream cluster's server faults (``--backend jetstream-cluster``): kill -9 of any
 #: server and its restart; the stream's leader stepped down. See JetStreamFaults.
 JETSTREAM_CLUSTER_MODES = ("kill", "step_down")
+#: How a kill window's detail names the stream's leader as its victim (the plot marks it).
+LEADER_VICTIM = "the stream's leader"
 #: Faults that start and end at once (a leader move's window lasts until it is done).
 INSTANT_MODES = ("reset", "leaders", "step_down")
 GAP = (5.0, 20.0)
@@ -668,7 +670,7 @@ class JetStreamFaults(NodeFaults):
             self.log.close(window)
 
     async def kill(self, victim: int, leader: int, seconds: float) -> None:
-        role = "the stream's leader" if victim == leader else f"a follower (leader n{leader})"
+        role = LEADER_VICTIM if victim == leader else f"a follower (leader n{leader})"
         window = self.log.open(
             "kill", f"server n{victim}, {role}, kill -9, restarted after {seconds:.1f} s"
         )
@@ -2087,14 +2089,15 @@ def plot(report: dict[str, Any], output: Path) -> None:
         "errors": "tab:cyan",
     }
     for w in report["faults"]:
-        color = colors.get(w["mode"], "grey")
+        leader_killed = w["mode"] == "kill" and LEADER_VICTIM in w["detail"]
+        color = "darkred" if leader_killed else colors.get(w["mode"], "grey")
         for ax in (rate_ax, flight_ax, fail_ax):
             if w["end"] > w["start"]:
                 ax.axvspan(w["start"], w["end"], color=color, alpha=0.15, linewidth=0)
             else:
                 ax.axvline(w["start"], color=color, alpha=0.6, linestyle=":")
         rate_ax.annotate(  # inside the window, at its top
-            w["mode"],
+            "kill leader" if leader_killed else w["mode"],
             (w["start"], 0.98),
             xycoords=("data", "axes fraction"),
             xytext=(2, 0),
