@@ -67,8 +67,8 @@ _LANE_WAIT = 2.0
 _ELECTION_PAUSE = 0.05
 _ELECTION_PAUSE_MAX = 1.0
 #: A message whose copy published before is still being stored (``DUPLICATE_IN_PROCESS``) is
-#: published again after this pause, within its deadline: the stream then answers with the stored
-#: copy's sequence.
+#: published again after this pause (doubled at each such answer, up to ``_ELECTION_PAUSE_MAX``),
+#: within its deadline: the stream then answers with the stored copy's sequence.
 _IN_PROCESS_PAUSE = 0.1
 #: Seconds between two looks for PubAcks a leader change lost (``_check_lost_acks``).
 _ACK_CHECK = 1.0
@@ -107,7 +107,8 @@ class JetStreamConnection(NatsClientConnection):
         # attempt answered "no responders", does not say they were not stored. And those whose
         # earlier copy the stream is still storing, waiting to be published again.
         self._maybe_stored: set[int] = set()
-        self._in_process: dict[int, tuple[Record, asyncio.TimerHandle]] = {}
+        # By seq: the record, the timer that publishes it again (None once it did), its pause.
+        self._in_process: dict[int, tuple[Record, asyncio.TimerHandle | None, float]] = {}
         self._election_pause = _ELECTION_PAUSE
         self._last_election_log = 0.0
         # Lost PubAcks (a leader that died or stepped down with messages in hand): each
@@ -541,6 +542,8 @@ class JetStreamConnection(NatsClientConnection):
                 self.reports.failed(record, DeliveryError(f"unreadable PubAck {data[:200]!r}"))
                 return
             duplicate = puback_duplicate(data)
+            if self._in_process:
+                self._in_process.pop(record.seq, None)
             self._stream_topics.add(record.topic)
             self.reports.acked(record, sequence, duplicate)
             self._acked_seq[record.topic] = record.seq
@@ -638,7 +641,9 @@ class JetStreamConnection(NatsClientConnection):
         is being stored by the stream now. It is published again after a pause, within its
         deadline, until the stream answers with that copy's sequence (a duplicate) or stores
         this one; a record whose deadline comes first fails here, possibly stored."""
-        if time.monotonic() + _IN_PROCESS_PAUSE >= record.deadline:
+        earlier = self._in_process.pop(record.seq, None)
+        pause = _IN_PROCESS_PAUSE if earlier is None else min(earlier[2] * 2, _ELECTION_PAUSE_MAX)
+        if time.monotonic() + pause >= record.deadline:
             self.reports.failed(
                 record,
                 DeliveryError(
@@ -652,13 +657,14 @@ class JetStreamConnection(NatsClientConnection):
             return
         self._maybe_stored.add(record.seq)
         timer = asyncio.get_running_loop().call_later(
-            _IN_PROCESS_PAUSE, self._publish_in_process_again, record.seq
+            pause, self._publish_in_process_again, record.seq
         )
-        self._in_process[record.seq] = (record, timer)
+        self._in_process[record.seq] = (record, timer, pause)
 
     def _publish_in_process_again(self, seq: int) -> None:
-        record, _ = self._in_process.pop(seq)
+        record, _, pause = self._in_process.pop(seq)
         if self.reports.pending.get(seq) is record:
+            self._in_process[seq] = (record, None, pause)  # its next 10158 waits longer
             self._send_again(record, possibly_stored=True)
 
     def _send_again(self, record: Record, *, possibly_stored: bool) -> None:
@@ -683,6 +689,14 @@ class JetStreamConnection(NatsClientConnection):
         expired = [token for token, record in self._awaiting.items() if record.deadline < now]
         for token in expired:
             del self._awaiting[token]
+        pending = self.reports.pending
+        settled = [
+            seq
+            for seq, (record, timer, _) in self._in_process.items()
+            if timer is None and pending.get(seq) is not record
+        ]
+        for seq in settled:
+            del self._in_process[seq]
         if self._maybe_stored:  # keep only the unsettled
             self._maybe_stored.intersection_update(self.reports.pending.keys())
         for lane in self._stream_lanes.values():
@@ -751,7 +765,9 @@ class JetStreamConnection(NatsClientConnection):
             if timer is not None:
                 timer.cancel()
         in_process, self._in_process = self._in_process, {}
-        for record, timer in in_process.values():
+        for record, timer, _ in in_process.values():
+            if timer is None:  # published again: awaiting its PubAck as the others are
+                continue
             timer.cancel()
             self.reports.failed(
                 record, BrokerUnavailable("closed while a copy was being stored"), True
