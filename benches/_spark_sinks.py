@@ -35,6 +35,11 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
 from producerkit.spark import publish
 
@@ -287,6 +292,36 @@ def batch(spark: SparkSession, kafka: Kafka, settings: dict[str, Any]) -> None:
     frame.unpersist()
 
 
+#: Not a sink: the floor under producerkit's streaming sink, a Python data source whose writer
+#: reads every Arrow batch and publishes nothing (what a micro-batch through any Python data
+#: source costs). Nothing to read back: its latencies are none, its micro-batch phases are.
+STREAM_FLOOR = "Python data source, no producer"
+
+
+class _CountingWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    def write(self, iterator: Any) -> WriterCommitMessage:
+        for _batch in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        pass
+
+
+class NoProducerSink(DataSource):  # type: ignore[misc]
+    """:data:`STREAM_FLOOR`'s data source."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_no_producer"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> _CountingWriter:
+        return _CountingWriter()
+
+
 def _latency(pairs: list[tuple[float, float]], message: Any) -> None:
     """Keep a streamed record's (row timestamp, latency to its log-append time), in ms."""
     produced = int(message.value().lstrip(b"x")) / 1000  # epoch µs -> ms
@@ -309,9 +344,11 @@ def streaming(spark: SparkSession, kafka: Kafka, settings: dict[str, Any]) -> No
             F.lpad(F.unix_micros("timestamp").cast("string"), size, "x").alias("value"),
         )
     )
+    spark.dataSource.register(NoProducerSink)
     queries = {
         'format("kafka")': ("kafka", {"kafka.bootstrap.servers": kafka.bootstrap}),
         'format("producerkit")': ("producerkit", {"url": settings["url"]}),
+        STREAM_FLOOR: (NoProducerSink.name(), {}),
     }
     for sink, options in queries.values():
         _stream_once(kafka, source, sink, options, max(10.0, seconds / 2), settings)

@@ -46,15 +46,20 @@ same topic with ``df.write.format("kafka")`` (``org.apache.spark:spark-sql-kafka
 at the pinned pyspark's version, or the newest 4.x Maven Central serves if that one does not
 resolve; its jars resolved once into producerkit's cache and handed to Spark as local
 ``spark.jars``) at its defaults and with its producer tuned (``--kafka-tuned``), producerkit's
-``publish()`` and ``format("producerkit")``, each also with ``exactly_once``: ``--repeat``
-rounds after one untimed round of each, the order rotated each round. CPU per row is the
-whole Spark process tree's (the driver's Python, the JVM, PySpark's daemon and its workers; the
-JVM's and the Python workers' shares shown), the broker's beside it. Each
+``publish()`` and ``format("producerkit")``, each also with ``exactly_once``, and beside them a
+``mapInArrow`` that reads every batch and publishes nothing (the floor under producerkit's
+sinks: Spark's Arrow path to a Python worker by itself): ``--repeat`` rounds after one untimed
+round of each, the order rotated each round. CPU per row is the whole Spark process tree's (the
+driver's Python, the JVM, PySpark's daemon and its workers, each process's own CPU sampled so
+that one exiting mid-write still counts; the JVM's and the Python workers' shares shown), the
+broker's beside it. Each
 round's figures are divided by ``format("kafka")``'s of the same round, and the medians of those
 ratios reported. After the rounds every sink writes the DataFrame once more into a topic of its
 own, read back by a consumer (``read_committed``) and counted. Then a streaming query from the
 ``rate`` source at ``--stream-rate`` rows/s through each sink for ``--stream-seconds``: the
-latency from each row's timestamp (carried in its value) to its log-append time on the broker.
+latency from each row's timestamp (carried in its value) to its log-append time on the broker,
+and each micro-batch's phases; beside them, a Python data source that publishes nothing (what a
+micro-batch through any Python data source costs).
 """
 
 from __future__ import annotations
@@ -438,7 +443,13 @@ def _stream_ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     baseline = {one["round"]: one for one in runs if one["name"] == _BASELINE}
     ratios: dict[str, dict[str, float]] = {}
     for name in dict.fromkeys(one["name"] for one in runs if one["name"] != _BASELINE):
-        paired = [(one, baseline[one["round"]]) for one in runs if one["name"] == name]
+        paired = [
+            (one, baseline[one["round"]])
+            for one in runs
+            if one["name"] == name and one["rows"] and one["round"] in baseline
+        ]
+        if not paired:  # the floor, which writes nothing
+            continue
         ratios[name] = {
             quantile: _median(
                 [one[f"{quantile}_ms"] / base[f"{quantile}_ms"] for one, base in paired]
@@ -475,7 +486,7 @@ def _print_sinks(figures: dict[str, Any]) -> None:
         print(
             f"  streaming round {one['round']} {one['name']:<24} {one['rows']:>9,} rows "
             f"p50 {one['p50_ms']:7.1f} ms  p99 {one['p99_ms']:7.1f} ms  "
-            f"CPU {one['cpu'] / max(one['rows'], 1) * 1e6:6.2f} us/row  "
+            f"CPU {one['cpu'] / one['rows'] * 1e6 if one['rows'] else math.nan:6.2f} us/row  "
             f"micro-batch {one.get('median_triggerExecution_ms', 0):.0f} ms "
             f"(sink {one.get('median_addBatch_ms', 0):.0f})"
         )
