@@ -289,12 +289,20 @@ class JetStreamCluster(LocalCluster):
         """Start server ``server_id`` again (killing it first if it runs), on the same ports
         with the same store; returns once it listens and reports itself healthy (back in the
         cluster, its streams caught up). Leaders stay where they are."""
-        server = self._server(server_id)
+        self._restart([server_id], wait)
+
+    def _restart(self, server_ids: list[int], wait: float) -> None:
+        """Start ``server_ids`` again all at once, then wait until each is healthy: a stream
+        replicated on two of them is current only once both are back."""
+        servers = [self._server(server_id) for server_id in server_ids]
         deadline = time.monotonic() + wait
-        server.kill()
-        server.launch()
-        server.wait_listening(deadline)
-        self._wait_healthy(server, deadline)
+        for server in servers:
+            server.kill()
+            server.launch()
+        for server in servers:
+            server.wait_listening(deadline)
+        for server in servers:
+            self._wait_healthy(server, deadline)
 
     def _first_port(self) -> int:
         return self._server(self.server_ids[0]).port
@@ -304,9 +312,11 @@ class JetStreamCluster(LocalCluster):
         :meth:`restart`); nothing else when all run. Streams, messages and leaders stay as they
         are. The pytest plugin calls it after each test."""
         self._clear_faults()
-        for server_id in self.server_ids:
-            if self._servers and not self.running(server_id):
-                self.restart(server_id)
+        if not self._servers:
+            return
+        down = [server_id for server_id in self.server_ids if not self.running(server_id)]
+        if down:
+            self._restart(down, 60.0)
 
     # ------------------------------------------------------------------ streams
 
