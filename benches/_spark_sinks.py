@@ -248,7 +248,7 @@ def batch(spark: SparkSession, kafka: Kafka, settings: dict[str, Any]) -> None:
     )
     frame = frame.cache()
     frame.count()
-    topic = "bench-spark-sinks"
+    topic = f"bench-spark-sinks-{time.monotonic_ns()}"  # new each run: deletions take a while
     kafka.create(topic, partitions, _BOUNDED_LOG)
     # warm-up: every sink writes the whole DataFrame once, untimed (each Python worker starts
     # and connects, the JVM loads each sink's classes and its JIT compiles their paths)
@@ -283,7 +283,7 @@ def batch(spark: SparkSession, kafka: Kafka, settings: dict[str, Any]) -> None:
         for number, (name, write) in enumerate(ways.items()):
             if name == FLOOR:
                 continue
-            checked = f"bench-spark-verify-{number}"
+            checked = f"bench-spark-verify-{number}-{time.monotonic_ns()}"
             kafka.create(checked, partitions)
             write(frame, checked)
             count = kafka.each_record(checked, partitions, lambda _: None)
