@@ -165,6 +165,9 @@ SETTLE = 2.0
 #: broker said it holds (else after GIVE_UP_POLLS: what is missing is then reported as such).
 QUIET_POLLS = 3
 GIVE_UP_POLLS = 30
+#: How long reading back a JetStream cluster's stream waits out "no responders" in a row (an
+#: election after the last fault).
+ELECTION_WAIT_S = 60.0
 #: Tansu's memory store answers a Fetch with at most 5 MB, and for each partition it serves
 #: lists every batch stored in that partition (about 1 us each) before it reads any, again for
 #: each further piece of the 5 MB, until the Fetch's max wait is up: a listing still running then
@@ -1447,23 +1450,39 @@ def _read_live(
 
 async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, bytes], None]) -> int:
     """Every message of ``subject``'s stream in sequence order (partition -1, offset = stream
-    sequence); returns how many the stream says it holds."""
+    sequence); returns how many the stream says it holds. On a cluster the stream (or the
+    reading consumer) may still be electing a leader after the last fault: its "no responders"
+    answers are waited out, up to ELECTION_WAIT_S in a row."""
     import nats
     import nats.errors
+    import nats.js.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     hosts = url.partition("://")[2].split(",")  # a cluster's every server
     nc = await nats.connect([f"nats://{host}" for host in hosts])
     try:
         js = nc.jetstream()
-        stream = await js.find_stream_name_by_subject(subject)
-        total = (await js.stream_info(stream)).state.messages
+
+        async def stream_info() -> Any:
+            deadline = time.monotonic() + ELECTION_WAIT_S
+            while True:
+                try:
+                    stream = await js.find_stream_name_by_subject(subject)
+                    return await js.stream_info(stream)
+                except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.25)
+
+        info = await stream_info()
+        stream, total = info.config.name, info.state.messages
         psub = await js.pull_subscribe(
             subject,
             stream=stream,
             config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
         )
         got = quiet = 0
+        unavailable_since: float | None = None
         # Past the stream's count too, until quiet: nothing is taken on trust.
         while quiet < (QUIET_POLLS if got >= total else GIVE_UP_POLLS):
             try:
@@ -1471,7 +1490,15 @@ async def read_jetstream(url: str, subject: str, visit: Callable[[int, int, byte
             except (TimeoutError, nats.errors.TimeoutError):
                 quiet += 1
                 continue
+            except nats.js.errors.ServiceUnavailableError:
+                now = time.monotonic()
+                unavailable_since = unavailable_since or now
+                if now - unavailable_since > ELECTION_WAIT_S:
+                    raise
+                await asyncio.sleep(0.25)
+                continue
             quiet = 0
+            unavailable_since = None
             got += len(batch)
             for msg in batch:
                 visit(-1, msg.metadata.sequence.stream, msg.data)
