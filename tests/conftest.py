@@ -42,6 +42,11 @@ from producerkit.testing.nats_cluster import JetStreamCluster
 from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
 
+#: The judges of this project's own tests (what Apache Kafka would have stored or served where
+#: the broker under test does not do it) live with the chaos bench, in benches/chaos/judges, one
+#: place for both: tests import them, and the bench's modules, as ``chaos.*``.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benches"))
+
 #: Kafka transactions (atomic batches, exactly-once) are producerkit's own Produce requests: on
 #: the public path (``PRODUCERKIT_CLIENT_PATH=public``, a run of CI) they are refused, typed
 #: (tests/test_transactions.py checks the refusal on every run).

@@ -2,12 +2,13 @@
 option or a removed helper fails the suite, not the next measurement (issue 40: three benches
 had failed at import unseen).
 
-Each run is the bench as its docstring gives it, ``python benches/NAME.py ...``, in a fresh
+Each run is the bench as its docstring gives it, ``python benches/NAME.py ...`` (a bench that is
+a package, ``python benches/NAME ...``: its ``__main__.py``), in a fresh
 interpreter whose working directory is the test's temp dir (for what it writes), with a few
 hundred or thousand messages, against the session brokers (``--kafka-url``/``--nats-url``, see
 ``benches/_brokers.py``) or ``null://``; the runs on Apache Kafka (``--kafka-broker apache``) on
 the session's node (the plugin's ``apache_kafka``, asked for only by those runs), its JVM's pid
-given, so that its CPU is read as a node the bench started. ``chaos.py`` starts its own Tansu
+given, so that its CPU is read as a node the bench started. ``chaos`` starts its own Tansu
 (or, for ``kafka-cluster``, its own mock cluster, in-process): its faults run through a proxy
 in front of a broker it owns (and may kill). The pytest-benchmark files run under pytest
 with ``--benchmark-disable`` (each case once). A bench that needs what this install lacks (a
@@ -60,7 +61,7 @@ TINY: dict[str, dict[str, list[str]]] = {
             *["--topic-partitions", "2", "--no-verify", *APACHE],
         ],
     },
-    "chaos.py": {
+    "chaos": {
         "kafka": [
             *["--minutes", "0.01", "--backend", "kafka", "--rate", "300", "--timeout", "1"],
             *["--keys", "20", "--partitions", "2", "--json", "{tmp}/c.json"],
@@ -155,7 +156,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "bench_partitioners.py": ("pytest_benchmark",),
     "bench_spark.py": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java"),
     "bench_spark.py[sinks]": ("pyspark", "pyarrow", "psutil", "confluent_kafka", "java", "mvn"),
-    "chaos.py": ("numpy", "matplotlib", "psutil"),
+    "chaos": ("numpy", "matplotlib", "psutil"),
     "cpu_per_message.py": ("confluent_kafka",),
     "cpu_per_message.py[apache]": ("confluent_kafka", "psutil", "java"),
     "latency_at_rates.py": ("matplotlib",),
@@ -178,8 +179,10 @@ TIMEOUT = 180
 
 
 def test_every_bench_has_a_tiny_run() -> None:
-    """Each script in benches/ (its helper modules, ``_*.py``, apart) is run below."""
+    """Each script in benches/ (its helper modules, ``_*.py``, apart) and each package with a
+    ``__main__.py`` is run below."""
     scripts = {path.name for path in BENCHES.glob("*.py") if not path.name.startswith("_")}
+    scripts |= {path.parent.name for path in BENCHES.glob("*/__main__.py")}
     assert scripts == set(TINY)
 
 

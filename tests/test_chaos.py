@@ -1,4 +1,4 @@
-"""``benches/chaos.py`` in the default suite.
+"""``benches/chaos`` (``python benches/chaos ...``) in the default suite.
 
 - One minute on Kafka (Tansu) at its defaults behind the fault proxy, seed 7, whose plan draws
   every proxy fault in the minute (reset, blackhole, refuse, stall, slow). Kafka with defaults
@@ -32,7 +32,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -41,11 +40,15 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anyio
 import pytest
+from chaos.judges.kafka_idempotence import KafkaReplay, kafka_view
+from chaos.judges.kafka_wire import ServedBatch, record_batches
+from chaos.judges.stored import Stored
+from chaos.readback import fetch_request, fetch_response
+from chaos.workload import ACKED, Ledger
 
 import producerkit as pk
 from producerkit.errors import ConfigurationError
@@ -53,7 +56,9 @@ from producerkit.testing.kafka_cluster import KafkaCluster
 
 pytestmark = pytest.mark.brokers
 
-CHAOS = Path(__file__).resolve().parent.parent / "benches" / "chaos.py"
+#: The bench, a package run as ``python benches/chaos`` (its modules are imported above:
+#: tests/conftest.py puts ``benches/`` on ``sys.path``).
+CHAOS = Path(__file__).resolve().parent.parent / "benches" / "chaos"
 MUST_BE_ZERO = (
     "without_outcome",
     "double_outcomes",
@@ -177,77 +182,63 @@ def test_chaos_on_the_jetstream_cluster_loses_nothing_and_stores_no_id_twice(
 # ---------------------------------------------------------------------- what Kafka would store
 
 
-@pytest.fixture(scope="module")
-def chaos() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chaos_bench", CHAOS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _replay(chaos: ModuleType, *batches: tuple[int, int, int, int]) -> tuple[list[str], Any]:
+def _replay(*batches: tuple[int, int, int, int]) -> tuple[list[str], Any]:
     """The verdicts on ``batches`` ((producer id, epoch, base sequence, count), stored in this
     order), and the replay, closed."""
-    replay = chaos.KafkaReplay()
+    replay = KafkaReplay()
     offset, verdicts = 0, []
     for producer_id, epoch, sequence, count in batches:
-        verdicts.append(
-            replay.add(chaos.ServedBatch(0, offset, producer_id, epoch, sequence, count))
-        )
+        verdicts.append(replay.add(ServedBatch(0, offset, producer_id, epoch, sequence, count)))
         offset += count
     replay.close()
     return verdicts, replay
 
 
-def test_the_replay_keeps_batches_in_sequence(chaos: ModuleType) -> None:
-    verdicts, replay = _replay(chaos, (7, 0, 0, 2), (7, 0, 2, 3), (-1, -1, -1, 1), (7, 0, 5, 1))
+def test_the_replay_keeps_batches_in_sequence() -> None:
+    verdicts, replay = _replay((7, 0, 0, 2), (7, 0, 2, 3), (-1, -1, -1, 1), (7, 0, 5, 1))
     assert verdicts == ["stored"] * 4
     assert replay.records == {"stored": 7}
 
 
-def test_a_batch_stored_again_is_deduplicated(chaos: ModuleType) -> None:
-    verdicts, replay = _replay(chaos, (7, 0, 0, 2), (7, 0, 2, 2), (7, 0, 0, 2), (7, 0, 4, 1))
+def test_a_batch_stored_again_is_deduplicated() -> None:
+    verdicts, replay = _replay((7, 0, 0, 2), (7, 0, 2, 2), (7, 0, 0, 2), (7, 0, 4, 1))
     assert verdicts == ["stored", "stored", "deduplicated", "stored"]
     assert replay.records == {"stored": 5, "deduplicated": 2}
 
 
-def test_a_batch_past_a_gap_is_held_until_the_batch_that_fills_it(chaos: ModuleType) -> None:
+def test_a_batch_past_a_gap_is_held_until_the_batch_that_fills_it() -> None:
     # 0-1 stored, 2-3 failed, 4-5 stored by the mock (Kafka: OUT_OF_ORDER), 2-3 retried.
-    verdicts, replay = _replay(
-        chaos, (7, 0, 0, 2), (7, 0, 4, 2), (7, 0, 4, 2), (7, 0, 2, 2), (7, 0, 6, 1)
-    )
+    verdicts, replay = _replay((7, 0, 0, 2), (7, 0, 4, 2), (7, 0, 4, 2), (7, 0, 2, 2), (7, 0, 6, 1))
     assert verdicts == ["stored", "held", "deduplicated", "stored", "stored"]
     assert replay.records == {"stored": 5, "stored_late": 2, "deduplicated": 2}
     assert replay.gaps == 0
 
 
-def test_a_gap_never_closed_is_one_kafka_answers_and_the_producer_bumps(chaos: ModuleType) -> None:
+def test_a_gap_never_closed_is_one_kafka_answers_and_the_producer_bumps() -> None:
     # 2-3 given up on; a new epoch (the mock: a new producer id) sends from 0 again.
     verdicts, replay = _replay(
-        chaos, (7, 0, 0, 2), (7, 0, 4, 2), (7, 0, 6, 1), (7, 1, 0, 3), (7, 0, 7, 1), (8, 0, 0, 1)
+        (7, 0, 0, 2), (7, 0, 4, 2), (7, 0, 6, 1), (7, 1, 0, 3), (7, 0, 7, 1), (8, 0, 0, 1)
     )
     assert verdicts == ["stored", "held", "held", "stored", "refused_old_epoch", "stored"]
     assert replay.records == {"stored": 6, "stored_after_bump": 3, "refused_old_epoch": 1}
     assert replay.gaps == 1
 
 
-def test_an_old_sequence_is_refused(chaos: ModuleType) -> None:
+def test_an_old_sequence_is_refused() -> None:
     batches = [(7, 0, 2 * n, 2) for n in range(7)] + [(7, 0, 0, 2)]  # 6 batches after it
-    verdicts, replay = _replay(chaos, *batches)
+    verdicts, replay = _replay(*batches)
     assert verdicts == ["stored"] * 7 + ["refused_old_sequence"]
     assert replay.records == {"stored": 14, "refused_old_sequence": 2}
 
 
 def _stored_both_ways(
-    chaos: ModuleType, ledger: Any, records: list[tuple[int, int, int, int, int]]
+    ledger: Any, records: list[tuple[int, int, int, int, int]]
 ) -> tuple[Any, Any]:
     """``records`` ((partition, offset, id, key, seq)) read back record by record (Stored.visit)
     and all at once as the live read-back hands them over (Stored.from_positions)."""
     import numpy as np
 
-    one_by_one = chaos.Stored(ledger)
+    one_by_one = Stored(ledger)
     positions: dict[int, Any] = {}
     key, sequence = np.zeros(ledger.sent, np.uint16), np.zeros(ledger.sent, np.uint32)
     for partition, offset, i, k, seq in records:
@@ -260,14 +251,14 @@ def _stored_both_ways(
         column[offset] = i + 1
         key[i], sequence[i] = k, seq
     read = {"key": key, "sequence": sequence, "records": len(records), "warm_ups": 0}
-    return one_by_one, chaos.Stored.from_positions(ledger, {**read, "unknown": 0}, positions)
+    return one_by_one, Stored.from_positions(ledger, {**read, "unknown": 0}, positions)
 
 
-def test_the_live_read_back_counts_as_a_read_record_by_record_does(chaos: ModuleType) -> None:
-    ledger = chaos.Ledger(5, 0.0)
+def test_the_live_read_back_counts_as_a_read_record_by_record_does() -> None:
+    ledger = Ledger(5, 0.0)
     ledger.sent = 5
     for i, (partition, offset) in enumerate([(0, 0), (0, 1), (1, 0), (0, 9), (1, 1)]):
-        ledger.status[i] = chaos.ACKED
+        ledger.status[i] = ACKED
         ledger.partition[i], ledger.offset[i] = partition, offset + 1
     records = [
         (0, 0, 0, 1, 0),
@@ -277,7 +268,7 @@ def test_the_live_read_back_counts_as_a_read_record_by_record_does(chaos: Module
         (1, 1, 2, 2, 0),
         (1, 2, 3, 3, 0),  # message 3 acked at partition 0, offset 9
     ]
-    one_by_one, at_once = _stored_both_ways(chaos, ledger, records)
+    one_by_one, at_once = _stored_both_ways(ledger, records)
     for stored in (one_by_one, at_once):
         assert bytes(stored.copies) == bytes([2, 1, 1, 1, 1])
         assert bytes(stored.at_offset) == bytes([1, 1, 0, 0, 0])
@@ -286,25 +277,25 @@ def test_the_live_read_back_counts_as_a_read_record_by_record_does(chaos: Module
         assert stored.order_examples == [(2, 1, 4, 0)]
 
 
-def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early(chaos: ModuleType) -> None:
+def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early() -> None:
     """Key 0's messages 0 (seq 0), 1 (seq 1), 2 (seq 2): the mock stored 2 past a gap (held)
     before 1, which Kafka would not have; and, in partition 1, the same without a gap, which
     the producer did."""
-    ledger = chaos.Ledger(6, 0.0)
+    ledger = Ledger(6, 0.0)
     ledger.sent = 6
     records = [
         (partition, offset, i, 0, i % 3)
         for partition, order in ((0, (0, 2, 1)), (1, (3, 5, 4)))
         for offset, i in enumerate(order)
     ]
-    one_by_one, stored = _stored_both_ways(chaos, ledger, records)
+    one_by_one, stored = _stored_both_ways(ledger, records)
     served = [
-        chaos.ServedBatch(0, 0, 7, 0, 0, 1),
-        chaos.ServedBatch(0, 1, 7, 0, 2, 1),  # past the gap at sequence 1
-        chaos.ServedBatch(0, 2, 7, 0, 1, 1),  # fills it
-        *(chaos.ServedBatch(1, offset, 7, 0, offset, 1) for offset in range(3)),
+        ServedBatch(0, 0, 7, 0, 0, 1),
+        ServedBatch(0, 1, 7, 0, 2, 1),  # past the gap at sequence 1
+        ServedBatch(0, 2, 7, 0, 1, 1),  # fills it
+        *(ServedBatch(1, offset, 7, 0, offset, 1) for offset in range(3)),
     ]
-    view = chaos.kafka_view(stored, served)
+    view = kafka_view(stored, served)
     assert one_by_one.order_violations == stored.order_violations == 2  # the mock's log
     assert view["order_violations"] == 1
     assert view["order_examples"] == [4]
@@ -312,28 +303,26 @@ def test_order_in_kafkas_view_excuses_only_what_the_mock_stored_early(chaos: Mod
     assert view["duplicates"] == 0
 
 
-def test_held_batches_are_judged_in_sequence_order(chaos: ModuleType) -> None:
+def test_held_batches_are_judged_in_sequence_order() -> None:
     """Past a gap that never closes (sequence 1 never stored) the mock stored two batches Kafka
     would hold; in the mock's order they look fine, but the producer numbered message 1 after
     message 2: Kafka would store them in sequence order, 2 before 1."""
-    ledger = chaos.Ledger(3, 0.0)
+    ledger = Ledger(3, 0.0)
     ledger.sent = 3
-    _, stored = _stored_both_ways(
-        chaos, ledger, [(0, 0, 0, 0, 0), (0, 1, 1, 0, 1), (0, 2, 2, 0, 2)]
-    )
+    _, stored = _stored_both_ways(ledger, [(0, 0, 0, 0, 0), (0, 1, 1, 0, 1), (0, 2, 2, 0, 2)])
     served = [
-        chaos.ServedBatch(0, 0, 7, 0, 0, 1),
-        chaos.ServedBatch(0, 1, 7, 0, 3, 1),  # message 1, numbered 3
-        chaos.ServedBatch(0, 2, 7, 0, 2, 1),  # message 2, numbered 2
+        ServedBatch(0, 0, 7, 0, 0, 1),
+        ServedBatch(0, 1, 7, 0, 3, 1),  # message 1, numbered 3
+        ServedBatch(0, 2, 7, 0, 2, 1),  # message 2, numbered 2
     ]
-    view = chaos.kafka_view(stored, served)
+    view = kafka_view(stored, served)
     assert stored.order_violations == 0  # the mock's log
     assert view["records_by_verdict"] == {"stored": 1, "stored_after_bump": 2}
     assert (view["order_violations"], view["order_violations_in_sequence"]) == (1, 1)
     assert view["order_examples"] == [1]
 
 
-def test_record_batches_decodes_what_the_mock_serves(chaos: ModuleType) -> None:
+def test_record_batches_decodes_what_the_mock_serves() -> None:
     """Fetches of the mock's own ports through the harness's wire code: every record where its
     Delivery said, in batches stamped as the recorder saw producerkit's idempotent producer
     send them."""
@@ -364,10 +353,10 @@ def test_record_batches_decodes_what_the_mock_serves(chaos: ModuleType) -> None:
             address = cluster.mock_addresses[partition % 3]  # its leader's (create_topic)
             position, high = 0, 1
             while position < high:  # the mock serves one batch a partition per Fetch
-                frame = _fetch(chaos, address, topic, partition, position)
-                [(p, error, high, _, records)] = chaos.fetch_response(frame)
+                frame = _fetch(address, topic, partition, position)
+                [(p, error, high, _, records)] = fetch_response(frame)
                 assert (p, error) == (partition, 0)
-                for batch, values in chaos.record_batches(p, records):
+                for batch, values in record_batches(p, records):
                     assert sent[(p, batch.base_offset)] == batch[2:], batch
                     found.update({int(value): (p, offset) for offset, value in values})
                     position = batch.base_offset + batch.record_count
@@ -377,11 +366,11 @@ def test_record_batches_decodes_what_the_mock_serves(chaos: ModuleType) -> None:
     assert {n: found[n] for n in range(30)} == delivered
 
 
-def _fetch(chaos: ModuleType, address: str, topic: str, partition: int, offset: int) -> bytes:
+def _fetch(address: str, topic: str, partition: int, offset: int) -> bytes:
     """One Fetch v5 answer, its size prefix off."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(chaos.fetch_request(1, topic, [(partition, offset)], 100))
+        sock.sendall(fetch_request(1, topic, [(partition, offset)], 100))
         data = b""
         while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
             chunk = sock.recv(65536)
