@@ -46,7 +46,7 @@ def _broker(kind: str, topic: str, partitions: int) -> Iterator[str]:
         return
     from producerkit.testing.kafka_cluster import KafkaCluster
 
-    with KafkaCluster(record_transactions=False) as cluster:
+    with KafkaCluster() as cluster:
         cluster.create_topic(topic, partitions=partitions, replication=1)
         yield cluster.url
 

@@ -40,12 +40,14 @@ from producerkit.testing.apache_kafka import ApacheKafka
 from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.nats_cluster import JetStreamCluster
 from producerkit.testing.proxy import FaultProxy
-from producerkit.testing.pytest_plugin import SessionBroker
+from producerkit.testing.pytest_plugin import SessionBroker, _session_kafka_cluster
 
 #: The judges of this project's own tests (what Apache Kafka would have stored or served where
 #: the broker under test does not do it) live with the chaos bench, in benches/chaos/judges, one
 #: place for both: tests import them, and the bench's modules, as ``chaos.*``.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benches"))
+
+from chaos.judges.kafka_recorder import RecordingKafkaCluster
 
 #: Kafka transactions (atomic batches, exactly-once) are producerkit's own Produce requests: on
 #: the public path (``PRODUCERKIT_CLIENT_PATH=public``, a run of CI) they are refused, typed
@@ -71,6 +73,15 @@ BACKENDS = [
 #: default (``producerkit._core``): memory:// for the window, routing and admission, and Kafka
 #: on Tansu for settling batches; the other backends settle through the same functions.
 _PYTHON_CORE_TOO = ("memory", "kafka")
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[RecordingKafkaCluster]:
+    """The plugin's ``kafka_cluster`` (librdkafka's mock cluster of 3 brokers for the session,
+    reset after each test that changed it) reached through the recorders of
+    benches/chaos/judges: ``read(topic, isolation_level="read_committed")`` and
+    ``transactions`` tell what Apache Kafka would serve, which the mock does not."""
+    yield from _session_kafka_cluster(request, RecordingKafkaCluster)
 
 
 def _backend_params() -> list[Any]:

@@ -45,6 +45,7 @@ from typing import Any
 import anyio
 import pytest
 from chaos.judges.kafka_idempotence import KafkaReplay, kafka_view
+from chaos.judges.kafka_recorder import RecordingKafkaCluster
 from chaos.judges.kafka_wire import ServedBatch, record_batches
 from chaos.judges.stored import Stored
 from chaos.readback import fetch_request, fetch_response
@@ -337,7 +338,7 @@ def test_record_batches_decodes_what_the_mock_serves() -> None:
                 await producer.produce(b"%d" % n, key=b"k%d" % (n % 5), nonblocking=True)
         return delivered
 
-    with KafkaCluster(3, record_batches=True) as cluster:
+    with RecordingKafkaCluster(3, record_batches=True) as cluster:
         topic = f"r-{uuid.uuid4().hex[:8]}"
         cluster.create_topic(topic, partitions=3, replication=3)
         delivered = anyio.run(produce, cluster.url, topic)
@@ -388,7 +389,7 @@ def test_the_batch_log_records_idempotent_batches_and_their_answers() -> None:
                 await producer.produce(b"%d" % n, key=b"k", nonblocking=True)
             await producer.flush()
 
-    with KafkaCluster(3, record_batches=True) as cluster:
+    with RecordingKafkaCluster(3, record_batches=True) as cluster:
         topic = f"b-{uuid.uuid4().hex[:8]}"
         cluster.create_topic(topic, partitions=1, replication=3)
         anyio.run(produce, cluster.url, topic, cluster)
@@ -416,8 +417,6 @@ def test_the_batch_log_records_idempotent_batches_and_their_answers() -> None:
         assert len(cluster.read(topic)) == 21
 
 
-def test_the_batch_log_is_opt_in(kafka_cluster: KafkaCluster) -> None:
+def test_the_batch_log_is_opt_in(kafka_cluster: RecordingKafkaCluster) -> None:
     with pytest.raises(ConfigurationError, match="record_batches=True"):
         _ = kafka_cluster.batches
-    with pytest.raises(ConfigurationError, match="record_batches needs the recorders"):
-        KafkaCluster(1, record_transactions=False, record_batches=True)

@@ -1,5 +1,6 @@
-"""The transaction-aware view of the test cluster: ``KafkaCluster.read(topic,
-isolation_level="read_committed")`` and ``KafkaCluster.transactions``.
+"""The transaction-aware view of the test cluster (benches/chaos/judges: the suite's
+``kafka_cluster`` is a ``RecordingKafkaCluster``): ``read(topic,
+isolation_level="read_committed")`` and ``transactions``.
 
 The mock serves every record to every consumer, so the view is worked out from the recorded
 traffic. Tested three ways: hand-made frames fed through the recorder's tap (every rule of
@@ -18,16 +19,16 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import TRANSACTIONS_ON_THE_FAST_PATH
-
-import producerkit as pk
-from producerkit.testing._recorder import _Tap
-from producerkit.testing.kafka_cluster import KafkaCluster
-from producerkit.testing.transaction_view import (
+from chaos.judges.kafka_recorder import _Tap
+from chaos.judges.kafka_transactions import (
     TransactionLog,
     TransactionView,
     TransactionViewError,
 )
+from conftest import TRANSACTIONS_ON_THE_FAST_PATH
+
+import producerkit as pk
+from producerkit.testing.kafka_cluster import KafkaCluster
 
 PARTITIONS = 6
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from chaos.judges import kafka_wire as txn_wire
+from chaos.judges.kafka_recorder import _Frames
 from conftest import TRANSACTIONS_ON_THE_FAST_PATH
 
 import producerkit as pk
 from producerkit._transaction import KafkaAtomicBatch
 from producerkit.backends.kafka import transactions
 from producerkit.backends.kafka.idempotence import ProducerId
-from producerkit.testing import _txn_wire as txn_wire
-from producerkit.testing._recorder import _Frames
 
 pytestmark = [pytest.mark.anyio, TRANSACTIONS_ON_THE_FAST_PATH]
 

@@ -10,7 +10,8 @@ producer connects through: Tansu with memory storage (a topic of ``--partitions`
 created with aiokafka's admin client) or nats-server with JetStream on file storage in a temp dir
 (``create_stream=True, stream_storage="file"``, each message with a unique ``msg_id``). Or
 (``kafka-cluster``) librdkafka's mock cluster of 3 brokers in this process
-(``producerkit.testing.KafkaCluster``, recording the idempotent Produce batches), a topic of
+(``producerkit.testing.KafkaCluster`` behind the recorders of ``judges.kafka_recorder``,
+recording the idempotent Produce batches), a topic of
 ``--partitions`` partitions with replication 3, behind the cluster's own fault proxy. Or
 (``kafka-apache``) three real Apache Kafka nodes (``producerkit.testing.ApacheKafka``, each a
 broker and a KRaft controller, run from the Maven Central jars: Java 17+), a topic of
@@ -64,8 +65,11 @@ The package, a module a job:
 - ``faults``: the plan, the proxy's faults and each cluster's own;
 - ``readback``: what the broker stored, read by clients apart from the producer;
 - ``judges``: what was stored judged per backend (``judges.stored`` on every one;
-  ``judges.kafka_idempotence`` where librdkafka's mock stored what Apache Kafka would not);
-  tests/ judges with them too (tests/conftest.py puts ``benches/`` on ``sys.path``);
+  ``judges.kafka_idempotence`` where librdkafka's mock stored what Apache Kafka would not;
+  ``judges.kafka_transactions``, what Kafka would serve a ``read_committed`` consumer of the
+  mock; ``judges.kafka_recorder``, the recorders in front of the mock's brokers that both
+  read, and the mock cluster behind them; ``judges.kafka_wire``, the protocol as they read
+  it); tests/ judges with them too (tests/conftest.py puts ``benches/`` on ``sys.path``);
 - ``report``: the checks, the summary, the plot;
 - ``run``: one run from the command line (``__main__`` calls :func:`chaos.run.main`).
 """

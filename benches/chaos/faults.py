@@ -17,11 +17,11 @@ from producerkit.testing.brokers import BrokerFaults
 from producerkit.testing.proxy import FaultLog, FaultProxy
 
 if TYPE_CHECKING:
+    from chaos.judges.kafka_recorder import RecordingKafkaCluster
     from producerkit.testing.apache_kafka import ApacheKafka
-    from producerkit.testing.kafka_cluster import KafkaCluster
     from producerkit.testing.nats_cluster import JetStreamCluster
 
-    Cluster = KafkaCluster | ApacheKafka | JetStreamCluster
+    Cluster = RecordingKafkaCluster | ApacheKafka | JetStreamCluster
 
 #: The proxy's faults on both backends; ``kill`` only where the store survives it (JetStream).
 PROXY_MODES = ("stall", "blackhole", "reset", "refuse", "slow")
@@ -163,7 +163,7 @@ class ClusterFaults(NodeFaults):
     modes = CLUSTER_MODES
 
     def __init__(
-        self, cluster: KafkaCluster, topic: str, partitions: int, rng: random.Random
+        self, cluster: RecordingKafkaCluster, topic: str, partitions: int, rng: random.Random
     ) -> None:
         super().__init__(cluster, cluster.broker_ids, topic, partitions, rng)
         self.mock = cluster

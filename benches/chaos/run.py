@@ -349,9 +349,9 @@ def start_cluster(backend: str) -> Cluster:
     (its servers naming none of each other to the producer, which reaches each through the
     proxy only), CLUSTER_BROKERS brokers, not started (``with`` starts it)."""
     if backend == "kafka-cluster":
-        from producerkit.testing.kafka_cluster import KafkaCluster
+        from chaos.judges.kafka_recorder import RecordingKafkaCluster
 
-        return KafkaCluster(CLUSTER_BROKERS, record_batches=True)
+        return RecordingKafkaCluster(CLUSTER_BROKERS, record_batches=True)
     if backend == "jetstream-cluster":
         from producerkit.testing.nats_cluster import JetStreamCluster
 

@@ -10,9 +10,7 @@
   stall, blackhole, refuse, slow, reset.
 - :mod:`producerkit.testing.kafka_cluster`: ``KafkaCluster``, a Kafka cluster of several
   brokers in the test process (librdkafka's mock, from the confluent-kafka wheel): leaders
-  that move, brokers that go down, request errors on demand; with
-  :mod:`producerkit.testing.transaction_view`, what a ``read_committed`` consumer would be
-  served, worked out from the transactional traffic it records.
+  that move, brokers that go down, request errors on demand.
 - :mod:`producerkit.testing.apache_kafka`: :class:`~producerkit.testing.apache_kafka.ApacheKafka`,
   real Apache Kafka nodes (KRaft, one or several) run from the Maven Central jars (Java needed):
   what Tansu and the mock do not enforce (``read_committed``, fencing, idempotent
@@ -22,4 +20,8 @@
   JetStream cluster (R1/R3 streams, leaders to step down, servers to ``kill -9`` and restart).
 - :mod:`producerkit.testing.pytest_plugin`: the pytest plugin (``producerkit[pytest]``): these
   brokers as fixtures, with their faults, and ``produce_benchmark``.
+
+What judges this project's own tests (the mock cluster's ``read_committed`` view, its
+recorders, the chaos bench's model of Kafka's idempotence) is not here: it lives with the
+tests and benches of the repository (``benches/chaos/judges``), and ships in no wheel.
 """

@@ -14,13 +14,9 @@ does not: it checks sequence numbers only for transactional producers (an idempo
 duplicate or gap is stored as it came), it does not hide a transaction's records from a
 ``read_committed`` consumer before the commit (librdkafka 2.16), and it does not fence a
 producer whose transactional id another producer initialized again. A request failed by
-:meth:`KafkaCluster.fail_requests` writes none of its records.
-
-So each broker is reached through a recorder (``producerkit.testing._recorder``: a loopback
-port advertised in the broker's place, every byte forwarded untouched) that records the
-transactional requests and their answers, and :meth:`KafkaCluster.read` with
-``isolation_level="read_committed"`` serves what Apache Kafka would serve a ``read_committed``
-consumer, worked out from them (:mod:`producerkit.testing.transaction_view`).
+:meth:`KafkaCluster.fail_requests` writes none of its records. What a ``read_committed``
+consumer is served, fencing and idempotent deduplication are judged on Apache Kafka itself
+(``producerkit.testing.apache_kafka.ApacheKafka``).
 
 Nothing is imported until a cluster is made: confluent-kafka (``pip install
 "producerkit[pytest]"``) is needed then, and its absence is a
@@ -45,9 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self
 from producerkit.errors import ConfigurationError, MissingDependencyError
 
 if TYPE_CHECKING:
-    from producerkit.testing._recorder import Recorder
     from producerkit.testing.proxy import FaultProxy
-    from producerkit.testing.transaction_view import BatchLog, TransactionLog
 
 __all__ = [
     "API_KEYS",
@@ -276,84 +270,40 @@ class KafkaCluster:
     belongs in a thread when called from async code (``anyio.to_thread.run_sync``).
     :meth:`close` (or leaving a ``with`` block) stops it; a closed cluster refuses every call.
 
-    With ``record_transactions`` (the default), each broker is reached through a recorder on a
-    loopback port of its own, which Metadata and FindCoordinator answers name in the broker's
-    place: it forwards every byte untouched and records the transactional requests and their
-    answers (:attr:`transactions`), from which :meth:`read` with
-    ``isolation_level="read_committed"`` serves what Apache Kafka would
-    (:mod:`producerkit.testing.transaction_view`). Without it, clients talk to the mock's own
-    ports and ``read_committed`` is refused.
-
-    With ``record_batches`` (off by default: it copies and reads every Produce request, and
-    keeps some 40 bytes per batch for the cluster's life) the recorders also record every
-    idempotent producer's Produce batch with its answer (:attr:`batches`): the producer id,
-    epoch and base sequence each batch was sent with, and where it was stored. The mock stores
-    an idempotent producer's retried batch again where Apache Kafka would not. It needs the
-    recorders (``record_transactions``).
+    :meth:`advertise` puts a listener of your own (a proxy, a recorder) in a broker's place:
+    Metadata and FindCoordinator answers, and :attr:`bootstrap`, name it from then on.
     """
 
-    def __init__(
-        self, brokers: int = 3, *, record_transactions: bool = True, record_batches: bool = False
-    ) -> None:
+    def __init__(self, brokers: int = 3) -> None:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ConfigurationError(f"a KafkaCluster needs at least 1 broker, got {brokers!r}")
-        if record_batches and not record_transactions:
-            raise ConfigurationError(
-                "record_batches needs the recorders that record_transactions=False leaves out"
-            )
         self._lib = _librdkafka()
         self._lock = threading.Lock()
         self._failed_apis: set[int] = set()
         self._changed = False  # since the last reset: a broker down, a round trip, errors
         self._faults: FaultProxy | None = None
-        self._recorder: Recorder | None = None
-        self._transactions: TransactionLog | None = None
-        self._batches: BatchLog | None = None
-        if record_batches:
-            from producerkit.testing.transaction_view import BatchLog
-
-            self._batches = BatchLog()
         self._rk: int | None
         self._mcluster: int | None
         self._rk, self._mcluster = self._start(brokers)
         raw = self._lib.rd_kafka_mock_cluster_bootstraps(self._mcluster)
         #: The brokers' ``host:port``, comma-separated, in broker id order: for a plain client.
         self.bootstrap: str = raw.decode()
-        #: The mock brokers' own ``host:port``, in broker id order: where each recorder forwards
-        #: to (the same as :attr:`bootstrap` without recorders). Traffic sent here is not
-        #: recorded, and Metadata answers still name :attr:`bootstrap`'s addresses.
+        #: The mock brokers' own ``host:port``, in broker id order: where they listen, whatever
+        #: :meth:`advertise` made Metadata answers name (the same as :attr:`bootstrap` until
+        #: then).
         self.mock_addresses: tuple[str, ...] = tuple(self.bootstrap.split(","))
         #: The brokers' ids, as librdkafka numbers them: 1..N.
         self.broker_ids: tuple[int, ...] = tuple(range(1, brokers + 1))
-        if record_transactions:
-            try:
-                self.bootstrap = self._record(self.bootstrap)
-            except BaseException:
-                self.close()
-                raise
 
-    def _record(self, direct: str) -> str:
-        """Put a recorder in front of every broker and advertise it in the broker's place:
-        the mock keeps listening on its own port (``rd_kafka_mock_broker_set_host_port``
-        changes only what Metadata, FindCoordinator and leader hints name). Returns the
-        recorders' ``host:port`` list."""
-        from producerkit.testing._recorder import Recorder
-        from producerkit.testing.transaction_view import TransactionLog
-
-        targets = []
-        for address in direct.split(","):
-            host, _, text = address.rpartition(":")
-            targets.append((host, int(text)))
-        self._transactions = TransactionLog()
-        self._recorder = recorder = Recorder(
-            targets, self._transactions, batches=self._batches
-        ).start()
-        addresses = []
-        for index, broker in enumerate(self.broker_ids):
-            port = recorder.port(index)
-            self._call("rd_kafka_mock_broker_set_host_port", broker, recorder.host.encode(), port)
-            addresses.append(f"{recorder.host}:{port}")
-        return ",".join(addresses)
+    def advertise(self, broker: int, host: str, port: int) -> None:
+        """Name ``host:port`` in ``broker``'s place in Metadata, FindCoordinator and leader
+        hints, and in :attr:`bootstrap`: a listener of your own in front of the broker (a
+        proxy forwarding to its :attr:`mock_addresses` entry, which it keeps listening on)."""
+        self._check_broker(broker)
+        self._call("rd_kafka_mock_broker_set_host_port", broker, host.encode(), port)
+        addresses = self.bootstrap.split(",")
+        addresses[broker - 1] = f"{host}:{port}"
+        self.bootstrap = ",".join(addresses)
 
     def _start(self, brokers: int) -> tuple[int, int]:
         lib = self._lib
@@ -457,15 +407,11 @@ class KafkaCluster:
         self._check_broker(broker)
         self._changed = True
         self._raise_for(self._call("rd_kafka_mock_broker_set_down", broker), f"broker {broker}")
-        if self._recorder is not None:
-            self._recorder.set_down(broker - 1)
 
     def broker_up(self, broker: int) -> None:
         """Let ``broker`` accept connections again."""
         self._check_broker(broker)
         self._raise_for(self._call("rd_kafka_mock_broker_set_up", broker), f"broker {broker}")
-        if self._recorder is not None:
-            self._recorder.set_up(broker - 1)
 
     def set_rtt(self, broker: int | None, ms: int) -> None:
         """Delay every response of ``broker`` (None: of every broker) by ``ms`` milliseconds,
@@ -546,8 +492,6 @@ class KafkaCluster:
         if changed:
             for broker in self.broker_ids:
                 self._call("rd_kafka_mock_broker_set_up", broker)
-                if self._recorder is not None:
-                    self._recorder.set_up(broker - 1)
             self._call("rd_kafka_mock_broker_set_rtt", -1, 0)
             for key in sorted(apis):
                 self._call("rd_kafka_mock_clear_request_errors", key)
@@ -556,73 +500,15 @@ class KafkaCluster:
 
     # ------------------------------------------------------------------ reading back
 
-    @property
-    def transactions(self) -> TransactionLog:
-        """The transactional requests the cluster recorded and their answers (transactional
-        Produce per partition, EndTxn, InitProducerId), and :meth:`TransactionLog.view
-        <producerkit.testing.transaction_view.TransactionLog.view>`, what Kafka would serve a
-        ``read_committed`` consumer. A :class:`~producerkit.errors.ConfigurationError` on a
-        cluster made with ``record_transactions=False``."""
-        if self._transactions is None:
-            raise ConfigurationError(
-                "this KafkaCluster does not record transactions (record_transactions=False)"
-            )
-        return self._transactions
-
-    @property
-    def batches(self) -> BatchLog:
-        """Every idempotent producer's Produce batch, with its answer
-        (:class:`~producerkit.testing.transaction_view.BatchLog`). A
-        :class:`~producerkit.errors.ConfigurationError` on a cluster made without
-        ``record_batches=True``."""
-        if self._batches is None:
-            raise ConfigurationError(
-                "this KafkaCluster does not record batches (make it with record_batches=True)"
-            )
-        return self._batches
-
-    def read(
-        self,
-        topic: str,
-        timeout: float = 10.0,
-        *,
-        isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted",
-    ) -> list[KafkaRecord]:
+    def read(self, topic: str, timeout: float = 10.0) -> list[KafkaRecord]:
         """Every record of ``topic`` up to each partition's end as it is now, in partition and
         offset order, read with a plain confluent-kafka consumer (no group: every partition
         assigned from its beginning). Blocks up to ``timeout`` seconds, then
         ``TimeoutError``. An unknown topic is a :class:`KafkaClusterError`.
 
-        ``read_uncommitted`` (the default) is the log as the mock stores it: every record
-        written, those of open and aborted transactions too. ``read_committed`` is what Apache
-        Kafka would serve a ``read_committed`` consumer, worked out from the recorded
-        transactional traffic (:attr:`transactions`), since the mock serves everything to
-        every consumer: non-transactional records and those of committed transactions, none
-        of an aborted, fenced or still open transaction; and, as Kafka's last stable offset
-        does, nothing of a partition from the first offset of its first open transaction on,
-        not even committed or non-transactional records written after it (they are served
-        once that transaction ends). What this models and what not:
-        :mod:`producerkit.testing.transaction_view`; a
-        :class:`~producerkit.testing.transaction_view.TransactionViewError` when the recorded
-        traffic cannot tell."""
-        if isolation_level not in ("read_uncommitted", "read_committed"):
-            raise ConfigurationError(
-                "isolation_level is 'read_uncommitted' or 'read_committed', "
-                f"not {isolation_level!r}"
-            )
-        transactions = self.transactions if isolation_level == "read_committed" else None
-        deadline = time.monotonic() + timeout
-        records = self._read_log(topic, timeout)
-        if transactions is None:
-            return records
-        # Answers to requests made before the read may still be on their way through the
-        # recorder: let them pass (a moment at most), then ask the view.
-        transactions.settle(max(0.0, min(deadline - time.monotonic(), 2.0)))
-        view = transactions.view(topic)
-        return [record for record in records if view.serves(record.partition, record.offset)]
-
-    def _read_log(self, topic: str, timeout: float) -> list[KafkaRecord]:
-        """:meth:`read` with ``read_uncommitted``: the log as the mock stores it."""
+        It is the log as the mock stores it: every record written, those of open and aborted
+        transactions too (the mock serves them to a ``read_committed`` consumer as well; Apache
+        Kafka, ``producerkit.testing.apache_kafka.ApacheKafka``, does not)."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         self._check_open()
@@ -716,17 +602,14 @@ class KafkaCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Stop the fault proxy, the recorders, then the cluster (its brokers close every
-        connection). Safe to call again."""
+        """Stop the fault proxy, then the cluster (its brokers close every connection). Safe
+        to call again."""
         with self._lock:
             mcluster, rk, faults = self._mcluster, self._rk, self._faults
-            recorder, self._recorder = self._recorder, None
             self._mcluster = self._rk = None
             self._faults = None
         if faults is not None:
             faults.stop()
-        if recorder is not None:
-            recorder.stop()
         if mcluster is not None:
             self._lib.rd_kafka_mock_cluster_destroy(mcluster)
         if rk is not None:

@@ -258,11 +258,24 @@ def private_nats_broker(tmp_path: Path) -> Iterator[NatsSessionBroker]:
 def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     """librdkafka's mock Kafka cluster of 3 brokers (ids 1, 2, 3) for the whole session, reset
     after each test that changed it (see the module docstring)."""
-    from producerkit.errors import MissingDependencyError
     from producerkit.testing.kafka_cluster import KafkaCluster
 
+    yield from _session_kafka_cluster(request, KafkaCluster)
+
+
+_Cluster = TypeVar("_Cluster", bound="KafkaCluster")
+
+
+def _session_kafka_cluster(
+    request: pytest.FixtureRequest, make: Callable[[int], _Cluster]
+) -> Iterator[_Cluster]:
+    """``make(3)``, a cluster of 3 brokers for the session, reset after each test that changed
+    it (see the hook), closed at the end; the test skipped when confluent-kafka is missing. (A
+    suite's own ``kafka_cluster`` fixture may give a subclass of ``KafkaCluster`` so.)"""
+    from producerkit.errors import MissingDependencyError
+
     try:
-        cluster = KafkaCluster(brokers=3)
+        cluster = make(3)
     except MissingDependencyError as exc:
         pytest.skip(str(exc))
     clusters = request.config.stash.setdefault(_SESSION_CLUSTERS, [])

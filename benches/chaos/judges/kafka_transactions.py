@@ -1,5 +1,6 @@
 """What a ``read_committed`` consumer of Apache Kafka would be served, worked out from the
-transactional traffic :class:`~producerkit.testing.kafka_cluster.KafkaCluster` recorded.
+transactional traffic :class:`~chaos.judges.kafka_recorder.RecordingKafkaCluster` recorded in
+front of librdkafka's mock cluster (this project's tests' ``kafka_cluster``).
 
 librdkafka's mock cluster runs transactions at the protocol level (producer ids, epochs,
 AddPartitionsToTxn, EndTxn, control records) but serves every record to every consumer: it
@@ -63,18 +64,15 @@ import bisect
 import itertools
 import threading
 import time
-from array import array
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from chaos.judges.kafka_wire import BatchHeader
 from producerkit.errors import ProducerkitError
-from producerkit.testing._txn_wire import BatchHeader
 
 __all__ = [
-    "BatchLog",
     "BatchState",
-    "ProducedBatch",
     "ProducerInit",
     "TransactionEnd",
     "TransactionLog",
@@ -226,12 +224,11 @@ class _InitEvent(_Event):
 
 
 class TransactionLog:
-    """The transactional requests a :class:`~producerkit.testing.kafka_cluster.KafkaCluster`
+    """The transactional requests a :class:`~chaos.judges.kafka_recorder.RecordingKafkaCluster`
     recorded, in the order they reached it, and the answers (see the module docstring).
 
-    The recorder's thread writes it; any thread may read it. It is never cleared (a
-    :meth:`~producerkit.testing.kafka_cluster.KafkaCluster.reset` keeps topics and records,
-    and their transactions with them).
+    The recorder's thread writes it; any thread may read it. It is never cleared (the
+    cluster's ``reset()`` keeps topics and records, and their transactions with them).
     """
 
     def __init__(self) -> None:
@@ -505,154 +502,3 @@ def _answered_below(
 
 def _key(batch: BatchHeader) -> tuple[int, int, int, int]:
     return (batch.producer_id, batch.epoch, batch.partition, batch.base_sequence)
-
-
-# ---------------------------------------------------------------------- idempotent batches
-
-#: A produced batch's error code while its answer is on its way, and once its connection closed
-#: without one.
-_PENDING: Final = -32768
-_NEVER: Final = -32767
-
-
-@dataclass(frozen=True)
-class ProducedBatch:
-    """One partition's batch of an idempotent Produce request (a producer id, no transactional
-    id), and the answer: ``error_code`` and ``base_offset`` are None until it passes the
-    recorder, and stay so if it never does (``answered`` False)."""
-
-    producer_id: int
-    epoch: int
-    topic: str
-    partition: int
-    base_sequence: int
-    record_count: int
-    error_code: int | None
-    base_offset: int | None
-    answered: bool
-
-
-class BatchLog:
-    """Every batch of an idempotent producer's Produce requests (a producer id, no
-    transactional id) that a :class:`~producerkit.testing.kafka_cluster.KafkaCluster` made with
-    ``record_batches=True`` recorded, in the order the requests reached the cluster, with the
-    answer's error code and base offset (:meth:`produced`).
-
-    The mock checks an idempotent producer's sequence numbers nowhere: it stores a retried
-    batch again where Apache Kafka would answer with the first copy's offset, and stores a batch
-    past a sequence gap where Kafka would refuse it. What the producer sent (producer id, epoch,
-    base sequence per partition) and where each answered batch went tells such copies from a
-    producer's own duplicates. (The mock stores each batch with the header it came with, so a
-    raw Fetch of the log shows the same stamps.)
-
-    The recorder's thread writes it; any thread may read it. Kept in arrays (some 40 bytes a
-    batch), never cleared.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition(threading.Lock())
-        self._topics: list[str] = []
-        self._topic_ids: dict[str, int] = {}
-        self._p_topic = array("i")
-        self._p_partition = array("i")
-        self._p_producer = array("q")
-        self._p_epoch = array("h")
-        self._p_sequence = array("i")
-        self._p_count = array("i")
-        self._p_error = array("h")
-        self._p_offset = array("q")
-        self._pending: set[int] = set()
-        self._unreadable_frames: list[tuple[int, int]] = []  # (api key, version)
-
-    # ------------------------------------------------------------------ reading
-
-    def produced(self, topic: str | None = None) -> Iterator[ProducedBatch]:
-        """The idempotent Produce batches (of ``topic``, or of every topic) in the order the
-        requests reached the cluster: a snapshot, made into objects as it is iterated."""
-        with self._lock:
-            columns = (
-                array("i", self._p_topic),
-                array("i", self._p_partition),
-                array("q", self._p_producer),
-                array("h", self._p_epoch),
-                array("i", self._p_sequence),
-                array("i", self._p_count),
-                array("h", self._p_error),
-                array("q", self._p_offset),
-            )
-            topics = list(self._topics)
-        wanted = None if topic is None else self._topic_ids.get(topic, -1)
-        for t, partition, producer, epoch, sequence, count, error, offset in zip(
-            *columns, strict=True
-        ):
-            if wanted is not None and t != wanted:
-                continue
-            answered = error not in (_PENDING, _NEVER)
-            yield ProducedBatch(
-                producer_id=producer,
-                epoch=epoch,
-                topic=topics[t],
-                partition=partition,
-                base_sequence=sequence,
-                record_count=count,
-                error_code=error if answered else None,
-                base_offset=offset if answered else None,
-                answered=answered,
-            )
-
-    @property
-    def unreadable(self) -> list[tuple[int, int]]:
-        """``(api key, version)`` of each frame the recorder could not read for this log (what
-        it held is missing here)."""
-        with self._lock:
-            return list(self._unreadable_frames)
-
-    def settle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until every Produce batch recorded so far was
-        answered (or its connection closed): True if they all were."""
-        with self._lock:
-            return _answered_below(self._lock, self._pending, len(self._p_error), timeout)
-
-    # ------------------------------------------------------------------ recording (one thread)
-
-    def _topic(self, topic: str) -> int:
-        index = self._topic_ids.get(topic)
-        if index is None:
-            index = self._topic_ids[topic] = len(self._topics)
-            self._topics.append(topic)
-        return index
-
-    def _produce(self, batches: Iterable[BatchHeader]) -> list[int]:
-        """Record an idempotent Produce request's batches; returns their indexes, for
-        :meth:`_answer`."""
-        indexes = []
-        with self._lock:
-            for batch in batches:
-                index = len(self._p_error)
-                self._p_topic.append(self._topic(batch.topic))
-                self._p_partition.append(batch.partition)
-                self._p_producer.append(batch.producer_id)
-                self._p_epoch.append(batch.epoch)
-                self._p_sequence.append(batch.base_sequence)
-                self._p_count.append(batch.record_count)
-                self._p_error.append(_PENDING)
-                self._p_offset.append(-1)
-                self._pending.add(index)
-                indexes.append(index)
-        return indexes
-
-    def _unreadable(self, api_key: int, api_version: int) -> None:
-        with self._lock:
-            self._unreadable_frames.append((api_key, api_version))
-
-    def _answer(self, answers: Iterable[tuple[int, tuple[int, int] | None]]) -> None:
-        """Fill in answers: ``(error_code, base_offset)`` by index (None: the connection closed
-        without one)."""
-        with self._lock:
-            for index, answer in answers:
-                if answer is None:
-                    self._p_error[index] = _NEVER
-                else:
-                    self._p_error[index], self._p_offset[index] = answer
-                self._pending.discard(index)
-            self._lock.notify_all()

@@ -1,16 +1,20 @@
-"""The transaction recorder of :class:`~producerkit.testing.kafka_cluster.KafkaCluster`: one
-loopback listener per mock broker, advertised in the broker's place, each connection forwarded
+"""The recorders in front of librdkafka's mock cluster, and :class:`RecordingKafkaCluster`,
+the mock cluster reached through them (this project's tests' ``kafka_cluster``).
+
+A :class:`Recorder` is one loopback listener per mock broker, advertised in the broker's place
+(:meth:`~producerkit.testing.kafka_cluster.KafkaCluster.advertise`), each connection forwarded
 to its broker byte for byte, in one thread with its own event loop.
 
 Every byte is written on as soon as it arrives; on the way, each direction is split into
 Kafka frames by their size prefix, and only the frames of the requests the transaction view
-needs (transactional Produce, EndTxn, InitProducerId: :mod:`producerkit.testing._txn_wire`)
-and their responses, matched by correlation id, are copied and read. Every other frame is
-skipped over by its size, never copied.
+needs (transactional Produce, EndTxn, InitProducerId: :mod:`chaos.judges.kafka_wire`) and their
+responses, matched by correlation id, are copied and read into a
+:class:`~chaos.judges.kafka_transactions.TransactionLog`. Every other frame is skipped over by
+its size, never copied.
 
-With a :class:`~producerkit.testing.transaction_view.BatchLog` (``record_batches=True``) it
-also reads every Produce request without a transactional id, and its answer, for the
-idempotent producers' batches.
+With a :class:`~chaos.judges.kafka_idempotence.BatchLog` (``record_batches=True``) it also
+reads every Produce request without a transactional id, and its answer, for the idempotent
+producers' batches.
 
 A client that closes its connection half-closes the broker's: answers already on their way
 still pass the recorder (a Produce the broker stored counts even when its client is gone).
@@ -22,12 +26,16 @@ import asyncio
 import concurrent.futures
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from producerkit.testing import _txn_wire as wire
+from chaos.judges import kafka_wire as wire
+from chaos.judges.kafka_idempotence import BatchLog
+from chaos.judges.kafka_transactions import TransactionLog, _Event, _ProduceEvent
+from producerkit.errors import ConfigurationError
 from producerkit.testing._sockets import _listening_socket, _set_nodelay, _stop_listening
-from producerkit.testing.transaction_view import BatchLog, TransactionLog, _Event, _ProduceEvent
+from producerkit.testing.kafka_cluster import KafkaCluster, KafkaRecord
 
 _CONTROL_TIMEOUT: Final = 10.0
 _SIZE: Final = struct.Struct(">i")
@@ -367,9 +375,7 @@ class Recorder:
                 self._shutdown(loop)
                 loop.close()
 
-        self._thread = threading.Thread(
-            target=run, name="producerkit-kafka-cluster-recorder", daemon=True
-        )
+        self._thread = threading.Thread(target=run, name="kafka-cluster-recorder", daemon=True)
         self._thread.start()
         ready.wait()
         return self
@@ -391,6 +397,11 @@ class Recorder:
 
     def set_up(self, index: int) -> None:
         self._control(lambda: self._set_up(index))
+
+    @property
+    def any_down(self) -> bool:
+        """Whether a listener refuses connections (:meth:`set_down`) now."""
+        return bool(self._down)
 
     # ------------------------------------------------------------------ the recorder's thread
 
@@ -470,3 +481,105 @@ class Recorder:
         if self._tasks:
             loop.run_until_complete(asyncio.wait(list(self._tasks)))
         loop.run_until_complete(asyncio.sleep(0))
+
+
+class RecordingKafkaCluster(KafkaCluster):
+    """:class:`~producerkit.testing.kafka_cluster.KafkaCluster` reached through a
+    :class:`Recorder` in front of each broker (advertised in its place: every connection a
+    client makes, to each broker Metadata or FindCoordinator names, passes one), which records
+    the transactional requests and their answers (:attr:`transactions`), and with
+    ``record_batches`` every idempotent producer's Produce batch and its answer
+    (:attr:`batches`: it copies and reads every Produce request, and keeps some 40 bytes a
+    batch for the cluster's life).
+
+    :meth:`read` with ``isolation_level="read_committed"`` serves what Apache Kafka would serve
+    a ``read_committed`` consumer, worked out from the recorded traffic
+    (:mod:`chaos.judges.kafka_transactions`), since the mock serves everything to every
+    consumer. Measured on a 2-core machine, the recorders add about 80 us to a round trip (a
+    blocking produce: 230 us against 150 us) and a sixth to a large nonblocking run.
+    """
+
+    def __init__(self, brokers: int = 3, *, record_batches: bool = False) -> None:
+        super().__init__(brokers)
+        #: The transactional requests the recorders saw, and their answers.
+        self.transactions = TransactionLog()
+        self._batches = BatchLog() if record_batches else None
+        self._recorder: Recorder | None = None
+        try:
+            targets = []
+            for address in self.mock_addresses:
+                host, _, port = address.rpartition(":")
+                targets.append((host, int(port)))
+            self._recorder = recorder = Recorder(
+                targets, self.transactions, batches=self._batches
+            ).start()
+            for index, broker in enumerate(self.broker_ids):
+                self.advertise(broker, recorder.host, recorder.port(index))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def batches(self) -> BatchLog:
+        """Every idempotent producer's Produce batch, with its answer. A
+        :class:`~producerkit.errors.ConfigurationError` on a cluster made without
+        ``record_batches=True``."""
+        if self._batches is None:
+            raise ConfigurationError(
+                "this cluster does not record batches (make it with record_batches=True)"
+            )
+        return self._batches
+
+    def broker_down(self, broker: int) -> None:
+        super().broker_down(broker)
+        if self._recorder is not None:
+            self._recorder.set_down(broker - 1)
+
+    def broker_up(self, broker: int) -> None:
+        super().broker_up(broker)
+        if self._recorder is not None:
+            self._recorder.set_up(broker - 1)
+
+    def reset(self) -> None:
+        super().reset()
+        recorder = self._recorder
+        if recorder is not None and recorder.any_down:
+            for index in range(len(self.broker_ids)):
+                recorder.set_up(index)
+
+    def read(
+        self,
+        topic: str,
+        timeout: float = 10.0,
+        *,
+        isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted",
+    ) -> list[KafkaRecord]:
+        """:meth:`KafkaCluster.read <producerkit.testing.kafka_cluster.KafkaCluster.read>`, the
+        log as the mock stores it (``read_uncommitted``), or what Apache Kafka would serve a
+        ``read_committed`` consumer: non-transactional records and those of committed
+        transactions, none of an aborted, fenced or still open transaction; and, as Kafka's last
+        stable offset does, nothing of a partition from the first offset of its first open
+        transaction on (those are served once that transaction ends). A
+        :class:`~chaos.judges.kafka_transactions.TransactionViewError` when the recorded
+        traffic cannot tell."""
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ConfigurationError(
+                "isolation_level is 'read_uncommitted' or 'read_committed', "
+                f"not {isolation_level!r}"
+            )
+        deadline = time.monotonic() + timeout
+        records = super().read(topic, timeout)
+        if isolation_level == "read_uncommitted":
+            return records
+        # Answers to requests made before the read may still be on their way through the
+        # recorder: let them pass (a moment at most), then ask the view.
+        self.transactions.settle(max(0.0, min(deadline - time.monotonic(), 2.0)))
+        view = self.transactions.view(topic)
+        return [record for record in records if view.serves(record.partition, record.offset)]
+
+    def close(self) -> None:
+        """Stop the recorders, then the cluster (see ``KafkaCluster.close``)."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.stop()
+        super().close()
