@@ -9,9 +9,14 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from producerkit import _security
-from producerkit.backends.base import TRANSACTIONAL_OPTION, coerce_options
+from producerkit.backends.base import coerce_options
 from producerkit.backends.kafka import codecs
 from producerkit.errors import ConfigurationError, MessageError, MissingDependencyError
+
+#: The option (set by the atomic batches' writer on the connection it opens for them, never by
+#: users) that makes a connection the transactional one of Kafka's atomic batches, with this
+#: transactional id.
+TRANSACTIONAL_OPTION: Final = "_transactional_id"
 
 #: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
 AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
