@@ -283,3 +283,23 @@ def test_sealing_a_count_of_open_records_leaves_the_rest_open() -> None:
     assert [[r.seq for r in batch.records] for batch in queue.full] == [list(range(8)), [8, 9]]
     assert queue.records == []
     assert [value for *_, value, _ in read_back(queue.full[1].data)] == [b"v8", b"v9"]
+
+
+@pytest.mark.parametrize("implementation", wire.IMPLEMENTATIONS, ids=lambda w: w.name)
+def test_a_batch_left_without_its_crc_is_stamped_as_one_with_it(implementation: Any) -> None:
+    """``encode_batch(..., False)`` (an idempotent producer's: its stamp makes the CRC) leaves
+    the CRC 0 and nothing else changed, and the stamp makes both batches the same bytes."""
+    from producerkit.backends.kafka import idempotence
+
+    records = [record(i, b"v%d" % i, b"k") for i in range(20)]
+    checked, end = implementation.encode_batch(records, 0, 1 << 20, 0.0)
+    unchecked, unchecked_end = implementation.encode_batch(records, 0, 1 << 20, 0.0, False)
+    assert unchecked_end == end
+    assert bytes(unchecked[17:21]) == b"\0\0\0\0"
+    assert bytes(unchecked[:17]) + bytes(unchecked[21:]) == bytes(checked[:17]) + bytes(
+        checked[21:]
+    )
+    producer = idempotence.ProducerId(7, 1)
+    heads = [idempotence.stamp(data, producer, 40) for data in (checked, unchecked)]
+    assert heads[0] == heads[1]
+    assert DefaultRecordBatch(heads[1] + bytes(unchecked[61:])).validate_crc()

@@ -176,7 +176,8 @@ class Accumulator:
         self.queues = queues
         self._reports = reports
         self.gathering = gathering
-        self._encode = encode
+        #: ``encode_batch`` for uncompressed batches (set anew once the producer id is known).
+        self.encode = encode
         self._max_batch_size = max_batch_size
         self._request_timeout = request_timeout
         self._timeout = timeout
@@ -299,7 +300,7 @@ class Accumulator:
                 return self._compressed_encoder.encode_later(
                     records, start, self._max_batch_size, time_shift
                 )
-            data, end = self._encode(records, start, self._max_batch_size, time_shift)
+            data, end = self.encode(records, start, self._max_batch_size, time_shift)
             return data, end, len(data)
         builder = self.new_builder()
         end = _aiokafka_compat.fill_builder(

@@ -153,6 +153,9 @@ class KafkaConnection(Connection):
                 settings.get("client_id") or "producerkit",
             )
             sender.producer_id = producer_id
+            if producer_id is not None and self._compressed_encoder is None:
+                # every batch is stamped before it is sent, and the stamp makes its CRC
+                self._accumulator.encode = record_batch.unchecked(record_batch.encode_batch)
             if self._coordinator is None:
                 sender.renew_producer_id = self._renew_producer_id
             else:

@@ -24,7 +24,19 @@ from producerkit.backends.kafka import codecs, wire
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
 
-encode_batch: Encoder = wire.ACTIVE.encode_batch
+encode_batch: Callable[..., tuple[bytes | bytearray, int]] = wire.ACTIVE.encode_batch
+
+
+def unchecked(encode: Callable[..., tuple[bytes | bytearray, int]]) -> Encoder:
+    """``encode`` (an ``encode_batch``) leaving each batch's CRC 0: for batches that are all
+    stamped before they are sent (``idempotence.stamp`` makes the CRC), so that it is made once."""
+
+    def encode_unchecked(
+        records: list[Record], start: int, max_bytes: int, time_shift: float
+    ) -> tuple[bytes | bytearray, int]:
+        return encode(records, start, max_bytes, time_shift, False)
+
+    return encode_unchecked
 encode_records: Callable[[list[Record], int, int, float], tuple[Any, int, int, int]] = (
     wire.ACTIVE.encode_records
 )

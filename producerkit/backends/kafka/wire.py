@@ -6,7 +6,8 @@ builder).
 A :class:`Wire` is one implementation: ``encode_batch(records, start, max_bytes, time_shift) ->
 (batch, end)`` (a RecordBatch v2 of ``records[start:end]``, taking records while it stays within
 ``max_bytes``, always at least one; a record's CreateTime is its ``timestamp`` where set, else its
-deadline plus ``time_shift``), ``encode_records`` (the same records section without its header,
+deadline plus ``time_shift``; a fifth argument false leaves its CRC 0, for a batch stamped before
+it is sent), ``encode_records`` (the same records section without its header,
 with where it stopped and its first and max timestamps), ``frame_batch(section, codec, count,
 first, latest)`` (a RecordBatch around a compressed section), ``crc32c_of(*parts)`` (CRC-32C of the
 parts' concatenation) and ``partition_runs(records)`` (records grouped by topic and partition, in
@@ -38,7 +39,7 @@ class Wire(NamedTuple):
     """One implementation of the Kafka wire's hot functions (see the module docstring)."""
 
     name: str
-    encode_batch: Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
+    encode_batch: Callable[..., tuple[bytes | bytearray, int]]
     encode_records: Callable[[list[Record], int, int, float], tuple[Any, int, int, int]]
     frame_batch: Callable[[Any, int, int, int, int], bytes]
     crc32c_of: Callable[..., int]
@@ -108,6 +109,18 @@ def frame_batch_in_python(
 ) -> bytes:
     """A RecordBatch around a records section (compressed with ``codec``, or not: 0): the
     Python twin of ``_speedups.frame_batch``."""
+    return _framed(section, codec, count, first_timestamp, max_timestamp, checksum=True)
+
+
+def _framed(
+    section: Any,
+    codec: int,
+    count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    *,
+    checksum: bool,
+) -> bytes:
     batch = bytearray(
         _FRAME.pack(
             0,  # base offset
@@ -126,16 +139,18 @@ def frame_batch_in_python(
         )
     )
     batch += section
-    _CRC.pack_into(batch, CRC_AT, crc32c_of_in_python(memoryview(batch)[ATTRIBUTES_AT:]))
+    if checksum:
+        _CRC.pack_into(batch, CRC_AT, crc32c_of_in_python(memoryview(batch)[ATTRIBUTES_AT:]))
     return bytes(batch)
 
 
 def encode_batch_in_python(
-    records: list[Record], start: int, max_bytes: int, time_shift: float
+    records: list[Record], start: int, max_bytes: int, time_shift: float, checksum: bool = True
 ) -> tuple[bytes, int]:
-    """The Python twin of ``_speedups.encode_batch``."""
+    """The Python twin of ``_speedups.encode_batch`` (``checksum`` false: the CRC left 0, for a
+    batch stamped before it is sent)."""
     section, end, first, latest = encode_records_in_python(records, start, max_bytes, time_shift)
-    return frame_batch_in_python(section, 0, end - start, first, latest), end
+    return _framed(section, 0, end - start, first, latest, checksum=checksum), end
 
 
 def crc32c_of_in_python(*parts: bytes | bytearray | memoryview) -> int:
