@@ -1,60 +1,39 @@
-"""JetStream atomic batches (ADR-50): messages stored all together or not at all.
+"""Atomic batches: messages stored all together when the block ends, or none of them.
 
-``async with producer.atomic_batch() as batch: await batch.produce(value, ...)``. Every message
-of a batch carries ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` (1, 2, 3, ...); the last one
-also ``Nats-Batch-Commit: 1``, and the server stores the batch at that commit, whole, or refuses
-it whole. As the last message is only known when the block ends, each message is held until the
-next one comes (then sent), and the one held at the end is sent as the commit. The first message
-is sent as a request, so that a stream that takes no batches, or a server with too many open
-ones (which is waited out), says so at once; the others are written without an answer, in
-order, on one connection; the commit's PubAck (``{"seq": S, "batch": id, "count": N}``) acks
-the N messages at stream sequences S-N+1 ... S.
-
-Each message is validated, routed, rate limited and admitted into the window as any other when
-it is sent, so the window's bound, the rate limit and each message's deadline apply. A batch
-ends acked (every message, at the commit) or failed (every message, with one
-:class:`~producerkit.AtomicBatchError`): a refusal by the server (its code), the block raising
-(not stored), a message past its deadline before the commit (not committed), or a commit whose
-answer was lost (possibly stored).
+``async with producer.atomic_batch() as batch: await batch.produce(value, ...)`` gives one
+:class:`AtomicBatch` on every backend that has them (a JetStream atomic batch, a Kafka
+transaction, ``memory://``'s). Its lifecycle is written here once: open (the backend's writer
+waits for room and begins the batch), each message validated by the producer's rules and
+admitted into its window as any other (the window's bound, the rate limit and each message's
+deadline apply), the open-batch registry a ``flush()`` inside the block consults, and at the
+block's end: every message answered, none past its deadline, then the commit, or an abort that
+fails every message with one :class:`~producerkit.AtomicBatchError` whose ``kind`` says why.
+How a batch opens, writes, commits and aborts is the backend's
+:class:`~producerkit.backends.base.AtomicWriter` (``backends/nats/atomic.py``,
+``backends/kafka/atomic.py``, ``backends/memory.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
-import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-import anyio
-
-from producerkit._message import MessageRules
-from producerkit._record import Message, Record
-from producerkit._submit import Submitter
-from producerkit.errors import AtomicBatchError, MessageError, ProducerkitError
-from producerkit.jetstream import Expect
+from producerkit._batch import columns_of, message_at, transformed
+from producerkit._record import Record
+from producerkit._submit import ADMITTED_AT_ONCE
+from producerkit.errors import AtomicBatchError, MessageError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from producerkit._window import InFlightWindow
-    from producerkit.backends.base import Connection
+    from producerkit._batch import Columns
+    from producerkit._message import MessageRules
+    from producerkit._record import Message
+    from producerkit._submit import Submitter
+    from producerkit.backends.base import AtomicWriter, AtomicWrites, Reports
 
-__all__ = ["MAX_MESSAGES", "MAX_OPEN", "AtomicBatch"]
-
-#: Messages in one batch (the server's default limit; it refuses more with code 10199).
-MAX_MESSAGES: Final = 1000
-#: Batches open at once on one stream (the server's default limit, 10210 beyond it).
-MAX_OPEN: Final = 50
-#: Seconds between attempts at opening a batch while the server has too many open.
-_RETRY_OPEN: Final = 0.1
-_TOO_MANY_OPEN: Final = 10210
-#: The stream does not allow atomic batches.
-_NOT_ALLOWED: Final = 10174
-
-#: Each producer's (its submitter's) count of open batches.
-_open_batches: weakref.WeakKeyDictionary[Submitter, anyio.Semaphore] = weakref.WeakKeyDictionary()
+__all__ = ["AtomicBatch", "OpenBatches"]
 
 
 class _ToldByTheBatch:
@@ -78,24 +57,22 @@ _TOLD: Final[Any] = _ToldByTheBatch()
 
 
 class OpenBatches:
-    """A producer's atomic batches (JetStream's and Kafka's) whose blocks are running, each with
-    the task that opened it and the list of its records: a ``flush()`` in that task must not
-    wait for the batch's commit, which comes after the flush, when the block ends. A batch has
-    ``written()``: wait until its messages so far are written (and answered, their acks held
-    for the commit)."""
+    """A producer's atomic batches whose blocks are running, each with the task that opened it
+    and the list of its records: a ``flush()`` in that task must not wait for the batch's
+    commit, which comes after the flush, when the block ends."""
 
     def __init__(self) -> None:
-        self._open: dict[Any, tuple[asyncio.Task[Any] | None, list[Record]]] = {}
+        self._open: dict[AtomicBatch, tuple[asyncio.Task[Any] | None, list[Record]]] = {}
 
-    def opened(self, batch: Any, records: list[Record]) -> None:
+    def opened(self, batch: AtomicBatch, records: list[Record]) -> None:
         """``batch`` is open in the running task; ``records``: the list it keeps its admitted
         records in."""
         self._open[batch] = (asyncio.current_task(), records)
 
-    def closed(self, batch: Any) -> None:
+    def closed(self, batch: AtomicBatch) -> None:
         self._open.pop(batch, None)
 
-    def of_this_task(self) -> list[tuple[Any, list[Record]]]:
+    def of_this_task(self) -> list[tuple[AtomicBatch, list[Record]]]:
         """The batches the running task has open, each with its records."""
         task = asyncio.current_task()
         return [
@@ -104,49 +81,98 @@ class OpenBatches:
 
 
 class AtomicBatch:
-    """One atomic batch (see the module docstring): an async context manager, whose
-    :meth:`produce` adds a message."""
+    """One atomic batch (see the module docstring): an async context manager whose
+    :meth:`produce` and :meth:`produce_batch` add messages.
+
+    With ``prepare`` (Kafka), the end of the block does not commit: once every message was
+    answered, the transaction is left open for another process to end, and ``prepared``
+    says which (its messages count as acked then: written whole, visible once committed)."""
 
     def __init__(
         self,
         start: Callable[[], Awaitable[None]],
+        writes: AtomicWrites,
         submitter: Submitter,
-        window: InFlightWindow,
+        reports: Reports,
         rules: MessageRules,
         topic: str | None,
         timeout: float,
         open_batches: OpenBatches,
+        *,
+        prepare: bool = False,
+        admission: Callable[[], Any] | None = None,
     ) -> None:
         self._start = start
-        self._open_batches = open_batches
         self._submitter = submitter
-        self._window = window
+        self._reports = reports
         self._rules = rules
         self._topic = topic
         self._timeout = timeout
-        #: The batch id (``Nats-Batch-Id``).
-        self.id = uuid.uuid4().hex
-        self._connection = 0
-        self._held: Message | None = None
+        self._open_batches = open_batches
+        self._prepare = prepare
+        #: The producer's Admission (``Submitter.admission``) while it runs, or None: what a
+        #: plain chunk of :meth:`produce_batch` is admitted with.
+        self._admission = admission
         self._records: list[Record] = []
         self._count = 0
-        self._failed: AtomicBatchError | None = None
         self._open = False
-        self._semaphore: anyio.Semaphore | None = None
+        self._failed: AtomicBatchError | None = None
+        self._writer: AtomicWriter = writes.writer(self)
+        #: The batch's id (JetStream's ``Nats-Batch-Id``; Kafka's transactional id).
+        self.id = self._writer.id
+        #: With ``prepare``: the transaction left open once the block ended (None before).
+        self.prepared: Any = None
 
     def __len__(self) -> int:
         """Messages produced into the batch so far."""
         return self._count
 
+    # ------------------------------------------------------------------ the writer's side
+
+    @property
+    def records(self) -> list[Record]:
+        return self._records
+
+    async def admit(self, message: Message, connection: int) -> Record:
+        record = await self._submitter.admitted(message, _TOLD, connection=connection)
+        self._records.append(record)
+        return record
+
+    def plain_topic(self, columns: Columns, topic: str | None) -> str | None:
+        name = topic or self._rules.default_topic
+        if self._admission is None or not columns.plain or not columns.size:
+            return None
+        return name if type(name) is str else None
+
+    async def admit_plain(
+        self, columns: Columns, topic: str, write: Callable[[list[Record]], Awaitable[None]]
+    ) -> int:
+        """As ``Submitter.admit_plain``: its records carry no slot; the batch tells their
+        failure as its own when it fails them (``_told``); one that passes its deadline first
+        is failed by the window as any message is, and the batch with it."""
+        admission = None if self._admission is None else self._admission()
+        if admission is None:
+            return 0
+
+        async def admitted(by_connection: list[list[Record]]) -> None:
+            records = [record for chunk in by_connection for record in chunk]
+            self._records += records
+            await write(records)
+
+        return await self._submitter.admit_plain(
+            admission, columns, topic, self._rules.takes_tombstones, admitted, closing_stops=False
+        )
+
+    # ------------------------------------------------------------------ the user's side
+
     async def written(self) -> None:
-        """Its messages so far are written as they are produced (the last one goes with the
-        commit): nothing to wait for."""
+        """Wait until its messages so far were written (their acks held for the commit), or
+        its timeout passed (their deadlines then fail them)."""
+        await self._writer.written()
 
     async def __aenter__(self) -> AtomicBatch:
         await self._start()
-        self._semaphore = _open_batches.setdefault(self._submitter, anyio.Semaphore(MAX_OPEN))
-        await self._semaphore.acquire()  # at most MAX_OPEN at once: the others wait here
-        self._connection = int(self.id[:8], 16) % len(self._submitter.connections)
+        await self._writer.open()
         self._open_batches.opened(self, self._records)
         self._open = True
         return self
@@ -158,74 +184,62 @@ class AtomicBatch:
         key: bytes | str | None = None,
         headers: Any = None,
         topic: str | None = None,
-        expect: Expect | None = None,
+        expect: Any = None,
     ) -> None:
-        """Add a message to the batch (the same arguments as ``Producer.produce``). Raises its
-        MessageError at once for a bad message, and AtomicBatchError where the batch cannot
-        take it (it is full, an expectation a batch cannot carry, or the batch failed)."""
+        """Add a message to the batch (the same arguments as ``Producer.produce``; ``expect``
+        where the backend takes expectations). Raises its MessageError at once for a bad
+        message, and AtomicBatchError where the batch cannot take it (it is full, an
+        expectation a batch cannot carry, or the batch failed)."""
+        self._usable()
+        self._writer.check(self._count, expect)
+        given = None if headers is None else _pairs(headers) or None
+        message = self._rules.message(
+            value, key, given, topic or self._topic, None, None, expect=expect
+        )
+        self._count += 1
+        await self._add([message])
+
+    async def produce_batch(
+        self, values: Any, *, keys: Any = None, headers: Any = None, topic: str | None = None
+    ) -> None:
+        """As many :meth:`produce` calls, in order, at a fraction of their cost: each argument
+        but ``topic`` is a column, one item per message (a list, a tuple or an Arrow array, as
+        ``Producer.produce_batch`` takes them). Every message is checked before any is added
+        (a bad one's MessageError names its index)."""
+        self._usable()
+        name = topic or self._topic
+        columns = transformed(self._rules, columns_of(values, keys=keys, headers=headers), name)
+        if columns.headers is not None:
+            pairs = [None if item is None else _pairs(item) or None for item in columns.headers]
+            columns = columns._replace(headers=pairs)
+        if columns.size:
+            self._writer.check(self._count + columns.size - 1, None)
+        try:
+            start = await self._writer.add_columns(columns, name)
+        except AtomicBatchError as exc:
+            self._failed = exc
+            raise
+        self._count += start
+        messages = [message_at(self._rules, columns, name, i) for i in range(start, columns.size)]
+        for first in range(0, len(messages), ADMITTED_AT_ONCE):
+            chunk = messages[first : first + ADMITTED_AT_ONCE]
+            self._count += len(chunk)
+            await self._add(chunk)
+
+    async def _add(self, messages: list[Message]) -> None:
+        try:
+            await self._writer.add(messages)
+        except AtomicBatchError as exc:
+            self._failed = exc
+            raise
+
+    def _usable(self) -> None:
         if not self._open:
             raise AtomicBatchError(
                 "the batch is over: produce inside its `async with` block", kind="aborted"
             )
         if self._failed is not None:
             raise self._failed
-        if self._count >= MAX_MESSAGES:
-            raise AtomicBatchError(
-                f"an atomic batch takes at most {MAX_MESSAGES} messages (the server's limit): "
-                f"message {self._count + 1} was refused before it was sent",
-                kind="refused",
-            )
-        if isinstance(expect, Expect):
-            _check_expectation(expect, first=self._count == 0)
-        sequence = self._count + 1
-        batch_headers = [("Nats-Batch-Id", self.id), ("Nats-Batch-Sequence", str(sequence))]
-        given = [] if headers is None else _pairs(headers)
-        message = self._rules.message(
-            value, key, given + batch_headers, topic or self._topic, None, None, expect=expect
-        )
-        held, self._held = self._held, message
-        self._count = sequence
-        if held is not None:
-            await self._send(held, sequence - 1)
-
-    async def _send(self, message: Message, sequence: int, *, commit: bool = False) -> Any:
-        """Admit and write one message; the answer of a request (the first, and the commit).
-        A message that cannot be sent fails the batch."""
-        record = await self._submitter.admitted(message, _TOLD, connection=self._connection)
-        self._records.append(record)
-        connection = self._submitter.connections[self._connection]
-        try:
-            if sequence > 1 and not commit:
-                await connection.send_batch_message(record, reply=False, timeout=self._timeout)
-                return None
-            return await self._request(connection, record, commit)
-        except (ProducerkitError, TimeoutError) as exc:
-            if commit or isinstance(exc, AtomicBatchError):
-                raise
-            self._failed = AtomicBatchError(
-                f"atomic batch {self.id}: message {sequence} could not be sent "
-                f"({type(exc).__name__}: {exc})",
-                kind="message_failed",
-            )
-            raise self._failed from exc
-
-    async def _request(self, connection: Connection, record: Record, commit: bool) -> Any:
-        """The answer to a request; an opening the server refuses for having too many batches
-        open is sent again until it is taken (or the timeout)."""
-        with anyio.fail_after(self._timeout):
-            while True:
-                answer = await connection.send_batch_message(
-                    record, reply=True, timeout=self._timeout
-                )
-                assert answer is not None
-                data, headers = answer
-                if commit or not data:
-                    return answer
-                error = _refusal(data, headers, self.id)
-                if error.code != _TOO_MANY_OPEN:
-                    self._failed = error
-                    raise error
-                await anyio.sleep(_RETRY_OPEN)
 
     async def __aexit__(
         self,
@@ -234,79 +248,59 @@ class AtomicBatch:
         tb: TracebackType | None,
     ) -> None:
         self._open = False
+        name = self._writer.name
         try:
             if exc is not None:
-                self._fail(
+                await self._abort(
                     AtomicBatchError(
-                        f"atomic batch {self.id} not committed: its block raised "
-                        f"{type(exc).__name__}: {exc}",
+                        f"{name} not committed: its block raised {type(exc).__name__}: {exc}",
                         kind="aborted",
-                    ),
-                    possibly_stored=False,
+                    )
                 )
                 return  # the block's exception goes on
             if self._failed is not None:
-                self._fail(self._failed, possibly_stored=False)
-                raise self._failed
-            if self._held is not None:
-                await self._commit(self._held)
+                raise await self._abort(self._failed)
+            if self._count:
+                await self._commit()
         finally:
             self._open_batches.closed(self)
-            if self._semaphore is not None:
-                self._semaphore.release()
+            await self._writer.close()
 
-    async def _commit(self, held: Message) -> None:
-        pending = self._window.pending
-        if any(record.seq not in pending for record in self._records):
-            error = AtomicBatchError(
-                f"atomic batch {self.id} not committed: a message of it passed its deadline "
+    async def _commit(self) -> None:
+        failure = await self._writer.settled()
+        pending = self._reports.pending
+        if failure is None and any(record.seq not in pending for record in self._records):
+            failure = AtomicBatchError(
+                f"{self._writer.name} not committed: a message of it passed its deadline "
                 f"({self._timeout}s) before the commit",
                 kind="message_failed",
             )
-            self._fail(error, possibly_stored=False)
-            raise error
-        commit = held._replace(headers=(*(held.headers or ()), ("Nats-Batch-Commit", b"1")))
+        if failure is not None:
+            raise await self._abort(failure)
         try:
-            answer = await self._send(commit, self._count, commit=True)
+            self.prepared = await self._writer.commit(self._prepare)
         except AtomicBatchError as refused:
-            self._fail(refused, possibly_stored=False)
+            self._fail(refused, possibly_stored=refused.possibly_stored)
             raise
-        except (ProducerkitError, TimeoutError) as exc:
-            error = AtomicBatchError(
-                f"atomic batch {self.id}: the commit's answer was lost ({type(exc).__name__}: "
-                f"{exc}); it may have been stored",
-                possibly_stored=True,
-                kind="commit_unanswered",
-            )
-            self._fail(error, possibly_stored=True)
-            raise error from exc
-        data, headers = answer
-        stored = _committed(data, headers, self.id, self._count)
-        if isinstance(stored, AtomicBatchError):
-            self._fail(stored, possibly_stored=False)
-            raise stored
-        self._window.acked_run(self._records, stored - self._count + 1)
+
+    async def _abort(self, error: AtomicBatchError) -> AtomicBatchError:
+        error = await self._writer.abort(error)
+        self._fail(error, possibly_stored=False)
+        return error
 
     def _fail(self, error: AtomicBatchError, *, possibly_stored: bool) -> None:
-        """Every admitted message of the batch fails with ``error`` (the held one, never sent,
-        was never counted)."""
+        """Every admitted message of the batch fails with ``error``."""
         for record in self._records:
-            self._window.failed(record, error, possibly_stored)
+            self._reports.failed(_told(record), error, possibly_stored)
 
 
-def _check_expectation(expect: Expect, *, first: bool) -> None:
-    if expect.last_msg_id is not None:
-        raise AtomicBatchError(
-            "a batch cannot expect a last msg id (Nats-Expected-Last-Msg-Id; the server refuses "
-            "it with code 10177): refused before sending",
-            kind="refused",
-        )
-    if expect.last_sequence is not None and not first:
-        raise AtomicBatchError(
-            "only a batch's first message may expect the stream's last sequence (the server "
-            "refuses it on the others with code 10164): refused before sending",
-            kind="refused",
-        )
+def _told(record: Record) -> Record:
+    """``record`` as the batch fails it: one the Admission admitted (no slot) carries the
+    batch's ``_TOLD`` then, as :meth:`AtomicBatch.admit`'s do from their admission, so its
+    failure is the batch's to raise (not kept for ``flush()``, ``on_error`` or the spool)."""
+    if record.slot is not None:
+        return record
+    return Record(*(getattr(record, name) for name in Record._fields))._replace(slot=_TOLD)
 
 
 def _pairs(headers: Any) -> list[tuple[str, Any]]:
@@ -318,40 +312,3 @@ def _pairs(headers: Any) -> list[tuple[str, Any]]:
         "headers must be a mapping of str to bytes/str, or a list of (name, value) pairs, "
         f"not {type(headers).__name__}"
     )
-
-
-def _refusal(data: bytes, headers: Any, batch: str) -> AtomicBatchError:
-    from producerkit.backends.nats.pubacks import ATOMIC_BATCH_HINTS, puback_error
-
-    error = puback_error(f"atomic batch {batch}", data, headers)
-    if error is None:
-        return AtomicBatchError(
-            f"atomic batch {batch}: an unexpected answer {data[:200]!r}", kind="refused"
-        )
-    code = getattr(error, "code", None)
-    kind = "unsupported" if code == _NOT_ALLOWED else "refused"
-    hint = ATOMIC_BATCH_HINTS.get(code) if code is not None else None
-    text = f"atomic batch {batch}: {error}" + (f"; {hint}" if hint else "")
-    return AtomicBatchError(text, code=code, kind=kind)
-
-
-def _committed(data: bytes, headers: Any, batch: str, count: int) -> int | AtomicBatchError:
-    """The stream sequence of the last message stored by the commit, or why not."""
-    try:
-        answer = json.loads(data)
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict) or "error" in answer:
-        return _refusal(data, headers, batch)
-    if answer.get("batch") != batch or answer.get("count") != count:
-        return AtomicBatchError(
-            f"atomic batch {batch}: the commit answered for batch {answer.get('batch')!r} with "
-            f"{answer.get('count')!r} message(s), not {count}",
-            kind="refused",
-        )
-    sequence = answer.get("seq")
-    if type(sequence) is not int:
-        return AtomicBatchError(
-            f"atomic batch {batch}: the commit gave no sequence: {answer!r}", kind="refused"
-        )
-    return sequence

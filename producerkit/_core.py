@@ -3,7 +3,8 @@ built, else the Python one (``_core_py``), which reads as what the C one does.
 
 Both have the same names and signatures: ``WindowCore`` (the ledger and the in-flight bound),
 ``Router``, ``Admission`` (a plain message or chunk: checked, routed, admitted, sent),
-``pop_run``, ``tell_run`` and ``new_delivery`` (settling), ``DECLINED``. A producer takes the
+``pop_run``, ``tell_run`` and ``new_delivery`` (settling), ``exact_bytes`` (serializers),
+``DECLINED``. A producer takes the
 :class:`Core` that :func:`active` names when it is made: the C one where it was built and
 ``PRODUCERKIT_NO_SPEEDUPS`` is not set. Tests run the other with :func:`using`, so one run covers
 both. ``ProducerCore`` and ``ProduceDoor``, part of the ``Producer`` class, are chosen at import.
@@ -33,6 +34,13 @@ class Core(NamedTuple):
     pop_run: Callable[..., Any]
     tell_run: Callable[..., int]
     new_delivery: Callable[..., Delivery]
+    #: ``exact_bytes(function)``: ``function`` whose bytes results are copied to their exact
+    #: size (C: an orjson result keeps no 1 KiB buffer until its ack); Python: ``function``.
+    exact_bytes: Callable[[Callable[[Any], bytes]], Callable[[Any], bytes]]
+
+
+def _as_is(function: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    return function
 
 
 PYTHON = Core(
@@ -43,6 +51,7 @@ PYTHON = Core(
     _core_py.pop_run,
     _core_py.tell_run,
     _core_py.new_delivery,
+    _as_is,
 )
 
 C: Core | None = None
@@ -57,6 +66,7 @@ if speedups is not None:
         speedups.pop_run,
         speedups.tell_run,
         speedups.SlotsMaker(Delivery, _delivery_slots),
+        speedups.ExactBytes,
     )
 
 #: The implementations this installation has: Python, and C where it was built.

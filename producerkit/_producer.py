@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from producerkit import _fork, _logging, _security, serializers
+from producerkit._atomic import AtomicBatch, OpenBatches
 from producerkit._batch import columns_of
 from producerkit._byte_window import ByteBoundedWindow
 from producerkit._connections import (
@@ -44,7 +45,7 @@ from producerkit._types import Delivery, DeliveryCallback, Failure, Outcome, Sta
 from producerkit._urls import parse_url
 from producerkit._window import InFlightWindow
 from producerkit.backends import Connection, spec_for
-from producerkit.backends.base import TRANSACTIONAL_OPTION
+from producerkit.backends.base import AtomicParts
 from producerkit.errors import (
     ConfigurationError,
     ProduceError,
@@ -56,9 +57,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from producerkit import partitioners
-    from producerkit._atomic import AtomicBatch, OpenBatches
-    from producerkit._transaction import KafkaAtomicBatch, Transactions
-    from producerkit.backends.base import Reports
+    from producerkit.backends.base import AtomicWrites
     from producerkit.jetstream import Expect
     from producerkit.serializers import Serializer
 
@@ -185,7 +184,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
         self._running = False  # the hot path's one-attribute view of _state == _RUNNING
         self._start_lock: asyncio.Lock | None = None
         self._connections: list[Connection] = []
-        self._transactions: Transactions | None = None  # Kafka's atomic batches, once asked
+        self._atomic_writes: AtomicWrites | None = None  # the backend's, once a batch is asked
         self._open_batches: OpenBatches | None = None  # atomic batches open, once one is
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handoff: Handoff | None = None
@@ -368,60 +367,32 @@ class Producer(ProducerCore):  # type: ignore[misc]
         )  # fmt: skip
         await self._submitter.submit_batch(columns, topic, self._rules, self._admission)
 
-    def atomic_batch(
-        self, topic: str | None = None, *, prepare: bool = False
-    ) -> AtomicBatch | KafkaAtomicBatch:
+    def atomic_batch(self, topic: str | None = None, *, prepare: bool = False) -> AtomicBatch:
         """``async with producer.atomic_batch() as batch: await batch.produce(...)``: messages
         stored all together when the block ends, or none of them: a JetStream atomic batch (a
         stream created with ``allow_atomic=True``), a Kafka transaction, or ``memory://``'s
         (for tests; docs/atomic.md; see :class:`~producerkit.AtomicBatchError`). ``prepare``
         (Kafka): leave the transaction open for another process to commit (``batch.prepared``)."""
-        if (refusal := self._spec.atomic_batch_refusal) is not None:
+        make_writes = self._spec.atomic_writes
+        if make_writes is None:
+            refusal = self._spec.atomic_batch_refusal
             raise ConfigurationError(f"atomic_batch is JetStream's and Kafka's: {refusal}")
-        if prepare and not self._spec.atomic_batch_is_transaction:
-            raise ConfigurationError("atomic_batch(prepare=True) is Kafka's (a transaction)")
-        if prepare and (refusal := self._spec.prepare_refusal) is not None:
-            raise ConfigurationError(f"atomic_batch(prepare=True) is Kafka's: {refusal}")
-        if self._spec.atomic_batch_is_transaction:
-            from producerkit._transaction import KafkaAtomicBatch, Transactions
-
-            if self._transactions is None:
-                self._transactions = Transactions(
-                    self._connect_transactional,
-                    self._reports,
-                    self._options.get("transactional_id"),
-                )
-            return KafkaAtomicBatch(self._ensure_running, self._transactions,
-                                    self.partitions_for, self._submitter, self._window,
-                                    self._rules, topic, self._timeout, self._batches_open(),
-                                    prepare=prepare, admission=lambda: self._admission)  # fmt: skip
-        from producerkit._atomic import AtomicBatch
-
-        return AtomicBatch(self._ensure_running, self._submitter, self._window, self._rules,
-                           topic, self._timeout, self._batches_open())  # fmt: skip
-
-    def _batches_open(self) -> OpenBatches:
+        if self._atomic_writes is None:
+            parts = AtomicParts(self._url, self._options, self._timeout, self._reports,
+                                lambda: self._connections, self.partitions_for)  # fmt: skip
+            self._atomic_writes = make_writes(parts)
+        if prepare and (no_prepare := self._atomic_writes.prepare_refusal) is not None:
+            raise ConfigurationError(f"atomic_batch(prepare=True) is Kafka's: {no_prepare}")
         if self._open_batches is None:
-            from producerkit._atomic import OpenBatches
-
             self._open_batches = OpenBatches()
-        return self._open_batches
+        return AtomicBatch(self._ensure_running, self._atomic_writes, self._submitter,
+                           self._reports, self._rules, topic, self._timeout, self._open_batches,
+                           prepare=prepare, admission=lambda: self._admission)  # fmt: skip
 
     def _ship_now(self) -> None:
         """The window is full: what lingers for more messages goes now (none will come)."""
         for connection in self._connections:
             connection.ship_now()
-
-    async def _connect_transactional(self, transactional_id: str, reports: Reports) -> Connection:
-        """The connection of this producer's atomic batches (see ``_transaction``)."""
-        options = {**self._options, TRANSACTIONAL_OPTION: transactional_id}
-        connection = self._spec.connection(self._url, options, reports, timeout=self._timeout)
-        try:
-            await connection.connect()
-        except BaseException:
-            await close_connections([connection])
-            raise
-        return connection
 
     @property
     def rules(self) -> MessageRules:
@@ -568,8 +539,8 @@ class Producer(ProducerCore):  # type: ignore[misc]
                         )
                     )
             await close_connections(self._connections)
-            if self._transactions is not None and self._transactions.connection is not None:
-                await close_connections([self._transactions.connection])
+            if self._atomic_writes is not None:
+                await self._atomic_writes.close()
             self._window.fail_pending(
                 lambda stored: ProducerClosed("the producer closed with this message in flight")
             )

@@ -344,16 +344,23 @@ static int encoding_args(PyObject *const *args, Py_ssize_t nargs, const char *na
 }
 
 PyDoc_STRVAR(encode_batch_doc,
-"encode_batch(records, start, max_bytes, time_shift) -> (bytes, end)\n\n"
+"encode_batch(records, start, max_bytes, time_shift, checksum=True) -> (bytes, end)\n\n"
 "Encode records[start:end] as one uncompressed Kafka RecordBatch (v2), taking records while\n"
 "the batch stays within max_bytes (always at least one). A record's CreateTime is its\n"
 "TIMESTAMP (milliseconds) where set, else its deadline plus time_shift, in milliseconds. A None\n"
-"value (a tombstone), key or header value is written as null.");
+"value (a tombstone), key or header value is written as null. With checksum false the CRC is\n"
+"left 0, for a batch whose header is stamped (and its CRC made) before it is sent.");
 
 static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t start, max_bytes, end;
     double time_shift;
     int64_t first_timestamp, max_timestamp;
+    int checksum = 1;
+    if (nargs == 5) {
+        checksum = PyObject_IsTrue(args[4]);
+        if (checksum < 0) return NULL;
+        nargs = 4;
+    }
     if (encoding_args(args, nargs, "encode_batch", &start, &max_bytes, &time_shift) < 0)
         return NULL;
     PyObject *batch = encode_records(args[0], start, max_bytes, time_shift, BATCH_HEADER_SIZE,
@@ -362,7 +369,7 @@ static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_
     unsigned char *base = (unsigned char *)PyBytes_AS_STRING(batch);
     Py_ssize_t size = PyBytes_GET_SIZE(batch);
     put_header(base, size, 0, end - start, first_timestamp, max_timestamp);
-    put_crc(base, size);
+    if (checksum) put_crc(base, size);
     return Py_BuildValue("(Nn)", batch, end);
 }
 

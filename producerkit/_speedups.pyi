@@ -26,7 +26,7 @@ RECORD_CONTEXT: Final[int]
 DECLINED: Final[object]
 
 def encode_batch(
-    records: list[Any], start: int, max_bytes: int, time_shift: float
+    records: list[Any], start: int, max_bytes: int, time_shift: float, checksum: bool = True, /
 ) -> tuple[bytes, int]: ...
 def encode_records(
     records: list[Any], start: int, max_bytes: int, time_shift: float

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream
 
     from producerkit._atomic import AtomicBatch
-    from producerkit._transaction import KafkaAtomicBatch, PreparedTransaction
+    from producerkit.backends.kafka.atomic import PreparedTransaction
     from producerkit.jetstream import Expect
 
 __all__ = ["SyncAtomicBatch", "SyncProducer"]
@@ -248,7 +248,7 @@ class SyncProducer:
         """Write every batch of ``batches`` in one Kafka transaction and leave it open, as
         ``Producer.atomic_batch(topic, prepare=True)`` does: its handle, for another process to
         commit (:func:`producerkit.transactions.commit_prepared`), or None if there was no
-        message. Each batch holds ``KafkaAtomicBatch.produce_batch``'s arguments (``values``,
+        message. Each batch holds ``AtomicBatch.produce_batch``'s arguments (``values``,
         ``keys``, ``headers``, ``topic``). The calling thread draws the next batch while the
         loop writes the one before. If drawing a batch raises, the transaction is aborted and
         that error raised here; an AtomicBatchError says why the transaction was not prepared.
@@ -321,7 +321,7 @@ class SyncAtomicBatch:
     batch``): each method blocks the calling thread while the producer's loop runs the async
     batch's own (a JetStream atomic batch, or a Kafka transaction); it holds nothing else."""
 
-    def __init__(self, loop: _LoopThread, batch: AtomicBatch | KafkaAtomicBatch) -> None:
+    def __init__(self, loop: _LoopThread, batch: AtomicBatch) -> None:
         self._loop = loop
         self._batch = batch
 
@@ -341,12 +341,10 @@ class SyncAtomicBatch:
     def produce_batch(
         self, values: Any, *, keys: Any = None, headers: Any = None, topic: str | None = None
     ) -> None:
-        """Add many messages at once (Kafka: ``KafkaAtomicBatch.produce_batch``'s columns).
-        ConfigurationError on JetStream, whose batches take one message at a time."""
-        produce_batch = getattr(self._batch, "produce_batch", None)
-        if produce_batch is None:
-            raise ConfigurationError("produce_batch in an atomic batch is Kafka's: use produce()")
-        call = functools.partial(produce_batch, values, keys=keys, headers=headers, topic=topic)
+        """Add many messages at once (``AtomicBatch.produce_batch``'s columns)."""
+        call = functools.partial(
+            self._batch.produce_batch, values, keys=keys, headers=headers, topic=topic
+        )
         self._loop.call("atomic_batch().produce_batch()", call, wait=None)
 
     @property
@@ -357,7 +355,8 @@ class SyncAtomicBatch:
     @property
     def prepared(self) -> PreparedTransaction | None:
         """With ``prepare=True``, once the block ended: the transaction left open (else None)."""
-        return getattr(self._batch, "prepared", None)
+        prepared: PreparedTransaction | None = self._batch.prepared
+        return prepared
 
     def __len__(self) -> int:
         """Messages produced into the batch so far."""
@@ -367,7 +366,7 @@ class SyncAtomicBatch:
 @contextlib.contextmanager
 def _sync_batch(
     loop: _LoopThread,
-    opened: contextlib.AbstractAsyncContextManager[AtomicBatch | KafkaAtomicBatch],
+    opened: contextlib.AbstractAsyncContextManager[AtomicBatch],
 ) -> Iterator[SyncAtomicBatch]:
     with loop.portal.wrap_async_context_manager(opened) as batch:
         yield SyncAtomicBatch(loop, batch)
@@ -376,7 +375,7 @@ def _sync_batch(
 @contextlib.asynccontextmanager
 async def _opened_batch(
     producer: Producer, topic: str | None, prepare: bool
-) -> AsyncIterator[AtomicBatch | KafkaAtomicBatch]:
+) -> AsyncIterator[AtomicBatch]:
     """The producer's atomic batch, made and held open on its loop (its locks need the loop)."""
     async with producer.atomic_batch(topic, prepare=prepare) as batch:
         yield batch
@@ -575,11 +574,8 @@ async def _write_prepared(
 ) -> PreparedTransaction | None:
     """``SyncProducer.prepare_transaction`` on the loop: one task holds the transaction open
     (its lock is this task's) and writes each batch the calling thread sends."""
-    from producerkit._transaction import KafkaAtomicBatch
-
     async with receive:
         async with producer.atomic_batch(topic, prepare=True) as batch:
-            assert isinstance(batch, KafkaAtomicBatch)
             async for item in receive:
                 if isinstance(item, _Abort):
                     raise item.error

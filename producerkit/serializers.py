@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping
 from io import BytesIO
 from typing import Any
 
-from producerkit._fast import speedups
 from producerkit.errors import ConfigurationError, MissingDependencyError
 
 __all__ = ["Serializer", "avro", "resolve"]
@@ -61,12 +60,11 @@ def _json() -> Serializer:
         import orjson
     except ImportError:
         return _json_stdlib
-    dumps: Serializer = orjson.dumps
-    if speedups is not None:
-        # orjson builds each result in a 1 KiB buffer and shrinks it in place: the values kept
-        # until their acks then fragment the heap. An exact-size copy made at once costs less.
-        copied: Serializer = speedups.ExactBytes(dumps)
-        return copied
+    from producerkit import _core
+
+    # orjson builds each result in a 1 KiB buffer and shrinks it in place: the values kept
+    # until their acks then fragment the heap. An exact-size copy made at once costs less.
+    dumps: Serializer = _core.active().exact_bytes(orjson.dumps)
     return dumps
 
 

@@ -33,7 +33,7 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from producerkit._transaction import PreparedTransaction
+from producerkit.backends.kafka.atomic import PreparedTransaction
 from producerkit.errors import AtomicBatchError, ConfigurationError
 
 __all__ = [

@@ -167,10 +167,10 @@ def test_other_backends_refuse_atomic_batches(url: str) -> None:
 def test_kafka_atomic_batches_are_transactions() -> None:
     """On Kafka an atomic batch is a transaction (tests/test_transactions.py): asking for one
     connects nothing until its block begins."""
-    from producerkit._transaction import KafkaAtomicBatch
+    from producerkit._atomic import AtomicBatch
 
     batch = pk.Producer("kafka://127.0.0.1:1", topic="t").atomic_batch()
-    assert isinstance(batch, KafkaAtomicBatch)
+    assert isinstance(batch, AtomicBatch) and batch.id.startswith("producerkit-")
 
 
 async def test_more_than_fifty_open_batches_wait_their_turn(

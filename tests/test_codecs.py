@@ -14,7 +14,7 @@ from aiokafka.record.default_records import DefaultRecordBatch
 import producerkit as pk
 from producerkit._fast import speedups
 from producerkit._record import Record
-from producerkit.backends.kafka import codecs, record_batch
+from producerkit.backends.kafka import codecs, record_batch, wire
 
 RECORDS = [
     Record(n, b"value-%d " % n * 20, b"k%d" % (n % 3), "t", 0, (("h", b"%d" % n),), None,
@@ -41,11 +41,11 @@ def test_a_compressed_batch_reads_back_whole(codec: str, level: int | None) -> N
 def test_the_c_framing_is_the_python_framing() -> None:
     assert speedups is not None
     section, end, first, latest = speedups.encode_records(RECORDS, 0, 1 << 20, 0.0)
-    twin = record_batch.encode_records_in_python(RECORDS, 0, 1 << 20, 0.0)
+    twin = wire.PYTHON.encode_records(RECORDS, 0, 1 << 20, 0.0)
     assert (bytes(section), end, first, latest) == twin
     compressed = codecs.compressor("zstd", 3)(section)
     assert speedups.frame_batch(compressed, 4, end, first, latest) == (
-        record_batch.frame_batch_in_python(compressed, 4, end, first, latest)
+        wire.PYTHON.frame_batch(compressed, 4, end, first, latest)
     )
 
 

@@ -147,16 +147,17 @@ async def test_kafka_own_produce_requests_round_trip(
     assert all(sequence == sorted(sequence) for sequence in by_key.values())
 
 
-@pytest.mark.parametrize("encoder", ["default", "aiokafka", "gzip"])
+@pytest.mark.parametrize("encoder", ["default", "python", "gzip"])
 async def test_kafka_batches_from_each_encoder_read_back(
     kafka_broker: SessionBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The C encoder (default where it was built), aiokafka's builder (the fallback) and a
-    compressed batch (always aiokafka's): keys, values, headers and CreateTimes read back."""
+    """The C encoder (default where it was built), producerkit's Python encoder (the fallback) and a
+    compressed batch : keys, values, headers and CreateTimes read back."""
     from producerkit.backends.kafka import record_batch as _record_batch
+    from producerkit.backends.kafka import wire
 
-    if encoder == "aiokafka":
-        monkeypatch.setattr(_record_batch, "encode_batch", _record_batch.encode_batch_with_aiokafka)
+    if encoder == "python":
+        monkeypatch.setattr(_record_batch, "encode_batch", wire.PYTHON.encode_batch)
     options = {"compression_type": "gzip"} if encoder == "gzip" else {}
     count = 3000
 

@@ -1,6 +1,7 @@
-"""The Kafka record-batch encoders: producerkit's C encoder writes exactly the bytes aiokafka's
-builder writes, and both read back (keys, values, headers, timestamps, offsets, CRC) with
-aiokafka's own batch reader. A Kafka round trip through each encoder is in test_fast_paths.py."""
+"""The Kafka record-batch encoders: producerkit's wire encoders (C, and its own Python one)
+write exactly the bytes aiokafka's builder writes, and each reads back (keys, values, headers,
+timestamps, offsets, CRC) with aiokafka's own batch reader. A Kafka round trip through each
+encoder is in test_fast_paths.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytest.importorskip("aiokafka")
 from aiokafka.record.default_records import DefaultRecordBatch
 
 from producerkit._record import Record
-from producerkit.backends.kafka import record_batch as _record_batch
+from producerkit.backends.kafka import _aiokafka_compat, wire
 
 try:
     from producerkit import _speedups
@@ -62,14 +63,21 @@ def read_back(
     ]
 
 
-def encoders() -> list[object]:
-    found: list[object] = [_record_batch.encode_batch_with_aiokafka]
-    if _speedups is not None:
-        found.append(_speedups.encode_batch)
-    return found
+def encode_batch_with_aiokafka(
+    records: list[Record], start: int, max_bytes: int, time_shift: float
+) -> tuple[bytes | bytearray, int]:
+    """The same batch through aiokafka's builder: the reference."""
+    builder = _aiokafka_compat.new_record_batch_builder(0, max_bytes)
+    end = _aiokafka_compat.append_records(builder.append, records, start, time_shift)
+    return builder.build(), end
 
 
-@pytest.mark.parametrize("encode", encoders(), ids=lambda e: getattr(e, "__module__", "?"))
+ENCODERS = {"aiokafka": encode_batch_with_aiokafka} | {
+    each.name: each.encode_batch for each in wire.IMPLEMENTATIONS
+}
+
+
+@pytest.mark.parametrize("encode", ENCODERS.values(), ids=ENCODERS.keys())
 def test_a_batch_reads_back_with_aiokafkas_reader(encode: object) -> None:
     shift = 1_700_000_000.0 - 1000.0 - TIMEOUT  # produced at monotonic 1000.0 -> that wall time
     records = [
@@ -90,7 +98,7 @@ def test_a_batch_reads_back_with_aiokafkas_reader(encode: object) -> None:
     ]
 
 
-@pytest.mark.parametrize("encode", encoders(), ids=lambda e: getattr(e, "__module__", "?"))
+@pytest.mark.parametrize("encode", ENCODERS.values(), ids=ENCODERS.keys())
 def test_a_batch_stops_before_max_bytes_and_always_takes_one(encode: object) -> None:
     records = [record(i, b"v" * 100, b"k%d" % i) for i in range(50)]
     data, end = encode(records, 0, 1000, 0.0)  # type: ignore[operator]
@@ -102,7 +110,6 @@ def test_a_batch_stops_before_max_bytes_and_always_takes_one(encode: object) -> 
     assert end == 1 and read_back(data)[0][3] == b"v" * 5000
 
 
-@needs_speedups
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -123,7 +130,7 @@ def test_a_batch_stops_before_max_bytes_and_always_takes_one(encode: object) -> 
     st.integers(min_value=61, max_value=4000),
     st.integers(min_value=0, max_value=5),
 )
-def test_the_c_encoder_writes_aiokafkas_bytes(
+def test_every_wire_encoder_writes_aiokafkas_bytes(
     messages: list[
         tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, float, int | None]
     ],
@@ -138,16 +145,18 @@ def test_the_c_encoder_writes_aiokafkas_bytes(
         )
     ]
     start = min(start_at, len(records) - 1)
-    assert _speedups is not None
-    data, end = _speedups.encode_batch(records, start, max_bytes, 1e9)
+    data, end = wire.ACTIVE.encode_batch(records, start, max_bytes, 1e9)
     assert end > start and (len(data) <= max_bytes or end == start + 1)
     if end < len(records):  # it stopped because the next record would not fit
-        assert len(_speedups.encode_batch(records[: end + 1], start, 1 << 30, 1e9)[0]) > max_bytes
+        assert len(wire.ACTIVE.encode_batch(records[: end + 1], start, 1 << 30, 1e9)[0]) > max_bytes
+    for other in wire.IMPLEMENTATIONS:  # each implementation cuts at the same record
+        assert tuple(map(bytes, other.encode_batch(records, start, max_bytes, 1e9)[:1])) == (
+            bytes(data),
+        )
+        assert other.encode_batch(records, start, max_bytes, 1e9)[1] == end
     # The same records through aiokafka's builder: the same bytes. (Where to cut is each
     # encoder's own: aiokafka's compiled builder estimates a record's size, this one counts it.)
-    expected, expected_end = _record_batch.encode_batch_with_aiokafka(
-        records[:end], start, 1 << 30, 1e9
-    )
+    expected, expected_end = encode_batch_with_aiokafka(records[:end], start, 1 << 30, 1e9)
     assert (bytes(data), end) == (bytes(expected), expected_end)
 
 
@@ -228,8 +237,6 @@ def test_partition_runs_groups_in_first_seen_order_on_both_twins(
     in the records' order: the C twin equals the Python one and the definition, with more
     groups than the C twin scans one by one, partitions past those it indexes, and topics and
     partitions that are equal but not the same object."""
-    from producerkit.backends.kafka.accumulator import py_partition_runs
-
     records = [
         record(seq, b"v")._replace(
             topic=(topic + "!")[:-1] if copied else topic, partition=int(str(partition))
@@ -239,7 +246,7 @@ def test_partition_runs_groups_in_first_seen_order_on_both_twins(
     expected: dict[tuple[str, int], list[int]] = {}
     for each in records:
         expected.setdefault((each.topic, each.partition), []).append(each.seq)
-    python = py_partition_runs(records)
+    python = wire.PYTHON.partition_runs(records)
     assert [[each.seq for each in run] for run in python] == list(expected.values())
     if _speedups is not None:
         assert _speedups.partition_runs(records) == python
@@ -259,7 +266,7 @@ def test_sealing_a_count_of_open_records_leaves_the_rest_open() -> None:
     reports = SimpleNamespace(failed_count=0, pending={r.seq: r for r in records})
     accumulator = Accumulator(
         queues={},
-        encode=_record_batch.encode_batch_with_aiokafka,
+        encode=wire.PYTHON.encode_batch,
         max_batch_size=1 << 20,
         request_timeout=TIMEOUT,
         timeout=TIMEOUT,
@@ -276,3 +283,23 @@ def test_sealing_a_count_of_open_records_leaves_the_rest_open() -> None:
     assert [[r.seq for r in batch.records] for batch in queue.full] == [list(range(8)), [8, 9]]
     assert queue.records == []
     assert [value for *_, value, _ in read_back(queue.full[1].data)] == [b"v8", b"v9"]
+
+
+@pytest.mark.parametrize("implementation", wire.IMPLEMENTATIONS, ids=lambda w: w.name)
+def test_a_batch_left_without_its_crc_is_stamped_as_one_with_it(implementation: Any) -> None:
+    """``encode_batch(..., False)`` (an idempotent producer's: its stamp makes the CRC) leaves
+    the CRC 0 and nothing else changed, and the stamp makes both batches the same bytes."""
+    from producerkit.backends.kafka import idempotence
+
+    records = [record(i, b"v%d" % i, b"k") for i in range(20)]
+    checked, end = implementation.encode_batch(records, 0, 1 << 20, 0.0)
+    unchecked, unchecked_end = implementation.encode_batch(records, 0, 1 << 20, 0.0, False)
+    assert unchecked_end == end
+    assert bytes(unchecked[17:21]) == b"\0\0\0\0"
+    assert bytes(unchecked[:17]) + bytes(unchecked[21:]) == bytes(checked[:17]) + bytes(
+        checked[21:]
+    )
+    producer = idempotence.ProducerId(7, 1)
+    heads = [idempotence.stamp(data, producer, 40) for data in (checked, unchecked)]
+    assert heads[0] == heads[1]
+    assert DefaultRecordBatch(heads[1] + bytes(unchecked[61:])).validate_crc()

@@ -13,6 +13,7 @@ from conftest import BackendCase, read_kafka
 
 import producerkit as pk
 from producerkit.backends.kafka import record_batch as _record_batch
+from producerkit.backends.kafka import wire
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -24,14 +25,14 @@ AWARE = datetime.datetime(
 AWARE_MS = 1_620_090_121_987  # AWARE in epoch milliseconds (the microseconds dropped)
 
 
-@pytest.mark.parametrize("encoder", ["default", "aiokafka", "gzip"])
+@pytest.mark.parametrize("encoder", ["default", "python", "gzip"])
 async def test_kafka_createtime_is_read_back_exactly(
     kafka_broker: SessionBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the C encoder, aiokafka's builder and a compressed batch: given CreateTimes
+    """Through the C encoder, the Python one and a compressed batch: given CreateTimes
     (seconds, aware datetime) read back to the millisecond, the others at the produce time."""
-    if encoder == "aiokafka":
-        monkeypatch.setattr(_record_batch, "encode_batch", _record_batch.encode_batch_with_aiokafka)
+    if encoder == "python":
+        monkeypatch.setattr(_record_batch, "encode_batch", wire.PYTHON.encode_batch)
     options: dict[str, Any] = {"compression_type": "gzip"} if encoder == "gzip" else {}
     started_ms = time.time() * 1000
     async with pk.Producer(kafka_broker.url, topic=topic, **options) as producer:

@@ -12,17 +12,18 @@ from conftest import BackendCase, read_kafka
 
 import producerkit as pk
 from producerkit.backends.kafka import record_batch as _record_batch
+from producerkit.backends.kafka import wire
 from producerkit.testing.pytest_plugin import SessionBroker
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.parametrize("encoder", ["default", "aiokafka", "gzip"])
+@pytest.mark.parametrize("encoder", ["default", "python", "gzip"])
 async def test_a_kafka_tombstone_is_read_back_as_a_null_value(
     kafka_broker: SessionBroker, topic: str, encoder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if encoder == "aiokafka":
-        monkeypatch.setattr(_record_batch, "encode_batch", _record_batch.encode_batch_with_aiokafka)
+    if encoder == "python":
+        monkeypatch.setattr(_record_batch, "encode_batch", wire.PYTHON.encode_batch)
     options: dict[str, Any] = {"compression_type": "gzip"} if encoder == "gzip" else {}
     async with pk.Producer(kafka_broker.url, topic=topic, **options) as producer:
         for i in range(100):

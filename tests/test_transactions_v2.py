@@ -26,7 +26,7 @@ from chaos.judges.kafka_recorder import _Frames
 from conftest import TRANSACTIONS_ON_THE_FAST_PATH
 
 import producerkit as pk
-from producerkit._transaction import KafkaAtomicBatch
+from producerkit._atomic import AtomicBatch
 from producerkit.backends.kafka import transactions
 from producerkit.backends.kafka.idempotence import ProducerId
 
@@ -241,7 +241,7 @@ async def test_prepared_transactions_are_ended_by_another_client(kafka: Any, wir
             async with producer.atomic_batch(prepare=True) as batch:
                 for index in range(5):
                     await batch.produce(b"%s-%d" % (name.encode(), index), key=b"k%d" % index)
-            assert isinstance(batch, KafkaAtomicBatch) and batch.prepared is not None
+            assert isinstance(batch, AtomicBatch) and batch.prepared is not None
             prepared.append(batch.prepared)
     await pk_transactions.commit_prepared(kafka.url, prepared[0])
     await pk_transactions.abort_prepared(kafka.url, prepared[1])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -30,12 +30,11 @@ from producerkit._options import did_you_mean
 from producerkit._record import Record
 from producerkit._types import Headers
 from producerkit._urls import ParsedURL, coerce_option
-from producerkit.errors import ConfigurationError, DeliveryError, ProducerkitError
+from producerkit.errors import AtomicBatchError, ConfigurationError, DeliveryError, ProducerkitError
 
-#: The option (set by ``Producer.atomic_batch`` on the connection it opens for them, never by
-#: users) that makes a connection the transactional one of Kafka's atomic batches, with this
-#: transactional id.
-TRANSACTIONAL_OPTION: Final = "_transactional_id"
+if TYPE_CHECKING:
+    from producerkit._batch import Columns
+    from producerkit._record import Message
 
 
 class Reports(Protocol):
@@ -153,40 +152,9 @@ class Connection(abc.ABC):
                 waiting.append((record, handed_off))
         return waiting
 
-    async def send_batch_message(
-        self, record: Record, *, reply: bool, timeout: float
-    ) -> tuple[bytes, dict[str, str] | None] | None:
-        """Write ``record``, a message of an atomic batch (its headers say which), in order
-        after everything sent before on this connection. With ``reply``, wait at most
-        ``timeout`` for the broker's answer and return it (payload, headers); else return None
-        once it is written. No outcome of it is reported: the batch settles its records. Only
-        backends whose spec has no ``atomic_batch_refusal`` have it."""
-        raise NotImplementedError
-
     def ship_now(self) -> None:
         """Send at once what waits for more messages (a linger): the producer's window is
         full, so none will come until acks free room. Default: nothing waits."""
-
-    async def begin_transaction(self) -> None:
-        """Open a transaction (the transactional connection of a spec whose
-        ``atomic_batch_is_transaction``). Raises AtomicBatchError."""
-        raise NotImplementedError
-
-    async def prepare_transaction(self) -> tuple[int, int]:
-        """Leave the open transaction, every message answered, for another process to end;
-        its producer id and epoch."""
-        raise NotImplementedError
-
-    async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
-        """Add ``topic``'s ``partitions`` to the open transaction before any of its messages
-        for them is sent (the transactional connection of a spec whose
-        ``atomic_batch_is_transaction``). Raises AtomicBatchError."""
-        raise NotImplementedError
-
-    async def end_transaction(self, *, commit: bool) -> None:
-        """Commit (or abort) the open transaction, every message sent in it answered first.
-        Raises AtomicBatchError with the broker's refusal (its ``kind``)."""
-        raise NotImplementedError
 
     def topic_modes(self) -> dict[str, str]:
         """How this connection writes each topic it prepared, where its backend has more than
@@ -210,6 +178,125 @@ class Connection(abc.ABC):
     def __repr__(self) -> str:
         where = ",".join(self.url.server_strings()) or self.url.name
         return f"<{type(self).__name__} {self.url.scheme}://{where}>"
+
+
+class AtomicSide(Protocol):
+    """What a backend's :class:`AtomicWriter` gets of the batch it writes: the core's side,
+    where every message is admitted into the producer's window (validated, routed, rate
+    limited, counted in flight with its deadline) and whose outcome the batch settles."""
+
+    @property
+    def records(self) -> list[Record]:
+        """The batch's admitted records so far, in order."""
+        ...
+
+    async def admit(self, message: Message, connection: int) -> Record:
+        """``message`` admitted for the producer's connection ``connection`` (an index) and
+        added to :attr:`records`: the writer writes it; the batch tells its outcome."""
+        ...
+
+    def plain_topic(self, columns: Columns, topic: str | None) -> str | None:
+        """The topic a chunk of plain columns (values and keys only) can be admitted into at
+        once with :meth:`admit_plain`, or None where it takes the per-message path."""
+        ...
+
+    async def admit_plain(
+        self,
+        columns: Columns,
+        topic: str,
+        write: Callable[[list[Record]], Awaitable[None]],
+    ) -> int:
+        """Admit a plain chunk's messages for connection 0, a slice at a time, each slice
+        added to :attr:`records` and handed to ``write``; where it stopped (the size, or the
+        first message it leaves to the per-message path)."""
+        ...
+
+
+class AtomicWriter(abc.ABC):
+    """One atomic batch's writes on a backend: how it opens, writes its messages, commits and
+    aborts. The batch around it (``producerkit._atomic.AtomicBatch``) holds the lifecycle:
+    it calls :meth:`open` once, :meth:`add` (and :meth:`add_columns`) while its block runs,
+    then :meth:`settled` and :meth:`commit`, or :meth:`abort`, and :meth:`close` always
+    after a successful :meth:`open`. An :class:`~producerkit.AtomicBatchError` raised by
+    ``add`` fails the batch; the batch fails its records, never the writer."""
+
+    #: The batch's id (JetStream's batch id, Kafka's transactional id).
+    id: str
+    #: What errors call the batch (``"atomic batch 3f2a..."``, ``"transaction 'orders'"``).
+    name: str
+
+    def check(self, count: int, expect: object) -> None:
+        """Before message ``count + 1`` is made: raise AtomicBatchError (``"refused"``) where
+        the batch cannot take it (it is full, an expectation it cannot carry); that leaves the
+        batch as it was. Default: any message."""
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Open the batch (wait for room among the producer's open batches, begin it)."""
+
+    @abc.abstractmethod
+    async def add(self, messages: list[Message]) -> None:
+        """Admit (through the side) and write ``messages``, in order."""
+
+    async def add_columns(self, columns: Columns, topic: str | None) -> int:
+        """Admit and write a chunk of columns at once where the backend can: how many of its
+        messages it took (the rest go to :meth:`add`). Default: none."""
+        return 0
+
+    async def written(self) -> None:
+        """Wait until the messages added so far are written (a ``flush()`` inside the block).
+        Default: they are written as they are added."""
+
+    async def settled(self) -> AtomicBatchError | None:
+        """Before the commit: wait until every message was answered; the first failure among
+        them, or None. Default: none to wait for."""
+        return None
+
+    @abc.abstractmethod
+    async def commit(self, prepare: bool) -> object:
+        """Commit the batch and ack its records; with ``prepare``, leave it open for another
+        process to end and return its handle (else None). Raises AtomicBatchError, with
+        ``possibly_stored`` set where the commit may have been taken."""
+
+    async def abort(self, error: AtomicBatchError) -> AtomicBatchError:
+        """End a batch that will not commit (whatever the broker holds of it is dropped); the
+        error its messages fail with (``error``, or a better explanation). Default: nothing
+        was stored before a commit."""
+        return error
+
+    async def close(self) -> None:
+        """Give back what :meth:`open` took. Default: nothing."""
+
+
+class AtomicWrites(abc.ABC):
+    """A backend's atomic batches for one producer (its state across batches)."""
+
+    #: Why ``atomic_batch(prepare=True)`` is refused here (None: :meth:`AtomicWriter.commit`
+    #: takes ``prepare``).
+    prepare_refusal: str | None = "this backend has no transactions to leave open"
+
+    @abc.abstractmethod
+    def writer(self, side: AtomicSide) -> AtomicWriter:
+        """The writer of one new batch."""
+
+    async def close(self) -> None:
+        """The producer closes: close what the batches opened. Default: nothing."""
+
+
+@attrs.frozen(slots=True)
+class AtomicParts:
+    """What a producer gives its backend's :class:`AtomicWrites`."""
+
+    url: ParsedURL
+    #: The producer's checked options.
+    options: Mapping[str, Any]
+    timeout: float
+    #: The producer's own reports (its window behind them).
+    reports: Reports
+    #: The producer's connections, once it started.
+    connections: Callable[[], list[Connection]]
+    #: ``(topic) -> its partitions``, learned as ``Producer.partitions_for`` does.
+    partitions_for: Callable[[str], Awaitable[frozenset[int] | None]]
 
 
 def coerce_options(declared: Mapping[str, type], options: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,15 +372,11 @@ class BackendSpec:
     takes_null_header_values: bool = True
     #: Whether what is acked can be read back (a log, a stream or a store; not core NATS).
     stores_records: bool = True
-    #: Why ``Producer.atomic_batch`` is refused here (None: its connections take one, through
-    #: ``send_batch_message``).
-    atomic_batch_refusal: str | None = "this backend has no atomic batches"
-    #: Its atomic batches are transactions (Kafka: ``Producer.atomic_batch`` opens a
-    #: transactional connection), not messages of a batch on the producer's connections.
-    atomic_batch_is_transaction: bool = False
-    #: Why ``Producer.atomic_batch(prepare=True)`` is refused here, where its atomic batches are
-    #: transactions (None: its connections have ``prepare_transaction``).
-    prepare_refusal: str | None = None
+    #: The one optional capability beside the connection: ``(AtomicParts) -> AtomicWrites``,
+    #: made once per producer at its first ``Producer.atomic_batch()``; None: no atomic batches.
+    atomic_writes: Callable[[AtomicParts], AtomicWrites] | None = None
+    #: Why ``Producer.atomic_batch`` is refused here, where ``atomic_writes`` is None.
+    atomic_batch_refusal: str = "this backend has no atomic batches"
 
     @property
     def takes_tombstones(self) -> bool:

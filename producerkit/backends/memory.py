@@ -4,9 +4,9 @@ All connections of a producer (and all producers given the same ``memory://NAME`
 :class:`MemoryStore`; ``producer.backend.store.records`` lists what was published. An unnamed
 ``memory://`` gets a store of its own. Options: ``partitions`` (default 1), ``max_message_size``.
 
-``Producer.atomic_batch()`` works here as on Kafka (a transaction through a connection of its
-own), so code that uses atomic batches is testable without a broker: a batch's records take their
-offsets as they are sent, wait beside the store, and are appended to ``store.records`` together,
+``Producer.atomic_batch()`` works here as on Kafka (one batch open at a time), so code that uses
+atomic batches is testable without a broker: a batch's records take their offsets as they are
+added, wait beside the store, and are appended to ``store.records`` together,
 in order, when the batch commits; an aborted batch's never appear (its offsets stay unused, as an
 aborted Kafka transaction's do). ``atomic_batch(prepare=True)`` is refused (nothing else could
 end the transaction).
@@ -14,15 +14,27 @@ end the transaction).
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import uuid
 import weakref
+from typing import TYPE_CHECKING
 
 import attrs
 
 from producerkit._record import Record
 from producerkit._types import HeaderPairs
-from producerkit.backends.base import TRANSACTIONAL_OPTION, BackendSpec, Connection
-from producerkit.errors import AtomicBatchError
+from producerkit.backends.base import (
+    AtomicParts,
+    AtomicSide,
+    AtomicWriter,
+    AtomicWrites,
+    BackendSpec,
+    Connection,
+)
+
+if TYPE_CHECKING:
+    from producerkit._record import Message
 
 
 @attrs.frozen(slots=True)
@@ -100,17 +112,12 @@ def get_store(name: str) -> MemoryStore:
 
 
 class MemoryConnection(Connection):
-    """Appends each record to the named store and acks it at once with its offset there; the
-    transactional connection of atomic batches (``_transactional_id``) keeps an open
-    transaction's records aside (acked with their reserved offsets) until it ends."""
+    """Appends each record to the named store and acks it at once with its offset there."""
 
     def setup(self) -> None:
         self.store = get_store(self.url.name)
         self._partitions: int = self.options.get("partitions", 1)
         self.max_message_size = self.options.get("max_message_size", 1024 * 1024)
-        self._transactional = self.options.get(TRANSACTIONAL_OPTION) is not None
-        #: The open transaction's records, reserved in the store; None: none is open.
-        self._transaction: list[StoredRecord] | None = None
 
     async def connect(self) -> None:
         pass
@@ -123,36 +130,59 @@ class MemoryConnection(Connection):
         return self._partitions
 
     def send(self, record: Record) -> None:
-        if self._transaction is None:
-            if self._transactional:
-                raise AtomicBatchError("no transaction is open", kind="aborted")
-            self.reports.acked(record, self.store.append(record))
-            return
-        stored = self.store.reserve(record)
-        self._transaction.append(stored)
-        self.reports.acked(record, stored.offset)
-
-    async def begin_transaction(self) -> None:
-        self._transaction = []
-
-    async def add_to_transaction(self, topic: str, partitions: list[int]) -> None:
-        if self._transaction is None:
-            raise AtomicBatchError("no transaction is open", kind="aborted")
-
-    async def end_transaction(self, *, commit: bool) -> None:
-        records, self._transaction = self._transaction or [], None
-        if commit:
-            self.store.extend(records)
+        self.reports.acked(record, self.store.append(record))
 
     async def close(self) -> None:
-        self._transaction = None  # an open transaction's records are never stored
+        pass
+
+
+class _MemoryAtomicWrites(AtomicWrites):
+    """A producer's atomic batches on memory://: one open at a time, as Kafka's transactions."""
+
+    prepare_refusal = "memory:// has no other process to end a transaction left open"
+
+    def __init__(self, parts: AtomicParts) -> None:
+        self.parts = parts
+        self.lock = asyncio.Lock()
+
+    def writer(self, side: AtomicSide) -> AtomicWriter:
+        return _MemoryBatchWriter(self, side)
+
+
+class _MemoryBatchWriter(AtomicWriter):
+    """Reserves each record's offset as it is added; appends them together at the commit."""
+
+    def __init__(self, writes: _MemoryAtomicWrites, side: AtomicSide) -> None:
+        self._writes = writes
+        self._side = side
+        self.id = uuid.uuid4().hex
+        self.name = f"atomic batch {self.id}"
+        self._reserved: list[StoredRecord] = []
+
+    async def open(self) -> None:
+        await self._writes.lock.acquire()
+
+    async def close(self) -> None:
+        self._writes.lock.release()
+
+    async def add(self, messages: list[Message]) -> None:
+        connection = self._writes.parts.connections()[0]
+        assert isinstance(connection, MemoryConnection)
+        for message in messages:
+            record = await self._side.admit(message, 0)
+            self._reserved.append(connection.store.reserve(record))
+
+    async def commit(self, prepare: bool) -> None:
+        connection = self._writes.parts.connections()[0]
+        assert isinstance(connection, MemoryConnection)
+        connection.store.extend(self._reserved)
+        offsets: list[int | None] = [stored.offset for stored in self._reserved]
+        self._writes.parts.reports.acked_each(self._side.records, offsets)
 
 
 MEMORY = BackendSpec(
     connection=MemoryConnection,
     options={"partitions": int, "max_message_size": int},
     stores_timestamps=True,
-    atomic_batch_refusal=None,
-    atomic_batch_is_transaction=True,
-    prepare_refusal="memory:// has no other process to end a transaction left open",
+    atomic_writes=_MemoryAtomicWrites,
 )

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 import attrs
 
 from producerkit._options import ProducerOptions
-from producerkit._transaction import PreparedTransaction
 from producerkit._urls import parse_url
+from producerkit.backends.kafka.atomic import PreparedTransaction
 from producerkit.errors import AtomicBatchError, ConfigurationError
 from producerkit.spark._worker import SinkConfig, TaskCounts, publish_task
 

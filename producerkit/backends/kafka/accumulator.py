@@ -19,10 +19,9 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
-from producerkit._fast import speedups
 from producerkit._record import Record
 from producerkit.backends.base import Reports
-from producerkit.backends.kafka import _aiokafka_compat
+from producerkit.backends.kafka import _aiokafka_compat, wire
 from producerkit.backends.kafka.record_batch import CompressedEncoder, Encoder
 
 _monotonic = time.monotonic
@@ -31,24 +30,8 @@ _monotonic = time.monotonic
 INITIAL_BATCH_RECORDS: Final = 256
 
 
-def py_partition_runs(records: list[Record]) -> list[list[Record]]:
-    """``records`` grouped by (topic, partition): one list per pair, in the order each pair
-    first appears, each in the records' order. The Python twin of
-    ``_speedups.partition_runs``."""
-    runs: dict[tuple[str, int | None], list[Record]] = {}
-    for record in records:
-        run = runs.get((record.topic, record.partition))
-        if run is None:
-            runs[(record.topic, record.partition)] = [record]
-        else:
-            run.append(record)
-    return list(runs.values())
-
-
-#: ``partition_runs(records)``: C where it was built, see :func:`py_partition_runs`.
-partition_runs: Callable[[list[Record]], list[list[Record]]] = (
-    py_partition_runs if speedups is None else speedups.partition_runs
-)
+#: ``partition_runs(records)``: records grouped by (topic, partition), see ``wire``.
+partition_runs: Callable[[list[Record]], list[list[Record]]] = wire.ACTIVE.partition_runs
 
 
 class Batch:
@@ -193,7 +176,8 @@ class Accumulator:
         self.queues = queues
         self._reports = reports
         self.gathering = gathering
-        self._encode = encode
+        #: ``encode_batch`` for uncompressed batches (set anew once the producer id is known).
+        self.encode = encode
         self._max_batch_size = max_batch_size
         self._request_timeout = request_timeout
         self._timeout = timeout
@@ -316,7 +300,7 @@ class Accumulator:
                 return self._compressed_encoder.encode_later(
                     records, start, self._max_batch_size, time_shift
                 )
-            data, end = self._encode(records, start, self._max_batch_size, time_shift)
+            data, end = self.encode(records, start, self._max_batch_size, time_shift)
             return data, end, len(data)
         builder = self.new_builder()
         end = _aiokafka_compat.fill_builder(

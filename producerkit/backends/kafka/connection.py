@@ -15,7 +15,7 @@ from aiokafka import errors as kafka_errors
 
 from producerkit._record import Record
 from producerkit.backends import _clients
-from producerkit.backends.base import TRANSACTIONAL_OPTION, Connection
+from producerkit.backends.base import Connection
 from producerkit.backends.kafka import (
     _aiokafka_compat,
     idempotence,
@@ -153,6 +153,9 @@ class KafkaConnection(Connection):
                 settings.get("client_id") or "producerkit",
             )
             sender.producer_id = producer_id
+            if producer_id is not None and self._compressed_encoder is None:
+                # every batch is stamped before it is sent, and the stamp makes its CRC
+                self._accumulator.encode = record_batch.unchecked(record_batch.encode_batch)
             if self._coordinator is None:
                 sender.renew_producer_id = self._renew_producer_id
             else:
@@ -291,7 +294,7 @@ class KafkaConnection(Connection):
         (``options.idempotence_wanted``); set ``idempotent`` and ``idempotence_reason``.
         Returns the id for the fast path's sender; on the public path aiokafka's own idempotent
         producer replaces the started one (its InitProducerId is v0, asked the same here)."""
-        transactional_id = self.options.get(TRANSACTIONAL_OPTION)
+        transactional_id = self.options.get(options.TRANSACTIONAL_OPTION)
         if transactional_id is not None:
             return await self._init_transactions(transactional_id)
         wanted, why = options.idempotence_wanted(self.options)

@@ -36,15 +36,13 @@ from aiokafka.protocol.types import (
     TaggedFields,
 )
 
-from producerkit import _fast
-from producerkit.backends.kafka import _aiokafka_compat
+from producerkit.backends.kafka import wire
+from producerkit.backends.kafka.wire import ATTRIBUTES_AT as _ATTRIBUTES_AT
+from producerkit.backends.kafka.wire import CRC_AT as _CRC_AT
+from producerkit.backends.kafka.wire import HEADER_SIZE as _HEADER
 
 #: The InitProducerId API key.
 INIT_PRODUCER_ID: Final = 22
-#: A batch's records section begins here; the CRC covers the header from the attributes on.
-_HEADER: Final = 61
-_CRC_AT: Final = 17
-_ATTRIBUTES_AT: Final = 21
 _PRODUCER_AT: Final = 43  # producer id (int64), epoch (int16), base sequence (int32)
 _ATTRIBUTES = struct.Struct(">h")
 _PRODUCER = struct.Struct(">qhi")
@@ -275,8 +273,4 @@ def stamp(
 
 
 def _crc_of(header: bytearray, data: bytes | bytearray) -> int:
-    body = memoryview(data)[_HEADER:]
-    speedups = _fast.speedups
-    if speedups is not None:
-        return int(speedups.crc32c(body, speedups.crc32c(bytes(header[_ATTRIBUTES_AT:]))))
-    return _aiokafka_compat.crc32c(bytes(header[_ATTRIBUTES_AT:]) + bytes(body))
+    return wire.ACTIVE.crc32c_of(memoryview(header)[_ATTRIBUTES_AT:], memoryview(data)[_HEADER:])

@@ -9,9 +9,14 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from producerkit import _security
-from producerkit.backends.base import TRANSACTIONAL_OPTION, coerce_options
+from producerkit.backends.base import coerce_options
 from producerkit.backends.kafka import codecs
 from producerkit.errors import ConfigurationError, MessageError, MissingDependencyError
+
+#: The option (set by the atomic batches' writer on the connection it opens for them, never by
+#: users) that makes a connection the transactional one of Kafka's atomic batches, with this
+#: transactional id.
+TRANSACTIONAL_OPTION: Final = "_transactional_id"
 
 #: aiokafka producer settings accepted as options, with their types. ``acks`` is special-cased.
 AIOKAFKA_OPTIONS: Final[dict[str, type]] = {
@@ -97,21 +102,32 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked
 
 
+def _idempotence_conflict(options: Mapping[str, Any]) -> str | None:
+    """The setting that rules the idempotent producer out, or None: ``"acks"`` other than
+    'all' (the broker keeps sequence state only for records every in-sync replica has), or
+    ``"max_batches_in_flight"`` above what a broker orders per producer."""
+    if options.get("acks") not in (None, "all", "-1", -1):
+        return "acks"
+    if options.get("max_batches_in_flight", 1) > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+        return "max_batches_in_flight"
+    return None
+
+
 def _check_idempotence(checked: Mapping[str, Any]) -> None:
     """``enable_idempotence=True`` with settings it cannot keep is refused at construction."""
     if checked.get("enable_idempotence") is not True:
         return
-    acks = checked.get("acks")
-    if acks not in (None, "all", "-1"):
+    conflict = _idempotence_conflict(checked)
+    if conflict == "acks":
         raise ConfigurationError(
             f"enable_idempotence=True needs acks='all' (the broker keeps sequence state only "
-            f"for records all in-sync replicas have), got acks={acks}"
+            f"for records all in-sync replicas have), got acks={checked.get('acks')}"
         )
-    batches = checked.get("max_batches_in_flight", 1)
-    if batches > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+    if conflict is not None:
         raise ConfigurationError(
             f"enable_idempotence=True allows at most {IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT} "
-            f"max_batches_in_flight (what a broker orders per producer), got {batches}"
+            f"max_batches_in_flight (what a broker orders per producer), got "
+            f"{checked.get('max_batches_in_flight')}"
         )
 
 
@@ -124,17 +140,17 @@ def transaction_refusal(options: Mapping[str, Any]) -> str | None:
             "transactions (atomic batches) are written by the idempotent producer; drop "
             "enable_idempotence=False"
         )
-    acks = options.get("acks")
-    if acks not in (None, "all", "-1", -1):
+    conflict = _idempotence_conflict(options)
+    if conflict == "acks":
         return (
             f"transactions (atomic batches) need acks='all' (every in-sync replica has each "
-            f"message before the commit), got acks={acks}"
+            f"message before the commit), got acks={options.get('acks')}"
         )
-    batches = options.get("max_batches_in_flight", 1)
-    if batches > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+    if conflict is not None:
         return (
             f"transactions (atomic batches) allow at most {IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT} "
-            f"max_batches_in_flight (what a broker orders per producer), got {batches}"
+            f"max_batches_in_flight (what a broker orders per producer), got "
+            f"{options.get('max_batches_in_flight')}"
         )
     return None
 
@@ -147,14 +163,13 @@ def idempotence_wanted(options: Mapping[str, Any]) -> tuple[bool | None, str]:
     given = options.get("enable_idempotence")
     if given is not None:
         return given, f"enable_idempotence={given}"
-    acks = options.get("acks")
-    if acks not in (None, "all", -1):
-        return False, f"acks={acks} (idempotence needs acks='all')"
-    batches = options.get("max_batches_in_flight", 1)
-    if batches > IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT:
+    conflict = _idempotence_conflict(options)
+    if conflict == "acks":
+        return False, f"acks={options.get('acks')} (idempotence needs acks='all')"
+    if conflict is not None:
         return False, (
-            f"max_batches_in_flight={batches} (idempotence allows at most "
-            f"{IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT})"
+            f"max_batches_in_flight={options.get('max_batches_in_flight')} (idempotence "
+            f"allows at most {IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT})"
         )
     return None, "the default"
 

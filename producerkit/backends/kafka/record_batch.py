@@ -1,4 +1,5 @@
-"""Kafka record batches (v2) from producerkit Records: the C encoder, or aiokafka's builder.
+"""Kafka record batches (v2) from producerkit Records, through the wire's encoder (``wire``: C where
+it was built, else producerkit's Python one).
 
 ``encode_batch(records, start, max_bytes, time_shift) -> (data, end)`` encodes
 ``records[start:end]``, taking records while the batch stays within ``max_bytes`` (always at
@@ -10,88 +11,36 @@ message).
 :class:`CompressedEncoder` makes the same for a codec: the records section is encoded the same
 way, compressed whole (``codecs``: cramjam, librdkafka's default levels) and framed, on a thread
 of its own for a large section.
-
-The C functions (``producerkit/_speedups.c``, see ``producerkit._fast``) are used where they were
-built; without them aiokafka's batch builder encodes the same bytes (``tests/test_record_batch.py``
-compares them) and :func:`frame_batch_in_python` frames a compressed section.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final
 
-from producerkit import _fast
 from producerkit._record import Record
-from producerkit.backends.kafka import _aiokafka_compat, codecs
+from producerkit.backends.kafka import codecs, wire
 
 Encoder = Callable[[list[Record], int, int, float], tuple[bytes | bytearray, int]]
 
-#: RecordBatch v2: the header's length, and where the CRC and the attributes are in it.
-_HEADER: Final = 61
-_CRC_AT: Final = 17
-_ATTRIBUTES_AT: Final = 21
-_TIMESTAMPS: Final = struct.Struct(">qq")  # first and max timestamp, at offset 27
+encode_batch: Callable[..., tuple[bytes | bytearray, int]] = wire.ACTIVE.encode_batch
 
 
-def encode_batch_with_aiokafka(
-    records: list[Record], start: int, max_bytes: int, time_shift: float
-) -> tuple[bytes | bytearray, int]:
-    """The same batch through aiokafka's builder: the fallback."""
-    builder = _aiokafka_compat.new_record_batch_builder(0, max_bytes)
-    end = _aiokafka_compat.append_records(builder.append, records, start, time_shift)
-    return builder.build(), end
+def unchecked(encode: Callable[..., tuple[bytes | bytearray, int]]) -> Encoder:
+    """``encode`` (an ``encode_batch``) leaving each batch's CRC 0: for batches that are all
+    stamped before they are sent (``idempotence.stamp`` makes the CRC), so that it is made once."""
 
+    def encode_unchecked(
+        records: list[Record], start: int, max_bytes: int, time_shift: float
+    ) -> tuple[bytes | bytearray, int]:
+        return encode(records, start, max_bytes, time_shift, False)
 
-def encode_records_in_python(
-    records: list[Record], start: int, max_bytes: int, time_shift: float
-) -> tuple[bytes, int, int, int]:
-    """The Python twin of ``_speedups.encode_records``: a batch's records section (no header),
-    where it stopped, and its first and max timestamps."""
-    batch, end = encode_batch_with_aiokafka(records, start, max_bytes, time_shift)
-    first, latest = _TIMESTAMPS.unpack_from(batch, 27)
-    return bytes(batch[_HEADER:]), end, first, latest
-
-
-def frame_batch_in_python(
-    section: Any, codec: int, count: int, first_timestamp: int, max_timestamp: int
-) -> bytes:
-    """The Python twin of ``_speedups.frame_batch``: a RecordBatch around a compressed records
-    section."""
-    header = struct.pack(
-        ">qiibIhiqqqhii",
-        0,
-        _HEADER + len(section) - 12,
-        -1,
-        2,
-        0,
-        codec,
-        count - 1,
-        first_timestamp,
-        max_timestamp,
-        -1,
-        -1,
-        -1,
-        count,
-    )
-    batch = bytearray(header)
-    batch += section
-    crc = _aiokafka_compat.crc32c(bytes(batch[_ATTRIBUTES_AT:]))
-    struct.pack_into(">I", batch, _CRC_AT, crc)
-    return bytes(batch)
-
-
-encode_batch: Encoder = (
-    _fast.speedups.encode_batch if _fast.speedups is not None else encode_batch_with_aiokafka
-)
+    return encode_unchecked
 encode_records: Callable[[list[Record], int, int, float], tuple[Any, int, int, int]] = (
-    _fast.speedups.encode_records if _fast.speedups is not None else encode_records_in_python
+    wire.ACTIVE.encode_records
 )
-frame_batch: Callable[[Any, int, int, int, int], bytes] = (
-    _fast.speedups.frame_batch if _fast.speedups is not None else frame_batch_in_python
-)
+frame_batch: Callable[[Any, int, int, int, int], bytes] = wire.ACTIVE.frame_batch
 
 
 class CompressedEncoder:

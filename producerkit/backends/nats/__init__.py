@@ -6,7 +6,9 @@
 - ``jetstream``: JetStream, PubAcks matched by reply subject;
 - ``fast_ingest``: JetStream fast batches (ADR-50), many messages acked at once, on streams that
   allow them;
-- ``pubacks``: reading a PubAck's sequence or refusal, and a fast batch's replies.
+- ``atomic``: atomic batches (ADR-50), the writer of ``Producer.atomic_batch()``;
+- ``pubacks``: reading a PubAck's sequence or refusal, a fast batch's replies and an atomic
+  batch's commit.
 
 ``errors`` is the one place nats-py's exceptions become producerkit's, and ``_natspy_compat`` the
 one place nats-py's internals are touched (the fast path), behind a probe with nats-py's public
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from producerkit.backends.base import BackendSpec
 from producerkit.backends.nats import errors, options
+from producerkit.backends.nats.atomic import JetStreamAtomicWrites
 from producerkit.backends.nats.core import NatsConnection
 from producerkit.backends.nats.jetstream import JetStreamConnection
 
@@ -57,5 +60,5 @@ JETSTREAM = BackendSpec(
     "other); to delete a subject's messages, purge the stream by subject",
     partitioned=False,
     takes_null_header_values=False,
-    atomic_batch_refusal=None,
+    atomic_writes=JetStreamAtomicWrites,
 )

@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from typing import Final
 
 from producerkit.backends.nats.errors import EXPECTATION_CODES, jetstream_refusal
-from producerkit.errors import AuthorizationError, DeliveryError, MessageTooLarge, ProducerkitError
+from producerkit.errors import (
+    AtomicBatchError,
+    AuthorizationError,
+    DeliveryError,
+    MessageTooLarge,
+    ProducerkitError,
+)
 
 _PUBACK_SEQUENCE = re.compile(rb'"seq":\s*(\d+)')
 _FLOW_ACK = re.compile(rb'^\{"type":\s*"ack",\s*"seq":\s*(\d+),\s*"msgs":\s*(\d+)\s*\}$')
@@ -47,6 +53,9 @@ def puback_duplicate(data: bytes) -> bool:
 
 #: What to do about an atomic batch's refusal, by the server's error code (docs/jetstream.md's
 #: table says the same).
+#: The stream does not allow atomic batches.
+ATOMIC_NOT_ALLOWED: Final = 10174
+
 ATOMIC_BATCH_HINTS: Final[Mapping[int, str]] = {
     10174: (
         "the stream does not allow atomic batches: create it with allow_atomic=True "
@@ -135,3 +144,43 @@ def batch_puback(data: bytes) -> tuple[int, int] | None:
     if type(sequence) is not int or type(count) is not int:
         return None
     return sequence, count
+
+
+def atomic_refusal(data: bytes, headers: Mapping[str, str] | None, batch: str) -> AtomicBatchError:
+    """An atomic batch's refusal (the answer to its first message or its commit), with the
+    server's code and, where there is one, what to do about it."""
+    error = puback_error(f"atomic batch {batch}", data, headers)
+    if error is None:
+        return AtomicBatchError(
+            f"atomic batch {batch}: an unexpected answer {data[:200]!r}", kind="refused"
+        )
+    code = getattr(error, "code", None)
+    kind = "unsupported" if code == ATOMIC_NOT_ALLOWED else "refused"
+    hint = ATOMIC_BATCH_HINTS.get(code) if code is not None else None
+    text = f"atomic batch {batch}: {error}" + (f"; {hint}" if hint else "")
+    return AtomicBatchError(text, code=code, kind=kind)
+
+
+def atomic_committed(
+    data: bytes, headers: Mapping[str, str] | None, batch: str, count: int
+) -> int | AtomicBatchError:
+    """The stream sequence of the last message an atomic batch's commit stored
+    (``{"seq": S, "batch": id, "count": N}``), or why it was not."""
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or "error" in answer:
+        return atomic_refusal(data, headers, batch)
+    if answer.get("batch") != batch or answer.get("count") != count:
+        return AtomicBatchError(
+            f"atomic batch {batch}: the commit answered for batch {answer.get('batch')!r} with "
+            f"{answer.get('count')!r} message(s), not {count}",
+            kind="refused",
+        )
+    sequence = answer.get("seq")
+    if type(sequence) is not int:
+        return AtomicBatchError(
+            f"atomic batch {batch}: the commit gave no sequence: {answer!r}", kind="refused"
+        )
+    return sequence

@@ -1,0 +1,169 @@
+"""JetStream atomic batches (ADR-50): the writer of ``Producer.atomic_batch()`` on ``jetstream://``.
+
+Every message of a batch carries ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` (1, 2, 3, ...);
+the last one also ``Nats-Batch-Commit: 1``, and the server stores the batch at that commit,
+whole, or refuses it whole. As the last message is only known when the block ends, each message
+is held until the next one comes (then admitted and sent), and the one held at the end is sent
+as the commit. The first message is sent as a request, so that a stream that takes no batches,
+or a server with too many open ones (which is waited out), says so at once; the others are
+written without an answer, in order, on one of the producer's connections; the commit's PubAck
+(``{"seq": S, "batch": id, "count": N}``) acks the N messages at stream sequences S-N+1 ... S.
+A commit whose answer was lost fails the batch possibly stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import anyio
+
+from producerkit.backends.base import AtomicParts, AtomicSide, AtomicWriter, AtomicWrites
+from producerkit.backends.nats.pubacks import atomic_committed, atomic_refusal
+from producerkit.errors import AtomicBatchError, ProducerkitError
+from producerkit.jetstream import Expect
+
+if TYPE_CHECKING:
+    from producerkit._record import Message, Record
+    from producerkit.backends.nats.jetstream import JetStreamConnection
+
+__all__ = ["MAX_MESSAGES", "MAX_OPEN", "JetStreamAtomicWrites"]
+
+#: Messages in one batch (the server's default limit; it refuses more with code 10199).
+MAX_MESSAGES: Final = 1000
+#: Batches open at once on one stream (the server's default limit, 10210 beyond it).
+MAX_OPEN: Final = 50
+#: Seconds between attempts at opening a batch while the server has too many open.
+_RETRY_OPEN: Final = 0.1
+_TOO_MANY_OPEN: Final = 10210
+_COMMIT: Final = ("Nats-Batch-Commit", b"1")
+
+
+class JetStreamAtomicWrites(AtomicWrites):
+    """A producer's JetStream atomic batches: at most ``MAX_OPEN`` open at once (the others
+    wait for room)."""
+
+    prepare_refusal = (
+        "a transaction left open; a JetStream atomic batch commits when its block ends"
+    )
+
+    def __init__(self, parts: AtomicParts) -> None:
+        self.parts = parts
+        self.room = anyio.Semaphore(MAX_OPEN)
+
+    def writer(self, side: AtomicSide) -> AtomicWriter:
+        return _BatchWriter(self, side)
+
+
+class _BatchWriter(AtomicWriter):
+    def __init__(self, writes: JetStreamAtomicWrites, side: AtomicSide) -> None:
+        self._writes = writes
+        self._side = side
+        self._timeout = writes.parts.timeout
+        self.id = uuid.uuid4().hex
+        self.name = f"atomic batch {self.id}"
+        self._batch_id = self.id.encode()
+        self._connection = int(self.id[:8], 16) % max(len(writes.parts.connections()), 1)
+        self._held: Message | None = None
+        self._sequence = 0
+
+    def check(self, count: int, expect: object) -> None:
+        if count >= MAX_MESSAGES:
+            raise AtomicBatchError(
+                f"an atomic batch takes at most {MAX_MESSAGES} messages (the server's limit): "
+                f"message {count + 1} was refused before it was sent",
+                kind="refused",
+            )
+        if not isinstance(expect, Expect):
+            return
+        if expect.last_msg_id is not None:
+            raise AtomicBatchError(
+                "a batch cannot expect a last msg id (Nats-Expected-Last-Msg-Id; the server "
+                "refuses it with code 10177): refused before sending",
+                kind="refused",
+            )
+        if expect.last_sequence is not None and count > 0:
+            raise AtomicBatchError(
+                "only a batch's first message may expect the stream's last sequence (the server "
+                "refuses it on the others with code 10164): refused before sending",
+                kind="refused",
+            )
+
+    async def open(self) -> None:
+        await self._writes.room.acquire()
+
+    async def close(self) -> None:
+        self._writes.room.release()
+
+    async def add(self, messages: list[Message]) -> None:
+        for message in messages:
+            self._sequence += 1
+            batch = (
+                ("Nats-Batch-Id", self._batch_id),
+                ("Nats-Batch-Sequence", b"%d" % self._sequence),
+            )
+            held, self._held = (
+                self._held,
+                message._replace(headers=(*(message.headers or ()), *batch)),
+            )
+            if held is not None:
+                await self._send(held, self._sequence - 1)
+
+    def _link(self) -> JetStreamConnection:
+        return cast("JetStreamConnection", self._writes.parts.connections()[self._connection])
+
+    async def _send(self, message: Message, sequence: int) -> None:
+        """Admit and write one message (the first as a request). One that cannot be sent
+        fails the batch."""
+        record = await self._side.admit(message, self._connection)
+        try:
+            if sequence > 1:
+                await self._link().send_batch_message(record, reply=False, timeout=self._timeout)
+            else:
+                await self._request(record, commit=False)
+        except (ProducerkitError, TimeoutError) as exc:
+            if isinstance(exc, AtomicBatchError):
+                raise
+            raise AtomicBatchError(
+                f"{self.name}: message {sequence} could not be sent ({type(exc).__name__}: {exc})",
+                kind="message_failed",
+            ) from exc
+
+    async def _request(self, record: Record, *, commit: bool) -> tuple[bytes, Any]:
+        """The answer to a request; an opening the server refuses for having too many batches
+        open is sent again until it is taken (or the timeout)."""
+        with anyio.fail_after(self._timeout):
+            while True:
+                answer = await self._link().send_batch_message(
+                    record, reply=True, timeout=self._timeout
+                )
+                assert answer is not None
+                data, headers = answer
+                if commit or not data:
+                    return answer
+                error = atomic_refusal(data, headers, self.id)
+                if error.code != _TOO_MANY_OPEN:
+                    raise error
+                await anyio.sleep(_RETRY_OPEN)
+
+    async def commit(self, prepare: bool) -> None:
+        held = self._held
+        assert held is not None
+        commit = held._replace(headers=(*(held.headers or ()), _COMMIT))
+        record = await self._side.admit(commit, self._connection)
+        try:
+            data, headers = await self._request(record, commit=True)
+        except (ProducerkitError, TimeoutError) as exc:
+            if isinstance(exc, AtomicBatchError):
+                raise
+            raise AtomicBatchError(
+                f"{self.name}: the commit's answer was lost ({type(exc).__name__}: {exc}); "
+                "it may have been stored",
+                possibly_stored=True,
+                kind="commit_unanswered",
+            ) from exc
+        stored = atomic_committed(data, headers, self.id, self._sequence)
+        if isinstance(stored, AtomicBatchError):
+            raise stored
+        records = self._side.records
+        self._writes.parts.reports.acked_run(records, stored - len(records) + 1)
