@@ -37,6 +37,8 @@ def unchecked(encode: Callable[..., tuple[bytes | bytearray, int]]) -> Encoder:
         return encode(records, start, max_bytes, time_shift, False)
 
     return encode_unchecked
+
+
 encode_records: Callable[[list[Record], int, int, float], tuple[Any, int, int, int]] = (
     wire.ACTIVE.encode_records
 )
