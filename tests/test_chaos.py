@@ -101,10 +101,10 @@ def _assert_held(
     assert result["recovery_s"]["unrecovered"] == 0, report["faults"]
 
 
-def test_one_minute_of_chaos_on_kafka_defaults_loses_nothing(tmp_path: Path) -> None:
+def test_chaos_on_kafka_defaults_loses_nothing(tmp_path: Path) -> None:
     report, summary = _run_chaos(
         tmp_path,
-        *["--minutes", "1", "--seed", "7", "--backend", "kafka", "--max-messages", "600000"],
+        *["--minutes", "0.7", "--seed", "7", "--backend", "kafka", "--max-messages", "600000"],
         *["--capacity-seconds", "2"],
     )
     _assert_held(report, summary, MUST_BE_ZERO)
@@ -133,7 +133,7 @@ def test_chaos_on_apache_kafka_loses_nothing_and_stores_nothing_twice(tmp_path: 
     pytest.importorskip("confluent_kafka")
     report, summary = _run_chaos(
         tmp_path,
-        *["--minutes", "0.9", "--seed", "143", "--backend", "kafka-apache"],
+        *["--minutes", "0.6", "--seed", "143", "--backend", "kafka-apache"],
         *["--modes", "kill,leaders,reset", "--partitions", "3", "--capacity-seconds", "1"],
     )
     _assert_held(report, summary, (*MUST_BE_ZERO, "duplicates_stored"), faults=1)
