@@ -138,15 +138,18 @@ class Submitter:
         takes it; any other through :meth:`submit`."""
         admission = self._handed_admission
         if admission is not None and slot is None:
-            core = self._window.core
-            core.taken += 1  # its reserved room is its record's, if admitted
-            outcome = admission.admit(
-                message.value, message.key, message.topic, message.partition, message.headers,
-                message.msg_id, context, None, message.timestamp,
-            )  # fmt: skip
+            window = self._window
+            core = window.core
+            with window.reserve_lock:  # see InFlightWindow.reserve
+                core.taken += 1  # its reserved room is its record's, if admitted
+                outcome = admission.admit(
+                    message.value, message.key, message.topic, message.partition,
+                    message.headers, message.msg_id, context, None, message.timestamp,
+                )  # fmt: skip
+                if outcome is DECLINED:
+                    core.taken -= 1  # declined, nothing done: still its reserved room
             if outcome is not DECLINED:
                 return outcome  # type: ignore[no-any-return]
-            core.taken -= 1  # declined, nothing done: still its reserved room
         return self.submit(message, slot, context, True)
 
     async def _submit_later(

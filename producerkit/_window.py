@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -87,6 +88,7 @@ class InFlightWindow:
         "low_water",
         "on_full",
         "pending",
+        "reserve_lock",
         "timer",
         "unkept",
         "wait_seconds",
@@ -112,6 +114,9 @@ class InFlightWindow:
 
             core = active()
         self.core = core.WindowCore(limit, timeout, self.watch, untrack)
+        #: Held by other threads reserving room (``Handoff.put``) and by the loop while a
+        #: handed-over message's room passes from its reservation to its record.
+        self.reserve_lock = threading.Lock()
         self._pop_run = core.pop_run
         self._tell_run = core.tell_run
         self._new_delivery = core.new_delivery
@@ -187,10 +192,11 @@ class InFlightWindow:
         core = self.core
         if not reserved:
             return core.admit(message, partition, connection, slot, context)  # type: ignore[no-any-return]
-        core.taken += 1
-        record: Record | None = core.admit(message, partition, connection, slot, context)
-        if record is None:
-            core.taken -= 1  # still its room, until it is admitted
+        with self.reserve_lock:  # no thread may take the room it gives up meanwhile
+            core.taken += 1
+            record: Record | None = core.admit(message, partition, connection, slot, context)
+            if record is None:
+                core.taken -= 1  # still its room, until it is admitted
         return record
 
     def is_full(self, size: int) -> bool:
@@ -198,9 +204,12 @@ class InFlightWindow:
         return bool(self.core.full())
 
     def reserve(self) -> bool:
-        """In another thread (holding the handoff's lock): room for one message handed over to
-        the loop, taken now; False if the window is full. The loop then admits it with
-        ``admit(..., reserved=True)``, or fails it with :meth:`fail_unadmitted`."""
+        """In another thread, holding :attr:`reserve_lock`: room for one message handed over
+        to the loop, taken now; False if the window is full. The loop then admits it with
+        ``admit(..., reserved=True)``, or fails it with :meth:`fail_unadmitted`, each holding
+        :attr:`reserve_lock` while the message's room is between its reservation and its
+        record (else a reservation could take that room, and a window of handed-over messages
+        with nothing in flight to settle would wait for room for ever)."""
         core = self.core
         if core.full():
             return False
@@ -412,12 +421,13 @@ class InFlightWindow:
         """A message handed over (counted in flight since :meth:`reserve`) that cannot be
         admitted: it fails, counted and reported like any other failure."""
         core = self.core
-        core.taken += 1  # the room it held is now its record's
-        core.limit += 1  # ... even where other produces have filled the window since
-        try:
-            record = core.admit(message, message.partition, 0, slot, context)
-        finally:
-            core.limit -= 1
+        with self.reserve_lock:
+            core.taken += 1  # the room it held is now its record's
+            core.limit += 1  # ... even where other produces have filled the window since
+            try:
+                record = core.admit(message, message.partition, 0, slot, context)
+            finally:
+                core.limit -= 1
         self.failed(record, exc, possibly_stored=False)
 
     def _wake(self, in_flight: int) -> None:
