@@ -118,7 +118,7 @@ class AtomicBatch:
         self._open = False
         self._failed: AtomicBatchError | None = None
         self._writer: AtomicWriter = writes.writer(self)
-        #: The batch's id (JetStream's ``Nats-Batch-Id``; Kafka's transactional id).
+        #: The batch's id, as its backend names it (a JetStream batch's, a Kafka transaction's).
         self.id = self._writer.id
         #: With ``prepare``: the transaction left open once the block ended (None before).
         self.prepared: Any = None

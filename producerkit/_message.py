@@ -219,7 +219,7 @@ class MessageRules:
         return round(timestamp * 1000)
 
     def _with_expectation(self, headers: Any, expect: object) -> Any:
-        """The message's headers with ``expect``'s ``Nats-Expected-*`` headers added."""
+        """The message's headers with the headers saying ``expect``'s expectations added."""
         if not isinstance(expect, Expect):
             raise MessageError(f"expect must be a producerkit.Expect, not {type(expect).__name__}")
         if not self._spec.takes_expectations:

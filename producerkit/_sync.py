@@ -349,7 +349,7 @@ class SyncAtomicBatch:
 
     @property
     def id(self) -> str:
-        """The batch's id (Kafka: the transactional id its messages are written with)."""
+        """The batch's id, as its backend names it (see ``AtomicBatch.id``)."""
         return self._batch.id
 
     @property
