@@ -252,18 +252,6 @@ def fetch_response(frame: bytes) -> Iterator[tuple[int, int, int, int, bytes]]:
             yield partition, error, high, start, records
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint at ``pos``: (value, position after it)."""
-    shift = result = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-
-
 class LiveReader:
     """Reads ``topic`` of the cluster from offset 0 while the load runs, in a process of its own
     (``_read_live``: the GIL of this one is the producer's, the proxy's and the recorders'),
