@@ -63,7 +63,7 @@ class _BatchWriter(AtomicWriter):
         self.id = uuid.uuid4().hex
         self.name = f"atomic batch {self.id}"
         self._batch_id = self.id.encode()
-        self._connection = int(self.id[:8], 16) % max(len(writes.parts.connections()), 1)
+        self._connection = 0  # chosen at open(), once the producer's connections are there
         self._held: Message | None = None
         self._sequence = 0
 
@@ -90,7 +90,8 @@ class _BatchWriter(AtomicWriter):
             )
 
     async def open(self) -> None:
-        await self._writes.room.acquire()
+        await self._writes.room.acquire()  # at most MAX_OPEN at once: the others wait here
+        self._connection = int(self.id[:8], 16) % len(self._writes.parts.connections())
 
     async def close(self) -> None:
         self._writes.room.release()
