@@ -117,9 +117,9 @@ class AtomicBatch:
         self._count = 0
         self._open = False
         self._failed: AtomicBatchError | None = None
-        self._writer: AtomicWriter = writes.writer(self)
+        self._batch_writer: AtomicWriter = writes.writer(self)
         #: The batch's id, as its backend names it (a JetStream batch's, a Kafka transaction's).
-        self.id = self._writer.id
+        self.id = self._batch_writer.id
         #: With ``prepare``: the transaction left open once the block ended (None before).
         self.prepared: Any = None
 
@@ -168,11 +168,11 @@ class AtomicBatch:
     async def written(self) -> None:
         """Wait until its messages so far were written (their acks held for the commit), or
         its timeout passed (their deadlines then fail them)."""
-        await self._writer.written()
+        await self._batch_writer.written()
 
     async def __aenter__(self) -> AtomicBatch:
         await self._start()
-        await self._writer.open()
+        await self._batch_writer.open()
         self._open_batches.opened(self, self._records)
         self._open = True
         return self
@@ -191,7 +191,7 @@ class AtomicBatch:
         message, and AtomicBatchError where the batch cannot take it (it is full, an
         expectation a batch cannot carry, or the batch failed)."""
         self._usable()
-        self._writer.check(self._count, expect)
+        self._batch_writer.check(self._count, expect)
         given = None if headers is None else _pairs(headers) or None
         message = self._rules.message(
             value, key, given, topic or self._topic, None, None, expect=expect
@@ -213,9 +213,9 @@ class AtomicBatch:
             pairs = [None if item is None else _pairs(item) or None for item in columns.headers]
             columns = columns._replace(headers=pairs)
         if columns.size:
-            self._writer.check(self._count + columns.size - 1, None)
+            self._batch_writer.check(self._count + columns.size - 1, None)
         try:
-            start = await self._writer.add_columns(columns, name)
+            start = await self._batch_writer.add_columns(columns, name)
         except AtomicBatchError as exc:
             self._failed = exc
             raise
@@ -228,7 +228,7 @@ class AtomicBatch:
 
     async def _add(self, messages: list[Message]) -> None:
         try:
-            await self._writer.add(messages)
+            await self._batch_writer.add(messages)
         except AtomicBatchError as exc:
             self._failed = exc
             raise
@@ -248,7 +248,7 @@ class AtomicBatch:
         tb: TracebackType | None,
     ) -> None:
         self._open = False
-        name = self._writer.name
+        name = self._batch_writer.name
         try:
             if exc is not None:
                 await self._abort(
@@ -264,27 +264,27 @@ class AtomicBatch:
                 await self._commit()
         finally:
             self._open_batches.closed(self)
-            await self._writer.close()
+            await self._batch_writer.close()
 
     async def _commit(self) -> None:
-        failure = await self._writer.settled()
+        failure = await self._batch_writer.settled()
         pending = self._reports.pending
         if failure is None and any(record.seq not in pending for record in self._records):
             failure = AtomicBatchError(
-                f"{self._writer.name} not committed: a message of it passed its deadline "
+                f"{self._batch_writer.name} not committed: a message of it passed its deadline "
                 f"({self._timeout}s) before the commit",
                 kind="message_failed",
             )
         if failure is not None:
             raise await self._abort(failure)
         try:
-            self.prepared = await self._writer.commit(self._prepare)
+            self.prepared = await self._batch_writer.commit(self._prepare)
         except AtomicBatchError as refused:
             self._fail(refused, possibly_stored=refused.possibly_stored)
             raise
 
     async def _abort(self, error: AtomicBatchError) -> AtomicBatchError:
-        error = await self._writer.abort(error)
+        error = await self._batch_writer.abort(error)
         self._fail(error, possibly_stored=False)
         return error
 

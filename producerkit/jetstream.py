@@ -1,7 +1,7 @@
 """JetStream expectations: publish only if the stream is as the writer last saw it.
 
-``produce(..., expect=Expect(...))`` adds an :class:`Expect`'s ``Nats-Expected-*`` headers to the
-message (``header_pairs()`` gives them, for raw headers). The server stores the message
+``produce(..., expect=Expect(...))`` adds the headers saying an :class:`Expect`'s expectations
+to the message (``header_pairs()`` gives them, for raw headers). The server stores the message
 only if every expectation holds, else it refuses it with a JetStream error code, which producerkit
 reports as :class:`~producerkit.ExpectationFailed` (see docs/reliability.md). This is the
 optimistic concurrency of event sourcing: read a stream (or one subject of it) up to sequence n,
@@ -21,21 +21,10 @@ from typing import Final
 
 import attrs
 
+from producerkit.backends.jetstream_headers import EXPECTED_HEADERS
 from producerkit.errors import MessageError
 
 __all__ = ["EXPECTED_HEADERS", "Expect"]
-
-STREAM_HEADER: Final = "Nats-Expected-Stream"
-LAST_SEQUENCE_HEADER: Final = "Nats-Expected-Last-Sequence"
-LAST_SUBJECT_SEQUENCE_HEADER: Final = "Nats-Expected-Last-Subject-Sequence"
-LAST_MSG_ID_HEADER: Final = "Nats-Expected-Last-Msg-Id"
-#: Every header an Expect may set.
-EXPECTED_HEADERS: Final = (
-    STREAM_HEADER,
-    LAST_SEQUENCE_HEADER,
-    LAST_SUBJECT_SEQUENCE_HEADER,
-    LAST_MSG_ID_HEADER,
-)
 
 _LARGEST_SEQUENCE: Final = 2**64 - 1  # JetStream's sequences are unsigned 64-bit
 # What nats-server refuses in a stream name: whitespace, '.', wildcards and path separators.
@@ -91,8 +80,8 @@ class Expect:
     last_msg_id: str | None = attrs.field(default=None, validator=_check_msg_id)
 
     def header_pairs(self) -> tuple[tuple[str, bytes], ...]:
-        """The ``Nats-Expected-*`` headers saying this, as (name, value) pairs; empty if it
-        expects nothing."""
+        """The headers saying this (``backends.jetstream_headers``), as (name, value) pairs;
+        empty if it expects nothing."""
         values = (self.stream, self.last_sequence, self.last_subject_sequence, self.last_msg_id)
         return tuple(
             (name, str(value).encode())

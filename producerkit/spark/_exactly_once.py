@@ -2,8 +2,8 @@
 
 **Kafka: a two-phase commit.** Each task writes its rows in a Kafka transaction it does not
 commit (``SyncProducer.prepare_transaction``), with the transactional id ``{job}-{partition}``:
-one per *output partition*, not per attempt, so a retried or speculative attempt's
-InitProducerId fences the earlier attempt and aborts what it left open. The task hands its
+one per *output partition*, not per attempt, so a retried or speculative attempt's producer
+id, initialized again, fences the earlier attempt and aborts what it left open. The task hands its
 :class:`~producerkit.transactions.PreparedTransaction` to the driver with its counts; once every
 task succeeded the driver commits them all, and if the job fails it aborts those it got and
 initializes every id of the job (which aborts what the others left open).
@@ -22,7 +22,7 @@ initializes every id of the job (which aborts what the others left open).
   committed (a handle refused, e.g. fenced by a speculative attempt) writes only its other
   partitions.
 
-**JetStream: message ids.** Without ``id_col``, each row's ``Nats-Msg-Id`` is
+**JetStream: message ids.** Without ``id_col``, each row's message id (``msg_id``) is
 ``{job}-{partition}-{row}``, its position in its partition (the job as above), so a retried
 task or a replayed micro-batch repeats the ids and the server drops the duplicates within the
 stream's duplicate window; the driver reads that window up front (:func:`check_window`).
