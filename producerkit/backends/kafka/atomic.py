@@ -237,10 +237,7 @@ class _TransactionWriter(AtomicWriter):
             await self._writes.reports.all_answered()
 
     async def settled(self) -> AtomicBatchError | None:
-        assert self._connection is not None
-        await self._connection.flush()
-        with anyio.move_on_after(self._timeout):
-            await self._writes.reports.all_answered()
+        await self.written()
         # what is still unanswered then is failed by its deadline: the batch sees it
         failure = self._writes.reports.first_failure
         if failure is None:
@@ -271,9 +268,7 @@ class _TransactionWriter(AtomicWriter):
         writes, connection = self._writes, self._connection
         assert connection is not None
         if self._side.records and writes.added:
-            await connection.flush()
-            with anyio.move_on_after(self._timeout):
-                await writes.reports.all_answered()
+            await self.written()
             try:
                 await connection.end_transaction(commit=False)
             except AtomicBatchError as refused:  # else the coordinator aborts it later
