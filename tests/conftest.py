@@ -40,7 +40,11 @@ from producerkit.testing.apache_kafka import ApacheKafka
 from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.nats_cluster import JetStreamCluster
 from producerkit.testing.proxy import FaultProxy
-from producerkit.testing.pytest_plugin import SessionBroker, _session_kafka_cluster
+from producerkit.testing.pytest_plugin import (
+    _SESSION_JETSTREAM_CLUSTERS,
+    SessionBroker,
+    _session_kafka_cluster,
+)
 
 #: The judges of this project's own tests (what Apache Kafka would have stored or served where
 #: the broker under test does not do it) live with the chaos bench, in benches/chaos/judges, one
@@ -331,6 +335,28 @@ class BackendCase:
 
     def __repr__(self) -> str:
         return f"<BackendCase {self.name} {self.url} ({self.core.name} core)>"
+
+
+@pytest.fixture(autouse=True)
+def _jetstream_cluster_streams_deleted(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The streams a test makes on the session's JetStream cluster are deleted after it, so
+    that what one test leaves there cannot hold back another's: nats-server 2.14 and 2.15 keep
+    a replica of an R3 stream that refused a ``Nats-Expected-Last-Msg-Id`` publish unhealthy
+    (and the stream without a leader) once its server restarts ("stream write error: last msgid
+    mismatch"), and a restart waits for every stream the server holds to be current."""
+    callspec = getattr(request.node, "callspec", None)
+    uses = "jetstream_cluster" in request.fixturenames or (
+        callspec is not None and "jetstream-cluster" in callspec.id
+    )
+    if not uses:
+        yield
+        return
+    clusters = request.config.stash.get(_SESSION_JETSTREAM_CLUSTERS, [])
+    before = {id(cluster): set(cluster.stream_names()) for cluster in clusters}
+    yield
+    for cluster in request.config.stash.get(_SESSION_JETSTREAM_CLUSTERS, []):
+        for name in set(cluster.stream_names()) - before.get(id(cluster), set()):
+            cluster.delete_stream(name)
 
 
 @pytest.fixture(params=_backend_params())

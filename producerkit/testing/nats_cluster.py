@@ -350,6 +350,15 @@ class JetStreamCluster(LocalCluster):
         self.wait_for_leader(name, timeout=timeout)
         return self.stream_info(name)
 
+    def stream_names(self, timeout: float = 10.0) -> list[str]:
+        """The name of every stream in the cluster (the default account's)."""
+        names: list[str] = []
+        while True:
+            page = self.request("$JS.API.STREAM.NAMES", {"offset": len(names)}, timeout=timeout)
+            names.extend(page.get("streams") or ())
+            if not page.get("streams") or len(names) >= page.get("total", 0):
+                return names
+
     def delete_stream(self, name: str, timeout: float = 30.0) -> None:
         """Delete stream ``name`` and what it stores."""
         self.request(f"$JS.API.STREAM.DELETE.{name}", None, timeout=timeout)
