@@ -21,9 +21,11 @@ of its own, so it works whether or not the calling thread runs a loop (a noteboo
 A transaction left open longer than its ``transaction_timeout_ms`` is aborted by the broker, so
 the writers' timeout must cover the whole job. Every failure is an
 :class:`~producerkit.AtomicBatchError` with its ``kind`` (``"fenced"``: a newer producer of the
-transactional id aborted it meanwhile; ``"coordinator_unavailable"``: no coordinator answered
-within ``timeout``). ``options`` are the producer's backend options (security, ...): the
-transactional id is the handle's, so ``transactional_id`` is refused (ConfigurationError).
+transactional id aborted it meanwhile; ``"timed_out"``: it was open longer than its
+``transaction_timeout_ms`` and the broker aborted it; ``"coordinator_unavailable"``: no
+coordinator answered within ``timeout``). ``options`` are the producer's backend options
+(security, ...): the transactional id is the handle's, so ``transactional_id`` is refused
+(ConfigurationError).
 """
 
 from __future__ import annotations
@@ -59,7 +61,15 @@ async def commit_prepared(
 
     _check(options)
     await _typed(
-        transactions.end_prepared(url, *prepared[:3], commit=True, timeout=timeout, **options)
+        transactions.end_prepared(
+            url,
+            *prepared[:3],
+            commit=True,
+            began_at=prepared.began_at,
+            prepared_timeout_ms=prepared.transaction_timeout_ms,
+            timeout=timeout,
+            **options,
+        )
     )
 
 
@@ -71,7 +81,15 @@ async def abort_prepared(
 
     _check(options)
     await _typed(
-        transactions.end_prepared(url, *prepared[:3], commit=False, timeout=timeout, **options)
+        transactions.end_prepared(
+            url,
+            *prepared[:3],
+            commit=False,
+            began_at=prepared.began_at,
+            prepared_timeout_ms=prepared.transaction_timeout_ms,
+            timeout=timeout,
+            **options,
+        )
     )
 
 

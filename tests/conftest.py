@@ -525,6 +525,39 @@ df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias
 """
 
 
+def stored_on(url: str, subject: str, timeout: float = 120.0) -> Callable[[], None]:
+    """A function for Spark's executors (it pickles by value) that returns once the JetStream
+    stream of ``subject`` at ``url`` holds a message (the stream may not exist yet), or after
+    ``timeout`` seconds: a test failing a task "after some rows were stored" waits for that,
+    not for a pause."""
+
+    def wait() -> None:
+        import asyncio
+        import contextlib
+        import time
+
+        import nats
+        from nats.js.errors import NotFoundError
+
+        async def until_stored() -> None:
+            client = await nats.connect(url.replace("jetstream://", "nats://"))
+            try:
+                js = client.jetstream()
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(NotFoundError):
+                        stream = await js.find_stream_name_by_subject(subject)
+                        if (await js.stream_info(stream)).state.messages:
+                            return
+                    await asyncio.sleep(0.05)
+            finally:
+                await client.close()
+
+        asyncio.run(until_stored())
+
+    return wait
+
+
 def run_local_cluster(body: str, workdir: Path) -> dict[str, list[int]]:
     """Run ``body`` on a ``local-cluster[2,1,1024]`` session (two executor JVMs) in a subprocess
     (one Python process holds one SparkContext), with ``spark``, ``F``, ``pks`` and ``df`` (20,000

@@ -353,6 +353,40 @@ async def test_a_transaction_left_open_past_its_timeout_is_aborted_by_the_broker
     assert len(kafka.read(topic, isolation="read_uncommitted", expected=5)) == 5
 
 
+@TRANSACTIONS_ON_THE_FAST_PATH
+@pytest.mark.parametrize("which", ["apache_kafka", "apache_kafka_tv0"])
+async def test_a_prepared_transaction_ended_past_its_timeout_is_reported_timed_out(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """A prepared transaction (two-phase commit) whose commit comes after the broker aborted
+    it for outliving ``transaction_timeout_ms``: ``commit_prepared`` fails
+    ``AtomicBatchError(kind="timed_out")`` with the broker's refusal in ``code``, as the
+    batch's own commit does, not ``"fenced"`` (no newer producer took the id); nothing of it is
+    read committed. The handle carries when the transaction began and its timeout."""
+    from producerkit import transactions
+
+    kafka: ApacheKafka = request.getfixturevalue(which)
+    topic = _topic("prepared-timed-out")
+    kafka.create_topic(topic, partitions=2)
+    async with pk.Producer(
+        kafka.url, topic=topic, transactional_id=f"tx-{topic}", transaction_timeout_ms=2000
+    ) as producer:
+        async with producer.atomic_batch(prepare=True) as batch:
+            for index in range(4):
+                await batch.produce(b"late-%d" % index, key=b"k%d" % index)
+        prepared = batch.prepared
+    assert prepared is not None and prepared.transaction_timeout_ms == 2000
+    assert prepared.began_at is not None and abs(time.time() - prepared.began_at) < 30
+    await anyio.to_thread.run_sync(_wait_until_stable, kafka, topic)  # the broker aborted it
+    with pytest.raises(pk.AtomicBatchError) as raised:
+        await transactions.commit_prepared(kafka.url, prepared)
+    error = raised.value
+    assert error.kind == "timed_out", repr(error)
+    assert error.code == (48 if kafka.transaction_version >= 2 else 47), repr(error)
+    assert "transaction_timeout_ms=2000" in str(error)
+    assert kafka.read(topic) == []  # to each partition's end: nothing committed
+
+
 def _wait_until_stable(kafka: ApacheKafka, topic: str, timeout: float = 30.0) -> None:
     """Wait until no partition of ``topic`` holds an open transaction: each partition's end
     as a ``read_committed`` consumer sees it (the last stable offset) is its end as a

@@ -13,15 +13,15 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
-from conftest import read_jetstream, read_kafka, run_local_cluster
+from conftest import read_jetstream, read_kafka, run_local_cluster, stored_on
 
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import LocalBroker
@@ -134,16 +134,17 @@ def test_kafka_sink_columns_on_jetstream(
         assert record["subject"].startswith(f"{base}-even." if number % 2 == 0 else f"{base}.")
 
 
-def _fail_once_at(row: int) -> Any:
-    """A UDF that passes values through, but on a task's first attempt fails at ``row``, after
-    a pause that lets the publisher downstream send the rows it already has."""
+def _fail_once_at(row: int, stored: Callable[[], None]) -> Any:
+    """A UDF that passes values through, but on a task's first attempt fails at ``row`` once
+    ``stored()`` returned (the publisher downstream stored rows of that attempt): the retry
+    then publishes them again."""
 
     def check(value: str, number: int) -> str:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         if number == row and context is not None and context.attemptNumber() == 0:
-            time.sleep(1.5)
+            stored()
             raise RuntimeError(f"injected failure at row {row}")
         return value
 
@@ -157,22 +158,25 @@ def test_retry_is_exactly_once_on_jetstream_with_id_col(
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
     try:
 
-        def df() -> Any:
+        def df(subject: str) -> Any:
             rows = spark.range(n, numPartitions=2)
             # 1 kB values: the first half of a partition overflows Spark's 64 kB pipe buffers,
             # so it reaches the publisher before the failure
             padded = F.concat(F.lit("v-"), F.col("id"), F.lit("-"), F.repeat(F.lit("x"), 1000))
-            return rows.select(
-                _fail_once_at(half_of_first_partition)(padded, F.col("id")).alias("value"),
-                F.col("id"),
-            )
+            stored = stored_on(nats_broker.jetstream_url, subject)
+            fail = _fail_once_at(half_of_first_partition, stored)
+            return rows.select(fail(padded, F.col("id")).alias("value"), F.col("id"))
 
         with_ids, without_ids = _topic(), _topic()
         report = pks.publish(
-            df(), nats_broker.jetstream_url, topic=with_ids, id_col="id", create_stream=True
+            df(with_ids),
+            nats_broker.jetstream_url,
+            topic=with_ids,
+            id_col="id",
+            create_stream=True,
         )
         control = pks.publish(
-            df(), nats_broker.jetstream_url, topic=without_ids, create_stream=True
+            df(without_ids), nats_broker.jetstream_url, topic=without_ids, create_stream=True
         )
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")

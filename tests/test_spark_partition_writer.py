@@ -7,12 +7,13 @@ from __future__ import annotations
 import pickle
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from conftest import read_jetstream, read_kafka
+from conftest import read_jetstream, read_kafka, stored_on
 
 from producerkit.errors import ConfigurationError
 from producerkit.testing.brokers import LocalBroker
@@ -58,16 +59,16 @@ def test_foreach_partition_to_kafka(
     assert (report.delivered, report.failed, len(report.partitions)) == (N, 0, 4)
 
 
-def _fail_once_at(row: int) -> Any:
-    """A map function that, on a task's first attempt, fails at ``row`` after a pause that lets
-    the chunks already handed to the producer reach the broker."""
+def _fail_once_at(row: int, stored: Callable[[], None]) -> Any:
+    """A map function that, on a task's first attempt, fails at ``row`` once ``stored()``
+    returned (chunks already handed to the producer reached the broker)."""
 
     def check(item: tuple[int, str]) -> tuple[int, str]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         if item[0] == row and context is not None and context.attemptNumber() == 0:
-            time.sleep(1.5)
+            stored()
             raise RuntimeError(f"injected failure at row {row}")
         return item
 
@@ -94,7 +95,8 @@ def test_tuples_retry_exactly_once_on_jetstream_and_counted_once(
             counters=counters,
             **ids,
         )
-        rdd.map(_fail_once_at(12_000)).foreachPartition(writer)
+        stored = stored_on(nats_broker.jetstream_url, topic)
+        rdd.map(_fail_once_at(12_000, stored)).foreachPartition(writer)
         return counters
 
     with_ids, without_ids = _topic(), _topic()

@@ -35,12 +35,17 @@ __all__ = ["KafkaAtomicWrites", "PreparedTransaction", "TransactionReports"]
 class PreparedTransaction(NamedTuple):
     """A Kafka transaction written whole and left open for another process to end
     (``producerkit.transactions.commit_prepared`` or ``abort_prepared``): the first phase of a
-    two-phase commit. ``messages``: how many it holds."""
+    two-phase commit. ``messages``: how many it holds; ``began_at``: when it began
+    (``time.time()`` of the writer's machine) and ``transaction_timeout_ms``: how long the
+    coordinator lets it stay open, so that its end can say it outlived that (None in handles
+    made before they were kept)."""
 
     transactional_id: str
     producer_id: int
     epoch: int
     messages: int
+    began_at: float | None = None
+    transaction_timeout_ms: int | None = None
 
 
 class TransactionReports:
@@ -248,9 +253,10 @@ class _TransactionWriter(AtomicWriter):
         writes, connection = self._writes, self._connection
         assert connection is not None
         if prepare:
-            producer_id, epoch = await connection.prepare_transaction()
+            producer_id, epoch, began_at, timeout_ms = await connection.prepare_transaction()
             writes.reports.commit()
-            return PreparedTransaction(self.id, producer_id, epoch, len(self._side.records))
+            messages = len(self._side.records)
+            return PreparedTransaction(self.id, producer_id, epoch, messages, began_at, timeout_ms)
         try:
             await connection.end_transaction(commit=True)
         except AtomicBatchError as refused:

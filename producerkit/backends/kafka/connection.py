@@ -8,7 +8,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
@@ -46,7 +46,6 @@ _T = TypeVar("_T")
 #: EndTxn's refusal of a transaction the coordinator aborted for outliving its timeout:
 #: INVALID_PRODUCER_EPOCH (transactions v1: the abort bumped the epoch) and INVALID_TXN_STATE
 #: (v2: it is no longer ongoing).
-_TIMED_OUT_CODES: Final = frozenset({47, 48})
 
 
 def _acks_number(acks: int | str) -> int:
@@ -208,18 +207,21 @@ class KafkaConnection(Connection):
             self._restart_transactions = False
         self._transaction_began = asyncio.get_running_loop().time()
 
-    async def prepare_transaction(self) -> tuple[int, int]:
+    async def prepare_transaction(self) -> tuple[int, int, float, int]:
         """Leave the open transaction for another process to end (``end_prepared``): its
-        producer id and epoch. The connection begins no other transaction (the producer id
-        initialized again would abort this one)."""
+        producer id, epoch, when it began (``time.time()``) and its ``transaction_timeout_ms``.
+        The connection begins no other transaction (the producer id initialized again would
+        abort this one)."""
         producer_id = self._sender.producer_id
         assert self._coordinator is not None and producer_id is not None
+        lasted = asyncio.get_running_loop().time() - self._transaction_began
         self._transactions_over = AtomicBatchError(
             f"this producer's transaction {self._coordinator.transactional_id!r} was prepared "
             "for another process to commit: a new transaction needs a new producer",
             kind="unsupported",
         )
-        return producer_id.id, producer_id.epoch
+        timeout_ms = self._coordinator.transaction_timeout_ms
+        return producer_id.id, producer_id.epoch, time.time() - lasted, timeout_ms
 
     @property
     def transactions_v2(self) -> bool:
@@ -260,7 +262,7 @@ class KafkaConnection(Connection):
             self._restart_transactions = True
             lasted = asyncio.get_running_loop().time() - self._transaction_began
             timeout = coordinator.transaction_timeout_ms / 1000
-            if over_before is None and refused.code in _TIMED_OUT_CODES and lasted >= timeout:
+            if over_before is None and transactions.outlived(refused.code, lasted, timeout):
                 self._transactions_over = None  # not fenced: the next batch begins anew
                 raise AtomicBatchError(
                     f"transaction of {coordinator.transactional_id!r} aborted by the "

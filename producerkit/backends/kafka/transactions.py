@@ -33,6 +33,7 @@ import contextlib
 import functools
 import io
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Final
 
@@ -63,6 +64,9 @@ _ASK_AGAIN: Final = frozenset({7, 13, 14, 15, 16, 51})
 _MOVED: Final = frozenset({15, 16})
 #: Codes that mean a newer producer took the transactional id.
 _FENCED: Final = frozenset({47, 90})
+#: The refusals of an EndTxn for a transaction the coordinator aborted because it outlived its
+#: timeout: INVALID_PRODUCER_EPOCH (v1: the abort bumped the epoch), INVALID_TXN_STATE (v2).
+_TIMED_OUT: Final = frozenset({47, 48})
 #: Names of the codes aiokafka has no class for (its UnknownError would say nothing).
 _CODE_NAMES: Final = {
     47: "INVALID_PRODUCER_EPOCH",
@@ -222,6 +226,12 @@ class TransactionError(Exception):
         super().__init__(message)
         self.kind = kind
         self.code = code
+
+
+def outlived(code: int | None, lasted: float, timeout: float) -> bool:
+    """Whether an EndTxn refused with ``code`` for a transaction open ``lasted`` seconds was
+    refused because the coordinator aborted it for outliving its ``timeout`` (seconds)."""
+    return code in _TIMED_OUT and lasted >= timeout
 
 
 class Coordinator:
@@ -429,15 +439,34 @@ async def end_prepared(
     epoch: int,
     *,
     commit: bool,
+    began_at: float | None = None,
+    prepared_timeout_ms: int | None = None,
     timeout: float = 30.0,
     **options: Any,
 ) -> None:
     """Commit (or abort) a transaction another producer prepared and left open, by its
     transactional id, producer id and epoch: the second phase of a two-phase commit. Raises
-    TransactionError (``kind="fenced"`` if a newer producer of the id aborted it meanwhile)."""
+    TransactionError: ``kind="timed_out"`` where the coordinator refused the end of a
+    transaction open (since ``began_at``, a ``time.time()``) longer than the
+    ``prepared_timeout_ms`` it was written with, as it refuses one it aborted for that;
+    ``"fenced"`` where a newer producer of the id aborted it meanwhile."""
     async with _client_of(url, timeout, options) as client:
         coordinator = _coordinator_of(client, transactional_id, timeout, options)
-        await coordinator.end(idempotence.ProducerId(producer_id, epoch), commit=commit)
+        try:
+            await coordinator.end(idempotence.ProducerId(producer_id, epoch), commit=commit)
+        except TransactionError as refused:
+            if began_at is None or prepared_timeout_ms is None:
+                raise
+            lasted = time.time() - began_at
+            if not outlived(refused.code, lasted, prepared_timeout_ms / 1000):
+                raise
+            raise TransactionError(
+                f"transaction of {transactional_id!r} aborted by the coordinator: it was open "
+                f"{lasted:.1f}s, past transaction_timeout_ms={prepared_timeout_ms} (EndTxn "
+                f"refused: code {refused.code})",
+                kind="timed_out",
+                code=refused.code,
+            ) from refused
 
 
 async def abort_open(
