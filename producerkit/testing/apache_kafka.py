@@ -198,10 +198,18 @@ class _Node(LocalBroker):
         self.process = None
 
     def log_tail(self, lines: int = 25) -> str:
+        """The node's first ERROR lines since its last launch (a fatal one at startup is
+        followed by a long shutdown), then the last ``lines`` lines of its log."""
         try:
-            return _readable_tail(self._log_path.read_text(errors="replace"), lines)
+            with open(self._log_path, "rb") as log:
+                log.seek(self._started_from)
+                text = log.read().decode(errors="replace")
         except OSError:
             return ""
+        errors = [line for line in text.splitlines() if " ERROR " in line or " FATAL " in line]
+        first = "\n".join(errors[:3])
+        tail = _readable_tail(text, lines)
+        return f"first errors:\n{first}\n...\n{tail}" if first else tail
 
 
 # ---------------------------------------------------------------------- the cluster

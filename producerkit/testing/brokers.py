@@ -21,6 +21,7 @@ them and adds the broker's own faults, ``kill()`` and ``restart()``::
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,11 +40,27 @@ from producerkit.testing.proxy import FaultProxy
 __all__ = ["BrokerFaults", "LocalBroker", "free_port", "start_kafka", "start_nats"]
 
 
+#: Where :func:`free_port` looks: below Linux's default ephemeral range (32768-60999), so that
+#: no outgoing connection of any process takes a port between its choice and the broker's bind.
+_SERVER_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, for a broker about to start: one drawn at random
+    below the ephemeral range (where one binds; the kernel's choice of port 0 otherwise), since
+    a broker binds it seconds later (a JVM), and a port of the ephemeral range may be taken
+    meanwhile by any connection a test opens."""
+    for port in random.sample(_SERVER_PORTS, 50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 class LocalBroker:
