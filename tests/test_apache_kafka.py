@@ -16,6 +16,7 @@ import producerkit as pk
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
 from producerkit.testing import apache_kafka as apache_kafka_module
 from producerkit.testing.apache_kafka import ApacheKafka, cache_dir
+from producerkit.testing.brokers import free_port
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -134,6 +135,32 @@ def test_a_node_that_cannot_start(tmp_path: Path) -> None:
     assert "\tat " not in message
     with pytest.raises(ConfigurationError, match="not started"):
         kafka.url  # noqa: B018
+
+
+def test_a_port_taken_before_the_node_binds_it_is_chosen_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process binds the controller port chosen for the node before the JVM does
+    (seen in whole-suite runs on three workers): the node exits "Address already in use", and
+    the start makes the node again on other ports instead of failing."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    choices = iter([apache_kafka_module.free_port(), taken.getsockname()[1]])
+    monkeypatch.setattr(
+        apache_kafka_module, "free_port", lambda: next(choices, None) or free_port()
+    )
+    kafka = ApacheKafka()
+    caplog.set_level("INFO", logger="producerkit.testing.apache_kafka")
+    try:
+        kafka.start()
+        assert kafka.running(1)  # while the port stays taken
+        assert "a port was taken before a node bound it" in caplog.text
+    finally:
+        kafka.stop()
+        taken.close()
 
 
 def test_missing_java_or_maven(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -59,7 +60,12 @@ __all__ = ["ApacheKafka", "cache_dir", "resolve_jars"]
 
 _INSTALL_PYTHON: Final = 'pip install "producerkit[pytest]"'
 _SLF4J_VERSION: Final = "2.0.17"
+logger = logging.getLogger(__name__)
+
 _STARTED: Final = b"Kafka Server started"
+#: What a node that could not bind a port logs, and how often a start picks new ports for that.
+_PORT_TAKEN: Final = "Address already in use"
+_PORT_ATTEMPTS: Final = 3
 
 #: JVM flags for a test broker on a small machine (2 cores, several JVMs at once). The serial
 #: collector uses no GC threads of its own; C1 alone (TieredStopAtLevel=1) starts a node in
@@ -311,12 +317,8 @@ class ApacheKafka(LocalCluster):
         self._open_workdir("producerkit-apache-kafka-")
         self._java, self._classpath = java, f"{jars}/*"
         try:
-            self._create_nodes()
             deadline = time.monotonic() + wait
-            for node in self._nodes.values():
-                node.launch()
-            for node in self._nodes.values():
-                node.wait_started(deadline)
+            self._launch_nodes(deadline)
             self._wait(
                 lambda: set(self._metadata(timeout=5).brokers) >= set(self.node_ids),
                 deadline - time.monotonic(),
@@ -328,6 +330,29 @@ class ApacheKafka(LocalCluster):
             self.stop()
             raise
         return self
+
+    def _launch_nodes(self, deadline: float) -> None:
+        """Create, format and launch every node; return once each logged that it started. A
+        port chosen free that another process bound before a node did (the JVM binds seconds
+        after the choice) makes that node exit: the nodes are made again on other ports, up to
+        three times, where neither the ports nor the work directory were given."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            self._create_nodes()
+            try:
+                for node in self._nodes.values():
+                    node.launch()
+                for node in self._nodes.values():
+                    node.wait_started(deadline)
+                return
+            except BrokerUnavailable as exc:
+                ours = not self._ports and self._given_workdir is None
+                if not ours or _PORT_TAKEN not in str(exc) or attempt == _PORT_ATTEMPTS:
+                    raise
+                logger.info("Apache Kafka: a port was taken before a node bound it; again")
+                for node in self._nodes.values():
+                    node.kill()
+                    shutil.rmtree(node.workdir, ignore_errors=True)
+                self._nodes.clear()
 
     def _create_nodes(self) -> None:
         workdir = self.workdir

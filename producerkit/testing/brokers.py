@@ -20,6 +20,7 @@ them and adds the broker's own faults, ``kill()`` and ``restart()``::
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import shutil
@@ -43,6 +44,9 @@ __all__ = ["BrokerFaults", "LocalBroker", "free_port", "start_kafka", "start_nat
 #: Where :func:`free_port` looks: below Linux's default ephemeral range (32768-60999), so that
 #: no outgoing connection of any process takes a port between its choice and the broker's bind.
 _SERVER_PORTS = range(20000, 32768)
+#: The ports :func:`free_port` gave out lately in this process, not given again: a broker may
+#: bind its port seconds after the choice.
+_GIVEN: collections.deque[int] = collections.deque(maxlen=256)
 
 
 def free_port() -> int:
@@ -51,12 +55,15 @@ def free_port() -> int:
     a broker binds it seconds later (a JVM), and a port of the ephemeral range may be taken
     meanwhile by any connection a test opens."""
     for port in random.sample(_SERVER_PORTS, 50):
+        if port in _GIVEN:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _GIVEN.append(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         chosen: int = sock.getsockname()[1]
