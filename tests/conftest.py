@@ -525,11 +525,12 @@ df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias
 """
 
 
-def stored_on(url: str, subject: str, timeout: float = 120.0) -> Callable[[], None]:
+def stored_on(url: str, subject: str, below: int, timeout: float = 120.0) -> Callable[[], None]:
     """A function for Spark's executors (it pickles by value) that returns once the JetStream
-    stream of ``subject`` at ``url`` holds a message (the stream may not exist yet), or after
-    ``timeout`` seconds: a test failing a task "after some rows were stored" waits for that,
-    not for a pause."""
+    stream of ``subject`` at ``url`` holds a message ``v-<n>...`` with ``n < below`` (a row of
+    the task that fails, not of the others; the stream may not exist yet), or after
+    ``timeout`` seconds: a test failing a task "after some of its rows were stored" waits for
+    that, not for a pause."""
 
     def wait() -> None:
         import asyncio
@@ -544,11 +545,16 @@ def stored_on(url: str, subject: str, timeout: float = 120.0) -> Callable[[], No
             try:
                 js = client.jetstream()
                 deadline = time.monotonic() + timeout
+                sequence = 1
                 while time.monotonic() < deadline:
                     with contextlib.suppress(NotFoundError):
                         stream = await js.find_stream_name_by_subject(subject)
-                        if (await js.stream_info(stream)).state.messages:
-                            return
+                        last = (await js.stream_info(stream)).state.last_seq
+                        while sequence <= last:
+                            data = (await js.get_msg(stream, sequence)).data or b""
+                            if int(data.split(b"-")[1]) < below:
+                                return
+                            sequence += 1
                     await asyncio.sleep(0.05)
             finally:
                 await client.close()

@@ -163,7 +163,7 @@ def test_retry_is_exactly_once_on_jetstream_with_id_col(
             # 1 kB values: the first half of a partition overflows Spark's 64 kB pipe buffers,
             # so it reaches the publisher before the failure
             padded = F.concat(F.lit("v-"), F.col("id"), F.lit("-"), F.repeat(F.lit("x"), 1000))
-            stored = stored_on(nats_broker.jetstream_url, subject)
+            stored = stored_on(nats_broker.jetstream_url, subject, half_of_first_partition)
             fail = _fail_once_at(half_of_first_partition, stored)
             return rows.select(fail(padded, F.col("id")).alias("value"), F.col("id"))
 

@@ -95,7 +95,7 @@ def test_tuples_retry_exactly_once_on_jetstream_and_counted_once(
             counters=counters,
             **ids,
         )
-        stored = stored_on(nats_broker.jetstream_url, topic)
+        stored = stored_on(nats_broker.jetstream_url, topic, 12_000)
         rdd.map(_fail_once_at(12_000, stored)).foreachPartition(writer)
         return counters
 
