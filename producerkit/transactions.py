@@ -57,26 +57,24 @@ async def commit_prepared(
     """Commit ``prepared`` (``kafka://`` ``url``; ``options`` as the producer's, security
     included). Raises AtomicBatchError (the transaction is not committed), ConfigurationError
     for an option it does not take."""
-    from producerkit.backends.kafka import transactions
-
-    _check(options)
-    await _typed(
-        transactions.end_prepared(
-            url,
-            *prepared[:3],
-            commit=True,
-            began_at=prepared.began_at,
-            prepared_timeout_ms=prepared.transaction_timeout_ms,
-            timeout=timeout,
-            **options,
-        )
-    )
+    await _end_prepared(url, prepared, commit=True, timeout=timeout, options=options)
 
 
 async def abort_prepared(
     url: str, prepared: PreparedTransaction, *, timeout: float = 30.0, **options: Any
 ) -> None:
     """Abort ``prepared``. Raises AtomicBatchError, ConfigurationError."""
+    await _end_prepared(url, prepared, commit=False, timeout=timeout, options=options)
+
+
+async def _end_prepared(
+    url: str,
+    prepared: PreparedTransaction,
+    *,
+    commit: bool,
+    timeout: float,
+    options: dict[str, Any],
+) -> None:
     from producerkit.backends.kafka import transactions
 
     _check(options)
@@ -84,7 +82,7 @@ async def abort_prepared(
         transactions.end_prepared(
             url,
             *prepared[:3],
-            commit=False,
+            commit=commit,
             began_at=prepared.began_at,
             prepared_timeout_ms=prepared.transaction_timeout_ms,
             timeout=timeout,

@@ -47,6 +47,9 @@ _SERVER_PORTS = range(20000, 32768)
 #: The ports :func:`free_port` gave out lately in this process, not given again: a broker may
 #: bind its port seconds after the choice.
 _GIVEN: collections.deque[int] = collections.deque(maxlen=256)
+#: Not the ``random`` module's generator: a test run may seed that alike in every process
+#: (pytest-randomly does, per test), and the processes would then draw the same ports.
+_DRAW = random.SystemRandom()
 
 
 def free_port() -> int:
@@ -54,7 +57,7 @@ def free_port() -> int:
     below the ephemeral range (where one binds; the kernel's choice of port 0 otherwise), since
     a broker binds it seconds later (a JVM), and a port of the ephemeral range may be taken
     meanwhile by any connection a test opens."""
-    for port in random.sample(_SERVER_PORTS, 50):
+    for port in _DRAW.sample(_SERVER_PORTS, 50):
         if port in _GIVEN:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
