@@ -203,17 +203,25 @@ class _Node(LocalBroker):
                 self.kill()
         self.process = None
 
-    def log_tail(self, lines: int = 25) -> str:
-        """The node's first ERROR lines since its last launch (a fatal one at startup is
-        followed by a long shutdown), then the last ``lines`` lines of its log."""
+    def logged_since_launch(self) -> str:
+        """What the node logged since it was last launched."""
         try:
             with open(self._log_path, "rb") as log:
                 log.seek(self._started_from)
-                text = log.read().decode(errors="replace")
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
-        errors = [line for line in text.splitlines() if " ERROR " in line or " FATAL " in line]
-        first = "\n".join(errors[:3])
+
+    def log_tail(self, lines: int = 25) -> str:
+        """The node's first ERROR lines and their causes since its last launch (a fatal one
+        at startup is followed by a long shutdown), then the last ``lines`` lines of its log."""
+        text = self.logged_since_launch()
+        errors = [
+            line
+            for line in text.splitlines()
+            if " ERROR " in line or " FATAL " in line or line.startswith("Caused by:")
+        ]
+        first = "\n".join(errors[:6])
         tail = _readable_tail(text, lines)
         return f"first errors:\n{first}\n...\n{tail}" if first else tail
 
@@ -344,9 +352,11 @@ class ApacheKafka(LocalCluster):
                 for node in self._nodes.values():
                     node.wait_started(deadline)
                 return
-            except BrokerUnavailable as exc:
+            except BrokerUnavailable:
                 ours = not self._ports and self._given_workdir is None
-                if not ours or _PORT_TAKEN not in str(exc) or attempt == _PORT_ATTEMPTS:
+                nodes = self._nodes.values()
+                taken = any(_PORT_TAKEN in node.logged_since_launch() for node in nodes)
+                if not ours or not taken or attempt == _PORT_ATTEMPTS:
                     raise
                 logger.info("Apache Kafka: a port was taken before a node bound it; again")
                 for node in self._nodes.values():
