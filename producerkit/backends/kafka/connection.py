@@ -43,10 +43,6 @@ logger = logging.getLogger("producerkit.kafka")
 
 _T = TypeVar("_T")
 
-#: EndTxn's refusal of a transaction the coordinator aborted for outliving its timeout:
-#: INVALID_PRODUCER_EPOCH (transactions v1: the abort bumped the epoch) and INVALID_TXN_STATE
-#: (v2: it is no longer ongoing).
-
 
 def _acks_number(acks: int | str) -> int:
     return -1 if acks == "all" else int(acks)
@@ -261,16 +257,15 @@ class KafkaConnection(Connection):
         except AtomicBatchError as refused:
             self._restart_transactions = True
             lasted = asyncio.get_running_loop().time() - self._transaction_began
-            timeout = coordinator.transaction_timeout_ms / 1000
-            if over_before is None and transactions.outlived(refused.code, lasted, timeout):
+            error = transactions.timed_out(
+                coordinator.transactional_id,
+                refused.code,
+                lasted,
+                coordinator.transaction_timeout_ms,
+            )
+            if over_before is None and error is not None:
                 self._transactions_over = None  # not fenced: the next batch begins anew
-                raise AtomicBatchError(
-                    f"transaction of {coordinator.transactional_id!r} aborted by the "
-                    f"coordinator: it was open {lasted:.1f}s, past transaction_timeout_ms="
-                    f"{coordinator.transaction_timeout_ms} (EndTxn refused: code {refused.code})",
-                    kind="timed_out",
-                    code=refused.code,
-                ) from refused
+                raise AtomicBatchError(str(error), kind=error.kind, code=error.code) from refused
             raise
         if following is not None:
             self._sender.restart_sequences(following)

@@ -228,10 +228,20 @@ class TransactionError(Exception):
         self.code = code
 
 
-def outlived(code: int | None, lasted: float, timeout: float) -> bool:
-    """Whether an EndTxn refused with ``code`` for a transaction open ``lasted`` seconds was
-    refused because the coordinator aborted it for outliving its ``timeout`` (seconds)."""
-    return code in _TIMED_OUT and lasted >= timeout
+def timed_out(
+    transactional_id: str, code: int | None, lasted: float, timeout_ms: int
+) -> TransactionError | None:
+    """The ``"timed_out"`` error to report where an EndTxn refused with ``code``, for a
+    transaction open ``lasted`` seconds, was refused because the coordinator aborted it for
+    outliving its ``timeout_ms``; None where the refusal means something else."""
+    if code not in _TIMED_OUT or lasted < timeout_ms / 1000:
+        return None
+    return TransactionError(
+        f"transaction of {transactional_id!r} aborted by the coordinator: it was open "
+        f"{lasted:.1f}s, past transaction_timeout_ms={timeout_ms} (EndTxn refused: code {code})",
+        kind="timed_out",
+        code=code,
+    )
 
 
 class Coordinator:
@@ -458,15 +468,10 @@ async def end_prepared(
             if began_at is None or prepared_timeout_ms is None:
                 raise
             lasted = time.time() - began_at
-            if not outlived(refused.code, lasted, prepared_timeout_ms / 1000):
+            error = timed_out(transactional_id, refused.code, lasted, prepared_timeout_ms)
+            if error is None:
                 raise
-            raise TransactionError(
-                f"transaction of {transactional_id!r} aborted by the coordinator: it was open "
-                f"{lasted:.1f}s, past transaction_timeout_ms={prepared_timeout_ms} (EndTxn "
-                f"refused: code {refused.code})",
-                kind="timed_out",
-                code=refused.code,
-            ) from refused
+            raise error from refused
 
 
 async def abort_open(
