@@ -5,6 +5,7 @@ the errors a test names, and the clients get through with every record stored on
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -163,7 +164,9 @@ def test_a_broker_down_refuses_connections_on_its_port(kafka_cluster: KafkaClust
     kafka_cluster.broker_down(2)
     try:
         open_one.settimeout(5)
-        assert open_one.recv(1) == b""  # closed by the broker
+        # closed by the broker: an orderly close, or a reset (seen in CI)
+        with contextlib.suppress(ConnectionResetError):
+            assert open_one.recv(1) == b""
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection((host, int(port)), timeout=5).close()
         kafka_cluster.broker_up(2)

@@ -722,6 +722,109 @@ def _prepared(
     return prepared
 
 
+#: A hook (``sitecustomize``, loaded by every Python process of the job below, Spark's workers
+#: included) holding back the InitProducerId of partition 0's first attempt until its retry
+#: took the id: the first attempt's writer lives on after its task failed (Spark stops the
+#: failed task's UDF worker, not it) and asks for the id late, as when its coordinator was
+#: being elected. Each step leaves a file named after the transactional id.
+_HOLD_FIRST_ATTEMPT = """
+import os
+hold = os.environ.get("PRODUCERKIT_TEST_HOLD")
+if hold:
+    from producerkit.backends.kafka import transactions
+
+    original = transactions.Coordinator.init_producer_id
+
+    async def init_producer_id(self, **kwargs):
+        import asyncio
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None or context.partitionId() != 0:
+            return await original(self, **kwargs)
+        path = os.path.join(hold, self.transactional_id)
+        if context.attemptNumber() > 0:
+            granted = await original(self, **kwargs)
+            open(f"{path}.retry-granted", "w").close()
+            return granted
+        for _ in range(1200):  # the retry's, at most 2 minutes
+            if os.path.exists(f"{path}.retry-granted"):
+                break
+            await asyncio.sleep(0.1)
+        try:
+            granted = await original(self, **kwargs)
+        except Exception as exc:
+            with open(f"{path}.first-refused", "w") as out:
+                out.write(repr(exc))
+            raise
+        with open(f"{path}.first-granted", "w") as out:
+            out.write(repr(granted))
+        return granted
+
+    transactions.Coordinator.init_producer_id = init_producer_id
+"""
+
+#: A job per path, 20,000 rows over 4 partitions; partition 0's first attempt fails at its row
+#: 100 (its UDF's Python worker exits) while its writer waits in the hook above.
+_LATE_FIRST_ATTEMPT = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+from pyspark import TaskContext
+from pyspark.sql import SparkSession, functions as F
+import producerkit.spark as pks
+
+url, publish_topic, format_topic = sys.argv[1:4]
+spark = (SparkSession.builder.master("local[2,3]").config("spark.ui.enabled", "false")
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+
+def check(value, number):
+    if number == 100 and TaskContext.get().attemptNumber() == 0:
+        os._exit(1)
+    return value
+
+value = F.udf(check, "string")(F.concat(F.lit("v-"), F.col("id")), F.col("id"))
+df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias("key"),
+                                                value.alias("value"))
+report = pks.publish(df, url, topic=publish_topic, exactly_once=True)
+print("RESULT publish", report.delivered, report.retried_partitions)
+(df.write.format("producerkit").option("url", url).option("topic", format_topic)
+ .option("exactly_once", "true").mode("append").save())
+print("RESULT format")
+"""
+
+
+@BROKERS
+def test_a_first_attempt_that_takes_its_id_after_the_retry_is_refused(
+    apache_kafka_cluster: ApacheKafka, tmp_path: Path
+) -> None:
+    """What a CI run found: a task's first attempt whose writer asked for its transactional id
+    only after the retry had (its InitProducerId held up, its task already failed upstream)
+    aborted the retry's prepared transaction, and the job failed "fenced" at the commit (or,
+    later still, it left a transaction of its own open). A batch job's first attempts take
+    their id only if it is new: the late one is refused, the retry's transaction committed,
+    each row served once, nothing of the first attempt written and nothing left open."""
+    target = _ApacheTarget(apache_kafka_cluster)
+    topics = {"publish": target.topic(4), "format": target.topic(4)}
+    hook, hold = tmp_path / "hook", tmp_path / "hold"
+    hook.mkdir()
+    hold.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_FIRST_ATTEMPT)
+    path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PRODUCERKIT_TEST_HOLD": str(hold)}
+    command = [sys.executable, "-c", _LATE_FIRST_ATTEMPT, target.url, *topics.values()]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    results = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert results == ["RESULT publish 20000 1", "RESULT format"], done.stderr[-3000:]
+    steps = sorted(name.rsplit(".", 1)[1] for name in os.listdir(hold))
+    assert steps == ["first-refused"] * 2 + ["retry-granted"] * 2, steps
+    for topic in topics.values():
+        committed = target.committed(topic, expected=20_000)
+        assert _ids(committed) == list(range(20_000))
+        assert "open" not in target.states(topic), target.explain(topic)
+        assert len(target.written(topic)) == 20_000  # the late first attempt wrote nothing
+
+
 def _committed(cluster: KafkaCluster, topic: str) -> list[int]:
     records = cluster.read(topic, timeout=30.0, isolation_level="read_committed")
     return _ids(_values(record.value for record in records))

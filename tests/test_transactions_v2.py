@@ -256,6 +256,72 @@ async def test_prepared_transactions_are_ended_by_another_client(kafka: Any, wir
         assert wire.versions(END_TXN) == {0}
 
 
+async def test_a_fresh_transactional_id_is_taken_only_if_no_producer_held_it(kafka: Any) -> None:
+    """``fresh_transactional_id=True`` (a Spark task's first attempt): a new id is granted and
+    its transaction commits; an id another producer initialized is refused ``"fenced"`` at
+    the batch's start, and the holder's prepared transaction is untouched (its commit stands).
+    A producer without the option takes the id as before."""
+    from producerkit import transactions as pk_transactions
+
+    topic = _topic(kafka)
+    async with (
+        pk.Producer(
+            kafka.url, topic=topic, transactional_id=f"tx-{topic}-new", fresh_transactional_id=True
+        ) as first,
+        first.atomic_batch() as batch,
+    ):
+        await batch.produce(b"new-id")
+    held = f"tx-{topic}-held"
+    async with pk.Producer(kafka.url, topic=topic, transactional_id=held) as holder:
+        async with holder.atomic_batch(prepare=True) as batch:
+            await batch.produce(b"holder")
+        assert isinstance(batch, AtomicBatch) and batch.prepared is not None
+        prepared = batch.prepared
+    async with pk.Producer(
+        kafka.url, topic=topic, transactional_id=held, fresh_transactional_id=True
+    ) as late:
+        with pytest.raises(pk.AtomicBatchError, match="initialized before") as refused:
+            async with late.atomic_batch() as batch:
+                await batch.produce(b"late")
+    assert refused.value.kind == "fenced"
+    await pk_transactions.commit_prepared(kafka.url, prepared)
+    async with (
+        pk.Producer(kafka.url, topic=topic, transactional_id=held) as taker,
+        taker.atomic_batch() as batch,
+    ):
+        await batch.produce(b"taker")
+
+    assert _values(kafka.read(topic, expected=3)) == [b"holder", b"new-id", b"taker"]
+    assert len(kafka.read(topic, isolation="read_uncommitted", expected=3)) == 3
+
+
+def test_a_fresh_transactional_id_needs_one_given() -> None:
+    with pytest.raises(pk.ConfigurationError, match="give transactional_id"):
+        pk.Producer("kafka://127.0.0.1:9", fresh_transactional_id=True)
+
+
+async def test_a_coordinator_that_cannot_tell_a_new_id_grants_it_anyway(
+    kafka_cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka's mock knows no producer id it did not grant (it answers the new-only request
+    UNKNOWN_PRODUCER_ID or the like): the id is asked for again without the condition."""
+    caplog.set_level("DEBUG", logger="producerkit.kafka")
+    topic = f"tv2-{uuid.uuid4().hex[:12]}"
+    kafka_cluster.create_topic(topic, partitions=1)
+    async with (
+        pk.Producer(
+            kafka_cluster.url,
+            topic=topic,
+            transactional_id=f"tx-{topic}",
+            fresh_transactional_id=True,
+        ) as producer,
+        producer.atomic_batch() as batch,
+    ):
+        await batch.produce(b"granted")
+    assert [r.value for r in kafka_cluster.read(topic)] == [b"granted"]
+    assert "does not take a new-only InitProducerId" in caplog.text
+
+
 class _Coordinator:
     """An aiokafka client's stand-in for a coordinator that answers ApiVersions v3 with
     ``features`` finalized and EndTxn with ``following`` (the next producer id and epoch)."""

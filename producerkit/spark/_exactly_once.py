@@ -8,6 +8,13 @@ id, initialized again, fences the earlier attempt and aborts what it left open. 
 task succeeded the driver commits them all, and if the job fails it aborts those it got and
 initializes every id of the job (which aborts what the others left open).
 
+A failed attempt's Python worker may live on after Spark started the retry (its input cut at
+a batch boundary reads as its end); one whose InitProducerId was held up (a coordinator being
+elected) would take the id after the retry did, abort the retry's prepared transaction and
+leave one of its own open. So in a batch job, whose ids are new, a first attempt takes its id
+only if no producer initialized it before (``fresh_transactional_id``): such a late first
+attempt fails instead. Retries and speculative attempts take the id whatever came before.
+
 - ``publish()`` and ``df.write.format("producerkit")``: ``{job}`` is fresh per write
   (``pk-`` and 16 hex digits); the driver step is ``publish()``'s own, or the writer's
   ``commit()`` / ``abort()``.
@@ -308,7 +315,11 @@ def write_task(
         if config.id_col is not None:
             return publish_task(config, chunks), None
         return publish_task(config, _with_row_ids(chunks, base)), None
-    return _prepare(config, chunks, base)
+    # A batch job's ids are new: its first attempts take theirs only if no newer attempt did
+    # (a failed attempt's Python worker lives on; see the module docstring). A streaming
+    # micro-batch's ids are taken again by its replay after a restart.
+    first_of_new_id = job.prefix is not None and context.attemptNumber() == 0
+    return _prepare(config, chunks, base, fresh=first_of_new_id)
 
 
 def _with_row_ids(chunks: Iterable[Chunk], base: str) -> Iterator[Chunk]:
@@ -321,16 +332,18 @@ def _with_row_ids(chunks: Iterable[Chunk], base: str) -> Iterator[Chunk]:
 
 
 def _prepare(
-    config: SinkConfig, chunks: Iterable[Chunk], transactional_id: str
+    config: SinkConfig, chunks: Iterable[Chunk], transactional_id: str, *, fresh: bool
 ) -> tuple[TaskCounts, PreparedTransaction | None]:
     """One task on Kafka: its rows in one transaction left open, through a producer of its own
-    (a producer that prepared a transaction begins no other)."""
+    (a producer that prepared a transaction begins no other); ``fresh``: it takes
+    ``transactional_id`` only if no producer initialized it before."""
     from producerkit._sync import SyncProducer
 
     timeout = timeout_of(config)
     arguments = {
         **config.producer_arguments(),
         "transactional_id": transactional_id,
+        "fresh_transactional_id": fresh,
         "transaction_timeout_ms": int(timeout * 1000),
         # the transaction's messages stay in flight until it is prepared: the window and each
         # message's deadline must hold the whole task

@@ -183,7 +183,11 @@ class KafkaConnection(Connection):
             timeout=self.timeout,
             retry_backoff=self._settings.get("retry_backoff_ms", 100) / 1000,
         )
-        producer_id = await self._transaction_step(self._coordinator.init_producer_id())
+        producer_id = await self._transaction_step(
+            self._coordinator.init_producer_id(
+                only_if_new=bool(self.options.get("fresh_transactional_id"))
+            )
+        )
         self.idempotent, self.idempotence_reason = True, f"transactional id {transactional_id!r}"
         self._acks = -1
         return producer_id

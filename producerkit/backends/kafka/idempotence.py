@@ -177,6 +177,15 @@ class InitProducerIdRequest(Request[_Versions]):  # type: ignore[misc]
         return request_struct_class(*fields)
 
 
+def _broker_error(code: int) -> kafka_errors.KafkaError:
+    """aiokafka's error for a broker's error ``code``; where aiokafka has no class for it
+    (PRODUCER_FENCED, ...), its UnknownError carrying the code as ``errno``."""
+    error: kafka_errors.KafkaError = kafka_errors.for_code(code)()
+    if error.errno != code:
+        error.errno = code
+    return error
+
+
 #: Errors of InitProducerId worth asking again for, after a backoff.
 _RETRIABLE_CODES: Final = frozenset({7, 13, 14, 15, 16, 51})  # timeout, network, coordinator...
 #: COORDINATOR_NOT_AVAILABLE and NOT_COORDINATOR.
@@ -235,7 +244,7 @@ async def request_producer_id(
             code = response.error_code
             if code == 0:
                 return ProducerId(response.producer_id, response.producer_epoch)
-            error = kafka_errors.for_code(code)()
+            error = _broker_error(code)
             if code not in _RETRIABLE_CODES or (node_id is not None and code in _MOVED_CODES):
                 raise error  # a coordinator that moved is the caller's to look up again
             last_error = error

@@ -40,6 +40,7 @@ OPTIONS: Final[dict[str, type]] = {
     **_security.OPTIONS,
     "preset": str,
     "transactional_id": str,
+    "fresh_transactional_id": bool,
     "transaction_timeout_ms": int,
 }
 #: The transaction timeout when ``transaction_timeout_ms`` is not given: the Java client's.
@@ -88,6 +89,11 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"max_batches_in_flight must be at least 1, got {checked['max_batches_in_flight']}"
         )
     _check_idempotence(checked)
+    if checked.get("fresh_transactional_id") and checked.get("transactional_id") is None:
+        raise ConfigurationError(
+            "fresh_transactional_id=True asks for the given transactional_id only if it is new: "
+            "give transactional_id too (the id a producer makes up for itself is always new)"
+        )
     if checked.get("transactional_id") is not None and (refusal := transaction_refusal(checked)):
         raise ConfigurationError(f"transactional_id={checked['transactional_id']!r}: {refusal}")
     _check_compression(checked.get("compression_type"))
@@ -213,6 +219,7 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
     given.pop("transactional_id", None)  # producerkit's own transactions (atomic_batch)
     given.pop(TRANSACTIONAL_OPTION, None)
     given.pop("transaction_timeout_ms", None)
+    given.pop("fresh_transactional_id", None)
     if given.get("compression_type") == "zstd":
         settings["max_batch_size"] = ZSTD_MAX_BATCH_SIZE
     settings.update(given)

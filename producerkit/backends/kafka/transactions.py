@@ -73,6 +73,14 @@ _CODE_NAMES: Final = {
     59: "UNKNOWN_PRODUCER_ID",
     90: "PRODUCER_FENCED",
 }
+#: The producer id and epoch an InitProducerId asking for a transactional id only if it is new
+#: gives as its current ones (KIP-360): a coordinator grants an id whose metadata it has just
+#: created (no epoch yet) whatever they are, and fences every other request naming a producer
+#: id it did not grant (none is this large), in one step under the id's lock.
+_NEVER_GRANTED: Final = idempotence.ProducerId(2**63 - 1, 0)
+#: The refusals of such a request by a coordinator that knows no producer id it did not grant
+#: and so cannot tell a new id from a held one: UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_ID_MAPPING.
+_PRODUCER_ID_UNKNOWN: Final = frozenset({59, 49})
 #: Codes of a transactional id the broker will not let this producer use.
 _REFUSED: Final = frozenset({53, 35})  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSUPPORTED_VERSION
 
@@ -296,12 +304,16 @@ class Coordinator:
             return False
         return speaks_transactions_v2(response)
 
-    async def init_producer_id(self) -> idempotence.ProducerId:
+    async def init_producer_id(self, *, only_if_new: bool = False) -> idempotence.ProducerId:
         """The transactional id's producer id, with a new epoch: every earlier producer of it
-        is fenced, and what it left open is aborted. A coordinator that cannot be reached, or
-        answers busy or moved, is looked up and asked again until the timeout: then
+        is fenced, and what it left open is aborted. ``only_if_new``: only if no producer ever
+        initialized the id (else ``"fenced"``, and nothing of the id's holder is touched); a
+        coordinator that does not tell (it knows no producer id it did not grant: librdkafka's
+        mock) grants the id as without. A coordinator that cannot be reached, or answers busy
+        or moved, is looked up and asked again until the timeout: then
         ``"coordinator_unavailable"``."""
         deadline = self._deadline()
+        current = _NEVER_GRANTED if only_if_new else None
         while True:
             node = await self._coordinator(deadline)
             try:
@@ -312,6 +324,7 @@ class Coordinator:
                     deadline=deadline,
                     transactional_id=self.transactional_id,
                     transaction_timeout_ms=self.transaction_timeout_ms,
+                    current=current,
                     node_id=functools.partial(int, node),
                     retry_backoff=self._retry_backoff,
                 )
@@ -320,6 +333,23 @@ class Coordinator:
                 if code in _MOVED or _unanswered(exc):
                     self._node = None
                     await self._backoff(deadline, exc)
+                    continue
+                if current is not None and code in _FENCED:
+                    raise TransactionError(
+                        f"InitProducerId: the transactional id {self.transactional_id!r} was "
+                        "initialized before (it was asked for as new): a newer producer holds "
+                        "it, or held it",
+                        "fenced",
+                        code,
+                    ) from exc
+                if current is not None and code in _PRODUCER_ID_UNKNOWN:
+                    logger.debug(
+                        "the coordinator of %r does not take a new-only InitProducerId (%s): "
+                        "asked without the condition",
+                        self.transactional_id,
+                        type(exc).__name__,
+                    )
+                    current = None
                     continue
                 raise self._error(exc, code, "InitProducerId") from exc
 
