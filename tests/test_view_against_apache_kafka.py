@@ -201,7 +201,10 @@ def _spark(url: str, topic: str, prefix: str) -> dict[str, str]:
                     raise RuntimeError("the task's input failed")
 
         try:
-            _, handle = exactly_once._prepare(config, chunks(), f"{prefix}-{job}-{partition}")
+            # a first attempt takes its id only if it is new, as in a Spark batch job
+            transactional_id = f"{prefix}-{job}-{partition}"
+            first = attempt == "1"
+            _, handle = exactly_once._prepare(config, chunks(), transactional_id, fresh=first)
         except RuntimeError:
             outcomes[f"task {partition} attempt {attempt}"] = "input failed"
             return None
