@@ -354,6 +354,48 @@ async def test_a_transaction_left_open_past_its_timeout_is_aborted_by_the_broker
 
 
 @TRANSACTIONS_ON_THE_FAST_PATH
+async def test_a_producer_whose_batch_timed_out_does_not_take_its_id_back(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """KIP-588, transactions v2: a producer whose batch the broker aborted for its timeout, the
+    id taken by a newer producer meanwhile, initializes its id again naming its own producer id
+    and epoch: the coordinator fences it (its next batch fails ``"fenced"``) instead of it
+    fencing the newer producer, whose open batch then commits. (Without them, the older
+    producer would abort the newer one's batch and take the id back; it still does after a
+    timeout with transactions v1, and after other failures: docs/atomic.md.)"""
+    kafka = apache_kafka
+    topic = _topic("taken-back")
+    kafka.create_topic(topic, partitions=1)
+    transactional_id = f"tx-{topic}"
+    async with pk.Producer(
+        kafka.url,
+        topic=topic,
+        transactional_id=transactional_id,
+        transaction_timeout_ms=2000,
+        timeout=30.0,
+    ) as older:
+        with pytest.raises(pk.AtomicBatchError) as raised:
+            async with older.atomic_batch() as batch:
+                await batch.produce(b"older-late")
+                await older.flush()
+                await anyio.to_thread.run_sync(_wait_until_stable, kafka, topic)
+        assert raised.value.kind == "timed_out", repr(raised.value)
+        async with (
+            pk.Producer(
+                kafka.url, topic=topic, transactional_id=transactional_id, timeout=30.0
+            ) as newer,
+            newer.atomic_batch() as newer_batch,
+        ):
+            await newer_batch.produce(b"newer")
+            with pytest.raises(pk.AtomicBatchError) as fenced:
+                async with older.atomic_batch() as batch:
+                    await batch.produce(b"older-again")
+            assert fenced.value.kind == "fenced", repr(fenced.value)
+
+    assert _values(kafka.read(topic, expected=1)) == [b"newer"]
+
+
+@TRANSACTIONS_ON_THE_FAST_PATH
 @pytest.mark.parametrize("which", ["apache_kafka", "apache_kafka_tv0"])
 async def test_a_prepared_transaction_ended_past_its_timeout_is_reported_timed_out(
     which: str, request: pytest.FixtureRequest

@@ -64,6 +64,9 @@ class KafkaConnection(Connection):
         self._coordinator: transactions.Coordinator | None = None
         self._transactions_over: AtomicBatchError | None = None
         self._restart_transactions = False
+        #: Initialize the id again naming this producer's id and epoch (KIP-588), not as a new
+        #: producer does: after a transactions-v2 batch the broker aborted for its timeout.
+        self._restart_naming_current = False
         #: When the open transaction began (the loop's clock), to tell its timeout at its end.
         self._transaction_began = 0.0
         self._partition_counts: dict[str, int] = {}
@@ -195,16 +198,24 @@ class KafkaConnection(Connection):
     async def begin_transaction(self) -> None:
         """Open a transaction. After one that did not commit, the producer id is initialized
         again first: the epoch bumped aborts whatever the coordinator still has open, and the
-        sequences start from 0 (a failed batch left a gap in them)."""
+        sequences start from 0 (a failed batch left a gap in them). After a transactions-v2
+        batch the broker aborted for its timeout, the InitProducerId names this producer's id
+        and epoch (KIP-588), so that a newer producer that took the id meanwhile fences this
+        one rather than being fenced by it. Not after other failures: a coordinator takes a
+        stale producer naming the epoch a newer producer bumped from as a retry of that
+        producer's request, and grants both one epoch."""
         if self._transactions_over is not None:
             raise self._transactions_over
         if self._restart_transactions:
             assert self._coordinator is not None
-            producer_id = await self._transaction_step(self._coordinator.init_producer_id())
+            current = self._sender.producer_id if self._restart_naming_current else None
+            producer_id = await self._transaction_step(
+                self._coordinator.init_producer_id(current=current)
+            )
             for record in self._accumulator.strand() + self._sender.unwritten_records():
                 self.reports.failed(record, BrokerUnavailable("its transaction ended"), False)
             self._sender.restart_sequences(producer_id)
-            self._restart_transactions = False
+            self._restart_transactions = self._restart_naming_current = False
         self._transaction_began = asyncio.get_running_loop().time()
 
     async def prepare_transaction(self) -> tuple[int, int, float, int]:
@@ -269,6 +280,11 @@ class KafkaConnection(Connection):
             )
             if over_before is None and error is not None:
                 self._transactions_over = None  # not fenced: the next batch begins anew
+                # transactions v2: the coordinator that aborted it for its timeout keeps the
+                # epoch it fenced as the last one, and grants it again to a KIP-588
+                # InitProducerId naming it unless a newer producer took the id meanwhile (v1's
+                # refuses it PRODUCER_FENCED: the id is taken as a new producer takes it)
+                self._restart_naming_current = bool(coordinator.v2)
                 raise AtomicBatchError(str(error), kind=error.kind, code=error.code) from refused
             raise
         if following is not None:

@@ -304,16 +304,22 @@ class Coordinator:
             return False
         return speaks_transactions_v2(response)
 
-    async def init_producer_id(self, *, only_if_new: bool = False) -> idempotence.ProducerId:
+    async def init_producer_id(
+        self, *, current: idempotence.ProducerId | None = None, only_if_new: bool = False
+    ) -> idempotence.ProducerId:
         """The transactional id's producer id, with a new epoch: every earlier producer of it
-        is fenced, and what it left open is aborted. ``only_if_new``: only if no producer ever
-        initialized the id (else ``"fenced"``, and nothing of the id's holder is touched); a
-        coordinator that does not tell (it knows no producer id it did not grant: librdkafka's
-        mock) grants the id as without. A coordinator that cannot be reached, or answers busy
-        or moved, is looked up and asked again until the timeout: then
-        ``"coordinator_unavailable"``."""
+        is fenced, and what it left open is aborted. ``current``: this producer's id and epoch
+        (KIP-588: after a transaction that did not commit), granted again only if no other
+        producer took the id since (else ``"fenced"``); the coordinator that aborted a
+        transaction for its timeout answers with the epoch it bumped. ``only_if_new``: only if
+        no producer ever initialized the id (else ``"fenced"``, and nothing of the id's holder
+        is touched); a coordinator that does not tell (it knows no producer id it did not
+        grant: librdkafka's mock) grants the id as without. A coordinator that cannot be
+        reached, or answers busy or moved, is looked up and asked again until the timeout:
+        then ``"coordinator_unavailable"``."""
         deadline = self._deadline()
-        current = _NEVER_GRANTED if only_if_new else None
+        if only_if_new:
+            current = _NEVER_GRANTED
         while True:
             node = await self._coordinator(deadline)
             try:
@@ -334,7 +340,7 @@ class Coordinator:
                     self._node = None
                     await self._backoff(deadline, exc)
                     continue
-                if current is not None and code in _FENCED:
+                if only_if_new and code in _FENCED:
                     raise TransactionError(
                         f"InitProducerId: the transactional id {self.transactional_id!r} was "
                         "initialized before (it was asked for as new): a newer producer holds "
@@ -342,7 +348,7 @@ class Coordinator:
                         "fenced",
                         code,
                     ) from exc
-                if current is not None and code in _PRODUCER_ID_UNKNOWN:
+                if only_if_new and code in _PRODUCER_ID_UNKNOWN:
                     logger.debug(
                         "the coordinator of %r does not take a new-only InitProducerId (%s): "
                         "asked without the condition",
