@@ -564,6 +564,45 @@ def stored_on(url: str, subject: str, below: int, timeout: float = 120.0) -> Cal
     return wait
 
 
+def kafka_stored(
+    url: str, topic: str, below: int, count: int, timeout: float = 120.0
+) -> Callable[[], None]:
+    """A function for Spark's executors (it pickles by value) that returns once ``topic`` at
+    the Kafka ``url`` holds ``count`` records ``v-<n>...`` with ``n < below`` (rows of the task
+    that fails, open transactions' included: read uncommitted), or after ``timeout`` seconds:
+    a test failing a task "after some of its rows were written" waits for that, not for a
+    pause."""
+
+    def wait() -> None:
+        import time
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": url.removeprefix("kafka://"),
+                "group.id": f"producerkit-stored-{topic}",
+                "isolation.level": "read_uncommitted",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+        try:
+            partitions = consumer.list_topics(topic, timeout=30.0).topics[topic].partitions
+            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+            seen = 0
+            deadline = time.monotonic() + timeout
+            while seen < count and time.monotonic() < deadline:
+                for message in consumer.consume(1000, timeout=0.2):
+                    value = message.value()
+                    if message.error() is None and value and int(value.split(b"-")[1]) < below:
+                        seen += 1
+        finally:
+            consumer.close()
+
+    return wait
+
+
 def run_local_cluster(body: str, workdir: Path) -> dict[str, list[int]]:
     """Run ``body`` on a ``local-cluster[2,1,1024]`` session (two executor JVMs) in a subprocess
     (one Python process holds one SparkContext), with ``spark``, ``F``, ``pks`` and ``df`` (20,000

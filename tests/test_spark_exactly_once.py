@@ -39,7 +39,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import TRANSACTIONS_ON_THE_FAST_PATH, read_jetstream
+from conftest import TRANSACTIONS_ON_THE_FAST_PATH, kafka_stored, read_jetstream
 
 import producerkit as pk
 from producerkit.testing.apache_kafka import ApacheKafka
@@ -229,10 +229,11 @@ def target(request: pytest.FixtureRequest) -> _Target:
     return _ApacheTarget(request.getfixturevalue("apache_kafka_cluster"))
 
 
-def _breaking(row: int, *, every_attempt: bool) -> Any:
-    """A UDF passing values through; at ``row`` it waits 1.5 s (the publisher downstream
-    takes what came before) and then, on the task's first attempt, its Python worker exits
-    (``os._exit``), or, ``every_attempt``, it raises on each attempt."""
+def _breaking(row: int, *, every_attempt: bool, written: Any = None) -> Any:
+    """A UDF passing values through; at ``row``, on the task's first attempt, it waits until
+    ``written()`` returns (the publisher downstream wrote rows of the task before it) and its
+    Python worker exits (``os._exit``), or, ``every_attempt``, it raises on each attempt
+    (after 1.5 s: the other tasks write meanwhile)."""
 
     def check(value: str, number: int) -> str:
         from pyspark import TaskContext
@@ -243,16 +244,31 @@ def _breaking(row: int, *, every_attempt: bool) -> Any:
                 time.sleep(1.5)
                 raise RuntimeError(f"injected failure at row {row}")
             if context.attemptNumber() == 0:
-                time.sleep(1.5)
+                if written is not None:
+                    written()
                 os._exit(1)
         return value
 
     return F.udf(check, "string")
 
 
-def _rows(spark: SparkSession, target: _Target, *, every_attempt: bool = False) -> Any:
+def _written_before_dying(target: _Target) -> int:
+    """How many rows the dying task's first attempt has written when it dies, at least: its
+    rows up to ``dies_at`` but the last Arrow batches' and UDF batches' worth (2,400)."""
+    return target.dies_at - 2_400
+
+
+def _rows(
+    spark: SparkSession, target: _Target, topic: str = "", *, every_attempt: bool = False
+) -> Any:
+    """The batch job's rows; with ``topic``, the first attempt of partition 0 dies at
+    ``target.dies_at`` once ``_written_before_dying(target)`` of its rows are in ``topic``."""
     padded = F.concat(F.lit("v-"), F.col("id"), F.lit("-"), F.repeat(F.lit("x"), 100))
-    breaking = _breaking(target.dies_at, every_attempt=every_attempt)
+    written = None
+    if topic and not every_attempt:
+        count = _written_before_dying(target)
+        written = kafka_stored(target.url, topic, target.dies_at, count)
+    breaking = _breaking(target.dies_at, every_attempt=every_attempt, written=written)
     return spark.range(target.rows, numPartitions=PARTITIONS).select(
         F.col("id").cast("string").alias("key"),
         breaking(padded, F.col("id")).alias("value"),
@@ -322,10 +338,10 @@ def test_a_worker_dying_mid_task_leaves_each_row_once(
     spark: SparkSession, target: _Target, small_arrow_batches: Any, path: str
 ) -> None:
     topic = target.topic()
-    _write(path, _rows(spark, target), target, topic)
+    _write(path, _rows(spark, target, topic), target, topic)
     # the first attempt's rows went out before its worker died (the log holds them)...
     written = target.written(topic)
-    assert len(written) > target.rows + target.dies_at - 2_500, len(written)
+    assert len(written) >= target.rows + _written_before_dying(target), len(written)
     # ... and a read_committed consumer is served each row once
     committed = target.committed(topic, expected=target.rows)
     assert _ids(committed) == list(range(target.rows))
