@@ -780,7 +780,7 @@ if hold:
     transactions.Coordinator.init_producer_id = init_producer_id
 """
 
-#: A job per path, 20,000 rows over 4 partitions; partition 0's first attempt fails at its row
+#: A job per path, 4,000 rows over 4 partitions; partition 0's first attempt fails at its row
 #: 100 (its UDF's Python worker exits) while its writer waits in the hook above.
 _LATE_FIRST_ATTEMPT = """
 import os, sys
@@ -800,7 +800,7 @@ def check(value, number):
     return value
 
 value = F.udf(check, "string")(F.concat(F.lit("v-"), F.col("id")), F.col("id"))
-df = spark.range(20000, numPartitions=4).select(F.col("id").cast("string").alias("key"),
+df = spark.range(4000, numPartitions=4).select(F.col("id").cast("string").alias("key"),
                                                 value.alias("value"))
 report = pks.publish(df, url, topic=publish_topic, exactly_once=True)
 print("RESULT publish", report.delivered, report.retried_partitions)
@@ -831,14 +831,14 @@ def test_a_first_attempt_that_takes_its_id_after_the_retry_is_refused(
     command = [sys.executable, "-c", _LATE_FIRST_ATTEMPT, target.url, *topics.values()]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     results = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert results == ["RESULT publish 20000 1", "RESULT format"], done.stderr[-3000:]
+    assert results == ["RESULT publish 4000 1", "RESULT format"], done.stderr[-3000:]
     steps = sorted(name.rsplit(".", 1)[1] for name in os.listdir(hold))
     assert steps == ["first-refused"] * 2 + ["retry-granted"] * 2, steps
     for topic in topics.values():
-        committed = target.committed(topic, expected=20_000)
-        assert _ids(committed) == list(range(20_000))
+        committed = target.committed(topic, expected=4_000)
+        assert _ids(committed) == list(range(4_000))
         assert "open" not in target.states(topic), target.explain(topic)
-        assert len(target.written(topic)) == 20_000  # the late first attempt wrote nothing
+        assert len(target.written(topic)) == 4_000  # the late first attempt wrote nothing
 
 
 def _committed(cluster: KafkaCluster, topic: str) -> list[int]:
