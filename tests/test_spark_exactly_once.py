@@ -391,20 +391,30 @@ def test_the_check_catches_a_driver_that_leaves_a_failed_jobs_transactions_open(
         _check_a_failed_job_stored_nothing(target, topic)
 
 
+def _spark_script(master: str, arrow_records: int) -> str:
+    """The start of a script run in a subprocess of its own: this interpreter on the
+    executors, ``spark`` on ``master`` with Arrow batches of ``arrow_records`` rows, ``F``."""
+    return f"""
+import os, sys
+os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession, functions as F
+spark = (SparkSession.builder.master("{master}").config("spark.ui.enabled", "false")
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "{arrow_records}").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+"""
+
+
 #: Streaming queries into ``format("producerkit")`` with exactly_once (``name=url`` arguments:
 #: one into Kafka, and on the mock cluster's run one into JetStream too), run together in a
 #: process of its own (the test kills its whole process group): three files of 1,000 rows, one a
 #: micro-batch, each micro-batch's rows over 3 partitions. In micro-batch 1, row 1,500 (past the
 #: shuffle, in the write's own stage) stops on the first run: it creates ``reached-<query>`` and
 #: waits to be killed.
-_STREAMING = """
-import os, sys, time
-os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-from pyspark.sql import SparkSession, functions as F
+_STREAMING = (
+    _spark_script("local[4]", 50)
+    + """
+import time
 source, workdir, topic = sys.argv[1:4]
-spark = (SparkSession.builder.master("local[4]").config("spark.ui.enabled", "false")
-         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50").getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
 
 def start(name, url):
     reached, resume = f"{workdir}/reached-{name}", f"{workdir}/resume"
@@ -429,6 +439,7 @@ for query in queries:
     query.awaitTermination(240)
     print("STOPPED", query.exception())
 """
+)
 
 
 async def _add_stream(url: str, subject: str, duplicate_window: float) -> None:
@@ -782,17 +793,13 @@ if hold:
 
 #: A job per path, 4,000 rows over 4 partitions; partition 0's first attempt fails at its row
 #: 100 (its UDF's Python worker exits) while its writer waits in the hook above.
-_LATE_FIRST_ATTEMPT = """
-import os, sys
-os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+_LATE_FIRST_ATTEMPT = (
+    _spark_script("local[2,3]", 1000)
+    + """
 from pyspark import TaskContext
-from pyspark.sql import SparkSession, functions as F
 import producerkit.spark as pks
 
 url, publish_topic, format_topic = sys.argv[1:4]
-spark = (SparkSession.builder.master("local[2,3]").config("spark.ui.enabled", "false")
-         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000").getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
 
 def check(value, number):
     if number == 100 and TaskContext.get().attemptNumber() == 0:
@@ -808,6 +815,7 @@ print("RESULT publish", report.delivered, report.retried_partitions)
  .option("exactly_once", "true").mode("append").save())
 print("RESULT format")
 """
+)
 
 
 @BROKERS
