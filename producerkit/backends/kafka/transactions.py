@@ -309,9 +309,10 @@ class Coordinator:
     ) -> idempotence.ProducerId:
         """The transactional id's producer id, with a new epoch: every earlier producer of it
         is fenced, and what it left open is aborted. ``current``: this producer's id and epoch
-        (KIP-588: after a transaction that did not commit), granted again only if no other
-        producer took the id since (else ``"fenced"``); the coordinator that aborted a
-        transaction for its timeout answers with the epoch it bumped. ``only_if_new``: only if
+        (KIP-588), refused ``"fenced"`` where another producer took the id since; a
+        transactions-v2 coordinator that aborted the producer's transaction for its timeout
+        answers with the epoch it bumped (only there can the coordinator tell: see
+        ``KafkaConnection.begin_transaction``). ``only_if_new``: only if
         no producer ever initialized the id (else ``"fenced"``, and nothing of the id's holder
         is touched); a coordinator that does not tell (it knows no producer id it did not
         grant: librdkafka's mock) grants the id as without. A coordinator that cannot be
