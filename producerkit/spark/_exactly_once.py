@@ -9,11 +9,12 @@ task succeeded the driver commits them all, and if the job fails it aborts those
 initializes every id of the job (which aborts what the others left open).
 
 A failed attempt's Python worker may live on after Spark started the retry (its input cut at
-a batch boundary reads as its end); one whose InitProducerId was held up (a coordinator being
-elected) would take the id after the retry did, abort the retry's prepared transaction and
-leave one of its own open. So in a batch job, whose ids are new, a first attempt takes its id
-only if no producer initialized it before (``fresh_transactional_id``): such a late first
-attempt fails instead. Retries and speculative attempts take the id whatever came before.
+a batch boundary reads as its end); one whose producer was slow to take its transactional id (a
+coordinator being elected) would take it after the retry did, abort the retry's prepared
+transaction and leave one of its own open. So in a batch job, whose ids are new, a first
+attempt takes its id only if no producer initialized it before (``fresh_transactional_id``):
+such a late first attempt fails instead. Retries and speculative attempts take the id
+whatever came before.
 
 - ``publish()`` and ``df.write.format("producerkit")``: ``{job}`` is fresh per write
   (``pk-`` and 16 hex digits); the driver step is ``publish()``'s own, or the writer's
