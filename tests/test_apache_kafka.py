@@ -15,6 +15,7 @@ import pytest
 import producerkit as pk
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
 from producerkit.testing import apache_kafka as apache_kafka_module
+from producerkit.testing._kafka_metadata import node_leaders
 from producerkit.testing.apache_kafka import ApacheKafka, cache_dir
 from producerkit.testing.brokers import free_port
 
@@ -77,11 +78,25 @@ def test_read_committed_hides_an_aborted_transaction(apache_kafka: ApacheKafka) 
         apache_kafka.read(topic, isolation="committed")
 
 
+def each_nodes_leaders(kafka: ApacheKafka, topic: str) -> dict[int, dict[int, int] | None]:
+    """The partitions' leaders as each running node's own metadata says."""
+    return {
+        node: node_leaders("127.0.0.1", kafka.node(node).port, topic, timeout=5)
+        for node in kafka.node_ids
+        if kafka.running(node)
+    }
+
+
 def test_a_killed_leader_is_replaced_and_restarts(apache_kafka_cluster: ApacheKafka) -> None:
     kafka = apache_kafka_cluster
     assert kafka.node_ids == [1, 2, 3] and len(kafka.bootstrap_servers.split(",")) == 3
     topic = fresh("failover")
     kafka.create_topic(topic, partitions=3, replication_factor=3, min_insync_replicas=2)
+    # create_topic returns once every node's own metadata has the topic and its leaders (CI
+    # once asked a node that had not yet applied it: "unknown topic").
+    leaders = kafka.leaders(topic)
+    assert each_nodes_leaders(kafka, topic) == {1: leaders, 2: leaders, 3: leaders}
+    assert node_leaders("127.0.0.1", kafka.node(1).port, fresh("absent"), timeout=5) is None
     with pk.SyncProducer(kafka.url, topic=topic, timeout=30) as producer:
         producer.produce(b"before", partition=0)
 
@@ -90,6 +105,8 @@ def test_a_killed_leader_is_replaced_and_restarts(apache_kafka_cluster: ApacheKa
         assert not kafka.running(leader)
         new_leaders = kafka.wait_for_leaders(topic, avoiding=[leader])
         assert new_leaders[0] not in (leader, -1)
+        alive = {node: new_leaders for node in kafka.node_ids if node != leader}
+        assert each_nodes_leaders(kafka, topic) == alive
         producer.produce(b"during", partition=0)  # 2 replicas left: min ISR 2 is met
 
         kafka.restart(leader)
@@ -107,6 +124,7 @@ def test_move_leader(apache_kafka_cluster: ApacheKafka) -> None:
     target = next(node for node in kafka.node_ids if node != leader)
     kafka.move_leader(topic, 0, target)
     assert kafka.leader_of(topic, 0) == target
+    assert set(map(str, each_nodes_leaders(kafka, topic).values())) == {str({0: target})}
     # To a node holding no replica: it replaces one and leads.
     replicas = set(kafka._partition(topic, 0).replicas)
     outsider = next(node for node in kafka.node_ids if node not in replicas)

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
 from producerkit.testing import maven
+from producerkit.testing._kafka_metadata import node_leaders
 from producerkit.testing._local_cluster import LocalCluster
 from producerkit.testing.brokers import LocalBroker, free_port
 
@@ -626,21 +627,28 @@ class ApacheKafka(LocalCluster):
         self, topic: str, *, avoiding: Iterable[int] = (), timeout: float = 30.0
     ) -> dict[int, int]:
         """Wait until every partition of ``topic`` has a leader, none of the nodes
-        ``avoiding`` (e.g. one just killed), and return them as :meth:`leaders` does."""
+        ``avoiding`` (e.g. one just killed), in the metadata of every running node alike (a
+        node applies the controller's changes a moment after another: a client asking it
+        before then would not find the topic, or find the old leaders), and return them as
+        :meth:`leaders` does."""
         excluded = set(avoiding)
         found: dict[int, int] = {}
 
         def elected() -> bool:
             nonlocal found
-            try:
-                found = self.leaders(topic)
-            except ConfigurationError:
-                return False  # not in the metadata yet
-            return bool(found) and all(
-                leader >= 0 and leader not in excluded for leader in found.values()
+            views = self._leaders_on_each_node(topic)
+            if views is None:
+                return False
+            found = views[0] if views else {}
+            return (
+                bool(found)
+                and all(view == found for view in views)
+                and all(leader >= 0 and leader not in excluded for leader in found.values())
             )
 
-        self._wait(elected, timeout, f"every partition of {topic!r} to have a leader")
+        self._wait(
+            elected, timeout, f"every partition of {topic!r} to have a leader", not_yet=(OSError,)
+        )
         return found
 
     def move_leader(
@@ -670,12 +678,10 @@ class ApacheKafka(LocalCluster):
             )
 
         def everywhere() -> bool:
-            # Each node's metadata cache learns the new leader on its own, and a metadata
-            # request goes to any node: ask as many times as it takes to hear from each (most
-            # likely), so that a caller's next look sees the new leader too.
-            return all(
-                self.leader_of(topic, partition) == to_node for _ in range(3 * len(self.node_ids))
-            )
+            # Each node's metadata learns the new leader on its own: ask each, so that a
+            # caller's next look (from any node) sees the new leader too.
+            views = self._leaders_on_each_node(topic)
+            return views is not None and all(view.get(partition) == to_node for view in views)
 
         def led() -> bool:
             if everywhere():
@@ -688,7 +694,24 @@ class ApacheKafka(LocalCluster):
                 futures.result(max(1.0, deadline - time.monotonic()))
             return everywhere()
 
-        self._wait(led, deadline - time.monotonic(), f"node {to_node} to lead {topic}-{partition}")
+        self._wait(
+            led,
+            deadline - time.monotonic(),
+            f"node {to_node} to lead {topic}-{partition}",
+            not_yet=(OSError,),
+        )
+
+    def _leaders_on_each_node(self, topic: str) -> list[dict[int, int]] | None:
+        """:meth:`leaders` as each running node's own metadata says (asked of each alone);
+        None while one of them does not know ``topic``."""
+        views = []
+        for node_id in self.node_ids:
+            if self.running(node_id):
+                view = node_leaders("127.0.0.1", self._node(node_id).port, topic, timeout=5.0)
+                if view is None:
+                    return None
+                views.append(view)
+        return views
 
     def _reassign(self, topic: str, partition: int, replicas: list[int]) -> None:
         plan = {
@@ -823,20 +846,24 @@ class ApacheKafka(LocalCluster):
 
     def _admin_client(self) -> Any:
         if self._admin is None:
-            try:
-                from confluent_kafka.admin import AdminClient
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    f"ApacheKafka's admin calls need confluent-kafka: {_INSTALL_PYTHON}"
-                ) from exc
-            self._admin = AdminClient(
-                {
-                    "bootstrap.servers": self.bootstrap_servers,
-                    "allow.auto.create.topics": False,
-                    "log_level": 3,
-                }
-            )
+            self._admin = self._new_admin_client(self.bootstrap_servers)
         return self._admin
+
+    @staticmethod
+    def _new_admin_client(bootstrap_servers: str) -> Any:
+        try:
+            from confluent_kafka.admin import AdminClient
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"ApacheKafka's admin calls need confluent-kafka: {_INSTALL_PYTHON}"
+            ) from exc
+        return AdminClient(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "allow.auto.create.topics": False,
+                "log_level": 3,
+            }
+        )
 
     def _metadata(self, topic: str | None = None, timeout: float = 10.0) -> Any:
         """confluent-kafka's ClusterMetadata, by a Metadata request that creates no topic."""
