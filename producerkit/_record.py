@@ -95,6 +95,11 @@ def new_record(
     )
 
 
+def with_headers(record: Record, headers: Headers | None) -> Record:
+    """``record`` with other ``headers`` (either core's Record: both are tuples)."""
+    return _new(type(record), (*record[:5], headers, *record[6:]))
+
+
 def new_message(
     value: bytes | None,
     key: bytes | None,

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
 
+from producerkit._record import with_headers
 from producerkit.backends.base import AtomicParts, AtomicSide, AtomicWriter, AtomicWrites
+from producerkit.backends.nats.errors import AnswerLost
 from producerkit.backends.nats.pubacks import atomic_committed, atomic_refusal
 from producerkit.errors import AtomicBatchError, ProducerkitError
 from producerkit.jetstream import Expect
@@ -132,12 +134,21 @@ class _BatchWriter(AtomicWriter):
 
     async def _request(self, record: Record, *, commit: bool) -> tuple[bytes, Any]:
         """The answer to a request; an opening the server refuses for having too many batches
-        open is sent again until it is taken (or the timeout)."""
+        open is sent again until it is taken (or the timeout), and one whose connection was
+        lost before its answer came is sent again as the opening of a batch with a new id
+        (the server drops a batch it got the opening of and nothing more, after its batch
+        timeout)."""
         with anyio.fail_after(self._timeout):
             while True:
-                answer = await self._link().send_batch_message(
-                    record, reply=True, timeout=self._timeout
-                )
+                try:
+                    answer = await self._link().send_batch_message(
+                        record, reply=True, timeout=self._timeout
+                    )
+                except AnswerLost:
+                    if commit:
+                        raise
+                    record = self._renamed(record)
+                    continue
                 assert answer is not None
                 data, headers = answer
                 if commit or not data:
@@ -146,6 +157,24 @@ class _BatchWriter(AtomicWriter):
                 if error.code != _TOO_MANY_OPEN:
                     raise error
                 await anyio.sleep(_RETRY_OPEN)
+
+    def _renamed(self, opening: Record) -> Record:
+        """``opening`` (the batch's only message sent so far) under a new batch id, which the
+        message held after it carries too."""
+        old = self._batch_id
+        self.id = uuid.uuid4().hex
+        self.name = f"atomic batch {self.id}"
+        self._batch_id = self.id.encode()
+
+        def renamed(headers: Any) -> Any:
+            return tuple(
+                (name, self._batch_id if name == "Nats-Batch-Id" and value == old else value)
+                for name, value in headers or ()
+            )
+
+        if self._held is not None:
+            self._held = self._held._replace(headers=renamed(self._held.headers))
+        return with_headers(opening, renamed(opening.headers))
 
     async def commit(self, prepare: bool) -> None:
         held = self._held

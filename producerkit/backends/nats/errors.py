@@ -30,6 +30,12 @@ from producerkit.errors import (
     TLSError,
 )
 
+
+class AnswerLost(BrokerUnavailable):
+    """A request written on a connection that was lost before its answer came: it may or may
+    not have reached its server."""
+
+
 #: (exception classes, producerkit error), in order of precedence.
 TABLE: tuple[tuple[tuple[type[BaseException], ...], type[ProducerkitError]], ...] = (
     ((nats.errors.AuthorizationError,), AuthenticationError),

@@ -35,7 +35,7 @@ from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.connection import _ERROR_LOG_INTERVAL, NatsClientConnection
-from producerkit.backends.nats.errors import DUPLICATE_IN_PROCESS, translate
+from producerkit.backends.nats.errors import DUPLICATE_IN_PROCESS, AnswerLost, translate
 from producerkit.backends.nats.fast_ingest import APPEND, START, Chunk, Lane, fast_reply
 from producerkit.backends.nats.pubacks import (
     batch_puback,
@@ -116,6 +116,8 @@ class JetStreamConnection(NatsClientConnection):
         self._acked_seq: dict[str, int] = {}
         self._ack_mark = 0
         self._ack_timer: asyncio.TimerHandle | None = None
+        # Set when the connection is lost: a request written before then lost its answer.
+        self._connection_lost = asyncio.Event()
 
     async def connect(self) -> None:
         await super().connect()
@@ -395,22 +397,43 @@ class JetStreamConnection(NatsClientConnection):
     async def _request_through_election(self, record: Record, timeout: float) -> Msg:
         """An atomic batch's request (its first message, its commit): one answered "no
         responders" was received by nobody, so for a topic whose stream exists it is a leader
-        election, and the request is made again after a pause, within ``timeout``."""
+        election, and the request is made again after a pause, within ``timeout``. One written
+        on a connection lost before its answer came (its server died) fails at once with
+        :class:`AnswerLost`: it may or may not have reached the stream."""
         deadline = time.monotonic() + timeout
         pause = _ELECTION_PAUSE
         while True:
             try:
-                return await self._nc.request(
-                    self.subject(record),
-                    record.value or b"",
-                    timeout=max(deadline - time.monotonic(), 0.001),
-                    headers=self.nats_headers(record),
-                )
+                return await self._answer_unless_lost(record, deadline)
             except nats.errors.NoRespondersError:
                 if time.monotonic() + pause >= deadline or not await self._stream_exists(record):
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, _ELECTION_PAUSE_MAX)
+
+    async def _answer_unless_lost(self, record: Record, deadline: float) -> Msg:
+        request = self._nc.request(
+            self.subject(record),
+            record.value or b"",
+            timeout=max(deadline - time.monotonic(), 0.001),
+            headers=self.nats_headers(record),
+        )
+        if not self._nc.is_connected:
+            return await request  # held by nats-py until it reconnects, and written then
+        lost = self._connection_lost
+        answer = asyncio.ensure_future(request)
+        watch = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not answer.done():
+            answer.cancel()
+            raise AnswerLost(
+                f"the connection to the NATS server was lost before the answer to a request "
+                f"on {self.subject(record)!r} came: it may or may not have reached the stream"
+            )
+        return answer.result()
 
     async def _stream_exists(self, record: Record) -> bool:
         """Whether a stream stores ``record``'s topic: one seen here, or one the server names
@@ -744,6 +767,11 @@ class JetStreamConnection(NatsClientConnection):
         # handed them over (now, here); PubAcks arrive on their own.
         if self._drain_scheduled:
             self._drain_lanes()
+
+    async def _on_disconnected(self) -> None:
+        lost, self._connection_lost = self._connection_lost, asyncio.Event()
+        lost.set()
+        await super()._on_disconnected()
 
     async def _on_reconnected(self) -> None:
         await super()._on_reconnected()
