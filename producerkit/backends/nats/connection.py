@@ -9,7 +9,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client
 
@@ -22,11 +22,28 @@ from producerkit.backends.nats import _natspy_compat
 from producerkit.backends.nats.errors import is_refusal, translate
 from producerkit.errors import AuthorizationError, BrokerUnavailable
 
+T = TypeVar("T")
+
 logger = logging.getLogger("producerkit.nats")
 
 _PERMISSION_DENIED = re.compile(r'(?i)permissions violation for publish to "([^"]+)"')
 #: Seconds between log lines about one connection's errors (the rest are counted).
 _ERROR_LOG_INTERVAL = 5.0
+
+
+async def until_set(work: Awaitable[T], event: asyncio.Event) -> asyncio.Future[T]:
+    """Run ``work`` until it ends or ``event`` is set, whichever comes first; its future,
+    cancelled (and ended) if the event came first."""
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+    return task
 
 
 class NatsClientConnection(Connection):
@@ -150,15 +167,7 @@ class NatsClientConnection(Connection):
         """``client.connect()``, but a refusal (credentials, TLS) reported to ``_on_error`` ends
         it at once: nats-py would otherwise retry it, and after a failed TLS handshake it can
         wait forever for the socket to close."""
-        connecting = asyncio.ensure_future(client.connect(**settings))
-        refused = asyncio.ensure_future(self._refused.wait())
-        try:
-            await asyncio.wait((connecting, refused), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            refused.cancel()
-            if not connecting.done():
-                connecting.cancel()
-                await asyncio.wait((connecting,))
+        connecting = await until_set(client.connect(**settings), self._refused)
         failure = None if connecting.cancelled() else connecting.exception()
         if not connecting.cancelled() and failure is None:
             return

@@ -34,7 +34,11 @@ from nats.aio.msg import Msg
 from producerkit._record import Record
 from producerkit.backends import _clients
 from producerkit.backends.nats import _natspy_compat
-from producerkit.backends.nats.connection import _ERROR_LOG_INTERVAL, NatsClientConnection
+from producerkit.backends.nats.connection import (
+    _ERROR_LOG_INTERVAL,
+    NatsClientConnection,
+    until_set,
+)
 from producerkit.backends.nats.errors import DUPLICATE_IN_PROCESS, AnswerLost, translate
 from producerkit.backends.nats.fast_ingest import APPEND, START, Chunk, Lane, fast_reply
 from producerkit.backends.nats.pubacks import (
@@ -420,15 +424,8 @@ class JetStreamConnection(NatsClientConnection):
         )
         if not self._nc.is_connected:
             return await request  # held by nats-py until it reconnects, and written then
-        lost = self._connection_lost
-        answer = asyncio.ensure_future(request)
-        watch = asyncio.ensure_future(lost.wait())
-        try:
-            await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not answer.done():
-            answer.cancel()
+        answer = await until_set(request, self._connection_lost)
+        if answer.cancelled():
             raise AnswerLost(
                 f"the connection to the NATS server was lost before the answer to a request "
                 f"on {self.subject(record)!r} came: it may or may not have reached the stream"
