@@ -357,12 +357,14 @@ async def test_a_transaction_left_open_past_its_timeout_is_aborted_by_the_broker
 async def test_a_producer_whose_batch_timed_out_does_not_take_its_id_back(
     apache_kafka: ApacheKafka,
 ) -> None:
-    """KIP-588, transactions v2: a producer whose batch the broker aborted for its timeout, the
-    id taken by a newer producer meanwhile, initializes its id again naming its own producer id
-    and epoch: the coordinator fences it (its next batch fails ``"fenced"``) instead of it
-    fencing the newer producer, whose open batch then commits. (Without them, the older
-    producer would abort the newer one's batch and take the id back; it still does after a
-    timeout with transactions v1, and after other failures: docs/atomic.md.)"""
+    """Transactions v2: a producer whose batch the broker aborted for its timeout, the id
+    taken by a newer producer meanwhile, whose batch is open on the broker (written): the older
+    one's next batch fails ``"fenced"``, and the newer one's commits. The older producer looks
+    first (the id is no longer where the timeout left it) and sends no InitProducerId: one
+    naming its producer id would abort the newer producer's ongoing transaction (a coordinator
+    checks the epoch only of an id with none open), and one without would take the id. (It
+    still takes it after a timeout with transactions v1, and after other failures:
+    docs/atomic.md.)"""
     kafka = apache_kafka
     topic = _topic("taken-back")
     kafka.create_topic(topic, partitions=1)
@@ -387,10 +389,12 @@ async def test_a_producer_whose_batch_timed_out_does_not_take_its_id_back(
             newer.atomic_batch() as newer_batch,
         ):
             await newer_batch.produce(b"newer")
+            await newer.flush()  # the coordinator has the newer batch ongoing
             with pytest.raises(pk.AtomicBatchError) as fenced:
                 async with older.atomic_batch() as batch:
                     await batch.produce(b"older-again")
             assert fenced.value.kind == "fenced", repr(fenced.value)
+            assert "is Ongoing" in str(fenced.value), repr(fenced.value)  # it looked, not asked
 
     assert _values(kafka.read(topic, expected=1)) == [b"newer"]
 

@@ -199,18 +199,22 @@ class KafkaConnection(Connection):
         """Open a transaction. After one that did not commit, the producer id is initialized
         again first: the epoch bumped aborts whatever the coordinator still has open, and the
         sequences start from 0 (a failed batch left a gap in them). After a transactions-v2
-        batch the broker aborted for its timeout, the InitProducerId names this producer's id
-        and epoch (KIP-588), so that a newer producer that took the id meanwhile fences this
-        one rather than being fenced by it. Not after other failures: a coordinator takes a
-        stale producer naming the epoch a newer producer bumped from as a retry of that
-        producer's request, and grants both one epoch."""
+        batch the broker aborted for its timeout, the id is taken again only if nobody took it
+        since, and the InitProducerId names this producer's id and epoch (KIP-588), so that a
+        newer producer that took the id meanwhile fences this one rather than being fenced by
+        it. Not after other failures: a coordinator takes a stale producer naming the epoch a
+        newer producer bumped from as a retry of that producer's request, and grants both one
+        epoch."""
         if self._transactions_over is not None:
             raise self._transactions_over
         if self._restart_transactions:
-            assert self._coordinator is not None
-            current = self._sender.producer_id if self._restart_naming_current else None
+            coordinator = self._coordinator
+            assert coordinator is not None
+            current = self._sender.producer_id
             producer_id = await self._transaction_step(
-                self._coordinator.init_producer_id(current=current)
+                coordinator.init_producer_id_after_timeout(current)
+                if self._restart_naming_current and current is not None
+                else coordinator.init_producer_id()
             )
             for record in self._accumulator.strand() + self._sender.unwritten_records():
                 self.reports.failed(record, BrokerUnavailable("its transaction ended"), False)

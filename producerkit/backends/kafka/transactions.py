@@ -192,6 +192,64 @@ class _EndTxnRequestV2(Request[_EndTxnRequest_v5]):  # type: ignore[misc]
         return request_struct_class(*self._fields)
 
 
+_DESCRIBE_TRANSACTIONS: Final = 65
+
+
+class _DescribeTransactionsResponse_v0(Response):  # type: ignore[misc]
+    API_KEY = _DESCRIBE_TRANSACTIONS
+    API_VERSION = 0
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "transaction_states",
+            CompactArray(
+                ("error_code", Int16),
+                ("transactional_id", CompactString("utf-8")),
+                ("transaction_state", CompactString("utf-8")),
+                ("transaction_timeout_ms", Int32),
+                ("transaction_start_time_ms", Int64),
+                ("producer_id", Int64),
+                ("producer_epoch", Int16),
+                (
+                    "topics",
+                    CompactArray(
+                        ("topic", CompactString("utf-8")),
+                        ("partitions", CompactArray(Int32)),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _DescribeTransactionsRequest_v0(RequestStruct):  # type: ignore[misc]
+    API_KEY = _DESCRIBE_TRANSACTIONS
+    API_VERSION = 0
+    FLEXIBLE_VERSION = True
+    RESPONSE_TYPE = _DescribeTransactionsResponse_v0
+    SCHEMA = Schema(
+        ("transactional_ids", CompactArray(CompactString("utf-8"))),
+        ("tags", TaggedFields),
+    )
+
+
+class _DescribeTransactionsRequest(Request[_DescribeTransactionsRequest_v0]):  # type: ignore[misc]
+    """DescribeTransactions v0 (KIP-664): a transactional id's state, producer id and epoch."""
+
+    API_KEY: ClassVar[int] = _DESCRIBE_TRANSACTIONS
+
+    def __init__(self, transactional_id: str):
+        self._transactional_id = transactional_id
+
+    def build(
+        self, request_struct_class: type[_DescribeTransactionsRequest_v0]
+    ) -> _DescribeTransactionsRequest_v0:
+        return request_struct_class([self._transactional_id], {})
+
+
 def _software_version() -> str:
     from producerkit import __version__
 
@@ -359,6 +417,48 @@ class Coordinator:
                     current = None
                     continue
                 raise self._error(exc, code, "InitProducerId") from exc
+
+    async def init_producer_id_after_timeout(
+        self, current: idempotence.ProducerId
+    ) -> idempotence.ProducerId:
+        """:meth:`init_producer_id` naming ``current`` (KIP-588), for a producer whose
+        transaction a transactions-v2 coordinator aborted for its timeout (bumping its epoch by
+        one): only if the coordinator still holds the id that way, nobody else having taken it
+        since. Else ``"fenced"`` without asking: a coordinator aborts the ongoing transaction of
+        whoever holds the id for an InitProducerId naming its producer id, whatever the epoch,
+        and so would abort a newer producer's open batch. (A newer producer taking the id
+        between the look and the request is not excluded.)"""
+        holder = await self.holder()
+        if holder is not None:
+            state, held = holder
+            if state != "CompleteAbort" or held != (current.id, current.epoch + 1):
+                raise TransactionError(
+                    f"fenced: another producer took the transactional id "
+                    f"{self.transactional_id!r} after its coordinator aborted this producer's "
+                    f"transaction for its timeout (the id is {state} at producer id {held.id}, "
+                    f"epoch {held.epoch}; this producer had {current.id}, {current.epoch})",
+                    "fenced",
+                )
+        return await self.init_producer_id(current=current)
+
+    async def holder(self) -> tuple[str, idempotence.ProducerId] | None:
+        """The transactional id's state as its coordinator has it (``"Ongoing"``,
+        ``"CompleteAbort"``...) and the producer id and epoch that hold it; None where the
+        coordinator does not say (it does not know the id, or this request)."""
+        try:
+            response = await self._ask(
+                _DescribeTransactionsRequest(self.transactional_id),
+                lambda response: [state[0] for state in response.transaction_states if state[0]],
+                "DescribeTransactions",
+            )
+        except TransactionError as exc:
+            if exc.kind == "coordinator_unavailable":
+                raise
+            logger.debug("DescribeTransactions of %r: %s", self.transactional_id, exc)
+            return None
+        for _, _, state, _, _, producer_id, epoch, _, _ in response.transaction_states:
+            return state, idempotence.ProducerId(producer_id, epoch)
+        return None
 
     async def add_partitions(
         self, producer: idempotence.ProducerId, topic: str, partitions: list[int]
