@@ -87,6 +87,19 @@ class _Server(LocalBroker):
             self._check_deadline(deadline, "listen")
             time.sleep(0.05)
 
+    def meta_view(self) -> dict[str, Any] | None:
+        """The JetStream meta group as this server's ``/jsz`` has it (``leader``,
+        ``replicas``: the other peers with ``current`` and ``offline``); None while it does not
+        answer."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_port}/jsz", timeout=2.0
+            ) as answer:
+                view: dict[str, Any] | None = json.load(answer).get("meta_cluster")
+                return view
+        except (OSError, ValueError):
+            return None
+
     def healthy(self) -> bool:
         """The server's ``/healthz`` answers 200: JetStream is up and current with the
         cluster's meta leader."""
@@ -198,8 +211,9 @@ class JetStreamCluster(LocalCluster):
 
     def start(self, wait: float = 60.0) -> Self:
         """Start every server; returns once each listens and reports itself healthy (routed,
-        JetStream current). :class:`~producerkit.errors.BrokerUnavailable` with the failing
-        server's log when one does not, after stopping what it started."""
+        JetStream current) and the meta leader counts each online.
+        :class:`~producerkit.errors.BrokerUnavailable` with the failing server's log when one
+        does not, after stopping what it started."""
         if self._servers:
             raise ConfigurationError("this JetStreamCluster is already started")
         binary = nats_server_binary()
@@ -213,6 +227,7 @@ class JetStreamCluster(LocalCluster):
                 server.wait_listening(deadline)
             for server in self._servers.values():
                 self._wait_healthy(server, deadline)
+            self._wait(self._every_peer_online, deadline - time.monotonic(), "every server online")
         except BaseException:
             self.stop()
             raise
@@ -288,7 +303,8 @@ class JetStreamCluster(LocalCluster):
     def restart(self, server_id: int, wait: float = 60.0) -> None:
         """Start server ``server_id`` again (killing it first if it runs), on the same ports
         with the same store; returns once it listens and reports itself healthy (back in the
-        cluster, its streams caught up). Leaders stay where they are."""
+        cluster, its streams caught up) and the meta leader counts it online (an R3 stream can
+        be placed). Leaders stay where they are."""
         self._restart([server_id], wait)
 
     def _restart(self, server_ids: list[int], wait: float) -> None:
@@ -303,6 +319,22 @@ class JetStreamCluster(LocalCluster):
             server.wait_listening(deadline)
         for server in servers:
             self._wait_healthy(server, deadline)
+        self._wait(self._every_peer_online, deadline - time.monotonic(), "every server online")
+
+    def _every_peer_online(self) -> bool:
+        """The meta leader counts every other server current and online: a server healthy in
+        its own eyes may still be offline in the leader's for a moment, and an R3 stream
+        created then is refused ("no suitable peers for placement, peer offline")."""
+        if len(self._servers) == 1:
+            return True
+        for server in self._started_servers():
+            view = server.meta_view() if server.running else None
+            if view is not None and view.get("leader") == server.name:
+                peers = view.get("replicas") or []
+                return len(peers) == len(self._servers) - 1 and all(
+                    peer.get("current") and not peer.get("offline") for peer in peers
+                )
+        return False
 
     def _first_port(self) -> int:
         return self._server(self.server_ids[0]).port
