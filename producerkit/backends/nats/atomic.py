@@ -13,6 +13,7 @@ A commit whose answer was lost fails the batch possibly stored.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -38,7 +39,15 @@ MAX_OPEN: Final = 50
 #: Seconds between attempts at opening a batch while the server has too many open.
 _RETRY_OPEN: Final = 0.1
 _TOO_MANY_OPEN: Final = 10210
+#: Seconds a batch's opening waits for its answer before it is taken for lost and sent again
+#: under a new batch id (doubled at each loss, up to ``_OPENING_ANSWER_MAX``): a stream answers
+#: in milliseconds, or "no responders" at once during an election, but a request a server
+#: routed to a peer that died before its route closed is never answered.
+_OPENING_ANSWER: Final = 2.0
+_OPENING_ANSWER_MAX: Final = 8.0
 _COMMIT: Final = ("Nats-Batch-Commit", b"1")
+
+logger = logging.getLogger("producerkit.nats")
 
 
 class JetStreamAtomicWrites(AtomicWrites):
@@ -134,20 +143,24 @@ class _BatchWriter(AtomicWriter):
 
     async def _request(self, record: Record, *, commit: bool) -> tuple[bytes, Any]:
         """The answer to a request; an opening the server refuses for having too many batches
-        open is sent again until it is taken (or the timeout), and one whose connection was
-        lost before its answer came is sent again as the opening of a batch with a new id
-        (the server drops a batch it got the opening of and nothing more, after its batch
-        timeout)."""
+        open is sent again until it is taken (or the timeout), and one whose answer is lost
+        (its connection was lost, or no answer came within ``_OPENING_ANSWER``, doubled at
+        each such loss up to ``_OPENING_ANSWER_MAX``) is sent again as the opening of a batch
+        with a new id (the server drops a batch it got the opening of and nothing more, after
+        its batch timeout). A commit waits for its answer until the timeout."""
+        answer_within = None if commit else _OPENING_ANSWER
         with anyio.fail_after(self._timeout):
             while True:
                 try:
                     answer = await self._link().send_batch_message(
-                        record, reply=True, timeout=self._timeout
+                        record, reply=True, timeout=self._timeout, answer_within=answer_within
                     )
-                except AnswerLost:
-                    if commit:
+                except AnswerLost as lost:
+                    if commit or answer_within is None:
                         raise
                     record = self._renamed(record)
+                    logger.debug("%s; opened again as %s", lost, self.name)
+                    answer_within = min(answer_within * 2, _OPENING_ANSWER_MAX)
                     continue
                 assert answer is not None
                 data, headers = answer

@@ -379,14 +379,16 @@ class JetStreamConnection(NatsClientConnection):
             logger.exception("error handling a fast batch reply")
 
     async def send_batch_message(
-        self, record: Record, *, reply: bool, timeout: float
+        self, record: Record, *, reply: bool, timeout: float, answer_within: float | None = None
     ) -> tuple[bytes, dict[str, str] | None] | None:
+        """Write an atomic batch's message; with ``reply``, its answer (see
+        :meth:`_request_through_election`: ``answer_within`` seconds, else :class:`AnswerLost`)."""
         lane = self._lanes.get(record.topic) if self._lanes else None
         if lane is not None:  # after what was produced before it, as on the per-message path
             await lane.written(timeout)
         try:
             if reply:
-                answer = await self._request_through_election(record, timeout)
+                answer = await self._request_through_election(record, timeout, answer_within)
                 committed = None if lane is None else batch_puback(answer.data)
                 if lane is not None and committed is not None:  # the batch's last sequence
                     lane.anchor = max(lane.anchor or 0, committed[0])
@@ -398,39 +400,56 @@ class JetStreamConnection(NatsClientConnection):
             raise translate(exc) from exc
         return None
 
-    async def _request_through_election(self, record: Record, timeout: float) -> Msg:
+    async def _request_through_election(
+        self, record: Record, timeout: float, answer_within: float | None = None
+    ) -> Msg:
         """An atomic batch's request (its first message, its commit): one answered "no
         responders" was received by nobody, so for a topic whose stream exists it is a leader
-        election, and the request is made again after a pause, within ``timeout``. One written
-        on a connection lost before its answer came (its server died) fails at once with
-        :class:`AnswerLost`: it may or may not have reached the stream."""
+        election, and the request is made again after a pause, within ``timeout``. Fails at
+        once with :class:`AnswerLost` (it may or may not have reached the stream) where it was
+        written on a connection lost before its answer came (its server died), and where
+        ``answer_within`` seconds pass without an answer (a server may route it to a peer that
+        died before its route closed)."""
         deadline = time.monotonic() + timeout
         pause = _ELECTION_PAUSE
         while True:
             try:
-                return await self._answer_unless_lost(record, deadline)
+                return await self._answer_unless_lost(record, deadline, answer_within)
             except nats.errors.NoRespondersError:
                 if time.monotonic() + pause >= deadline or not await self._stream_exists(record):
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, _ELECTION_PAUSE_MAX)
 
-    async def _answer_unless_lost(self, record: Record, deadline: float) -> Msg:
+    async def _answer_unless_lost(
+        self, record: Record, deadline: float, answer_within: float | None
+    ) -> Msg:
+        left = max(deadline - time.monotonic(), 0.001)
+        wait = left if answer_within is None else min(answer_within, left)
         request = self._nc.request(
             self.subject(record),
             record.value or b"",
-            timeout=max(deadline - time.monotonic(), 0.001),
+            timeout=wait,
             headers=self.nats_headers(record),
         )
-        if not self._nc.is_connected:
-            return await request  # held by nats-py until it reconnects, and written then
-        answer = await until_set(request, self._connection_lost)
-        if answer.cancelled():
-            raise AnswerLost(
-                f"the connection to the NATS server was lost before the answer to a request "
-                f"on {self.subject(record)!r} came: it may or may not have reached the stream"
-            )
-        return answer.result()
+        try:
+            if not self._nc.is_connected:
+                return await request  # held by nats-py until it reconnects, and written then
+            answer = await until_set(request, self._connection_lost)
+            if answer.cancelled():
+                raise AnswerLost(
+                    f"the connection to the NATS server was lost before the answer to a "
+                    f"request on {self.subject(record)!r} came: it may or may not have reached "
+                    "the stream"
+                )
+            return answer.result()
+        except nats.errors.TimeoutError as exc:
+            if wait < left:
+                raise AnswerLost(
+                    f"no answer to a request on {self.subject(record)!r} within {wait:.1f}s: "
+                    "it may or may not have reached the stream"
+                ) from exc
+            raise
 
     async def _stream_exists(self, record: Record) -> bool:
         """Whether a stream stores ``record``'s topic: one seen here, or one the server names
