@@ -124,6 +124,7 @@ _JUDGE_BACKENDS = ("kafka-apache", "jetstream-cluster")
 _JUDGE_FIXTURES = ("apache_kafka", "apache_kafka_cluster", "apache_kafka_tv0", "jetstream_cluster")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups set here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``brokers`` every test that talks to a real broker through a client library: it asks
     for a session broker, or for ``backend`` on kafka/jetstream/nats. ``pytest -m brokers`` runs
