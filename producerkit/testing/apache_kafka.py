@@ -846,24 +846,20 @@ class ApacheKafka(LocalCluster):
 
     def _admin_client(self) -> Any:
         if self._admin is None:
-            self._admin = self._new_admin_client(self.bootstrap_servers)
+            try:
+                from confluent_kafka.admin import AdminClient
+            except ImportError as exc:
+                raise MissingDependencyError(
+                    f"ApacheKafka's admin calls need confluent-kafka: {_INSTALL_PYTHON}"
+                ) from exc
+            self._admin = AdminClient(
+                {
+                    "bootstrap.servers": self.bootstrap_servers,
+                    "allow.auto.create.topics": False,
+                    "log_level": 3,
+                }
+            )
         return self._admin
-
-    @staticmethod
-    def _new_admin_client(bootstrap_servers: str) -> Any:
-        try:
-            from confluent_kafka.admin import AdminClient
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"ApacheKafka's admin calls need confluent-kafka: {_INSTALL_PYTHON}"
-            ) from exc
-        return AdminClient(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "allow.auto.create.topics": False,
-                "log_level": 3,
-            }
-        )
 
     def _metadata(self, topic: str | None = None, timeout: float = 10.0) -> Any:
         """confluent-kafka's ClusterMetadata, by a Metadata request that creates no topic."""
