@@ -7,7 +7,7 @@ storage) and ``nats_broker`` (nats-server with JetStream in a temp dir; ``.url``
 tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``anyio_backend``:
 asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
 ``backend`` runs a test on memory, null, kafka, kafka-cluster (kafka:// on the plugin's
-``kafka_cluster``, librdkafka's mock cluster of three brokers), kafka-apache (kafka:// on the
+``kafka_cluster``, librdkafka's mock cluster of three brokers, one per test), kafka-apache (kafka:// on the
 plugin's ``apache_kafka``, one real Apache Kafka node), jetstream, jetstream-cluster
 (jetstream:// on the plugin's ``jetstream_cluster``, three nats-servers, the streams a producer
 creates replicated on all three) and nats: a behaviour
@@ -43,7 +43,7 @@ from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import (
     _SESSION_JETSTREAM_CLUSTERS,
     SessionBroker,
-    _session_kafka_cluster,
+    _kafka_cluster,
 )
 
 #: The judges of this project's own tests (what Apache Kafka would have stored or served where
@@ -79,13 +79,13 @@ BACKENDS = [
 _PYTHON_CORE_TOO = ("memory", "kafka")
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[RecordingKafkaCluster]:
-    """The plugin's ``kafka_cluster`` (librdkafka's mock cluster of 3 brokers for the session,
-    reset after each test that changed it) reached through the recorders of
-    benches/chaos/judges: ``read(topic, isolation_level="read_committed")`` and
-    ``transactions`` tell what Apache Kafka would serve, which the mock does not."""
-    yield from _session_kafka_cluster(request, RecordingKafkaCluster)
+@pytest.fixture
+def kafka_cluster() -> Iterator[RecordingKafkaCluster]:
+    """The plugin's ``kafka_cluster`` (librdkafka's mock cluster of 3 brokers, one per test)
+    reached through the recorders of benches/chaos/judges: ``read(topic,
+    isolation_level="read_committed")`` and ``transactions`` tell what Apache Kafka would serve,
+    which the mock does not."""
+    yield from _kafka_cluster(RecordingKafkaCluster)
 
 
 def _backend_params() -> list[Any]:
@@ -210,7 +210,7 @@ class BackendCase:
     """A backend under test: its URL, the options a test producer needs, its spec (what it can
     do: ``backend.spec.takes_tombstones``...), and how to read back what it stored.
 
-    ``kafka-cluster`` is kafka:// on the session's ``kafka_cluster`` (librdkafka's mock cluster
+    ``kafka-cluster`` is kafka:// on the test's ``kafka_cluster`` (librdkafka's mock cluster
     of three brokers) instead of Tansu, ``kafka-apache`` on the session's ``apache_kafka`` (one
     Apache Kafka node): ``backend.kafka`` is true for the three, ``backend.cluster`` is the mock
     cluster and ``backend.apache`` the Apache Kafka node (None elsewhere); ``backend.broker`` is
@@ -236,7 +236,7 @@ class BackendCase:
         #: The session broker behind a real backend (None for memory://, null:// and the
         #: Kafka cluster).
         self.broker = broker
-        #: The session's Kafka cluster behind kafka-cluster (None elsewhere).
+        #: The test's Kafka cluster behind kafka-cluster (None elsewhere).
         self.cluster = cluster
         #: The session's Apache Kafka node behind kafka-apache (None elsewhere).
         self.apache = apache

@@ -1,4 +1,4 @@
-"""KafkaCluster, librdkafka's mock cluster of three brokers (the session's ``kafka_cluster``),
+"""KafkaCluster, librdkafka's mock cluster of three brokers (the test's ``kafka_cluster``),
 with plain clients: confluent-kafka and aiokafka produce to it and read it back; leaders move,
 brokers go down and come back, responses slow down and the next requests of a kind fail with
 the errors a test names, and the clients get through with every record stored once."""
@@ -23,7 +23,6 @@ from producerkit.testing.kafka_cluster import (
     api_key,
     error_code,
 )
-from producerkit.testing.pytest_plugin import pytest_runtest_teardown
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -250,15 +249,13 @@ async def test_producerkit_through_the_fault_proxy_reaches_every_broker(
     assert {r.partition for r in records} == set(range(PARTITIONS))
 
 
-def test_reset_restores_the_brokers(
-    kafka_cluster: KafkaCluster, topic: str, request: pytest.FixtureRequest
-) -> None:
+def test_reset_restores_the_brokers(kafka_cluster: KafkaCluster, topic: str) -> None:
     kafka_cluster.set_leader(topic, 0, 3)
     kafka_cluster.broker_down(3)
     kafka_cluster.set_rtt(None, 2000)
     kafka_cluster.fail_requests("Produce", ["NOT_ENOUGH_REPLICAS"] * 1000)
     kafka_cluster.fail_requests(0, [19])
-    pytest_runtest_teardown(request.node)  # what the plugin does after each test
+    kafka_cluster.reset()
     producer = _producer(kafka_cluster)
     reports = _produce(producer, topic, 20, partition=0)
     started = time.perf_counter()

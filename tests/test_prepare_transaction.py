@@ -1,6 +1,6 @@
 """``SyncProducer.prepare_transaction`` and ``AtomicBatch.produce_batch``: a Kafka
 transaction written from a thread, batch by batch, and left open for another process to commit
-(what an exactly-once Spark task does), on the session's mock cluster, read back through its
+(what an exactly-once Spark task does), on the test's mock cluster, read back through its
 transaction-aware view."""
 
 from __future__ import annotations

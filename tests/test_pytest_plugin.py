@@ -150,6 +150,28 @@ def test_private_brokers_live_for_one_test(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=2)
 
 
+KAFKA_CLUSTER_PER_TEST = """
+import pytest
+
+def test_takes_a_broker_down(kafka_cluster):
+    kafka_cluster.broker_down(2)
+    test_takes_a_broker_down.seen = kafka_cluster
+
+def test_gets_a_cluster_of_its_own(kafka_cluster):
+    first = test_takes_a_broker_down.seen
+    assert first.closed and not kafka_cluster.closed
+"""
+
+
+def test_kafka_cluster_is_started_for_each_test(pytester: pytest.Pytester) -> None:
+    """The mock grants producer ids at random without checking they are free: one cluster per
+    test, closed after it, so no test inherits the ids (or the brokers down) of another."""
+    pytest.importorskip("confluent_kafka")
+    pytester.makepyfile(test_per_test=KAFKA_CLUSTER_PER_TEST)
+    result = pytester.runpytest_subprocess(*USER_RUN)
+    result.assert_outcomes(passed=2)
+
+
 ROUND_DELAY = """
 import asyncio, os
 

@@ -1,7 +1,7 @@
 """``exactly_once=True`` from Spark (issue 38): each row stored once, whatever Spark retries.
 
 The scenarios run on two Kafkas (``target``; the mock cluster's batch runs are ``slow``, Apache
-Kafka judging them by default): the session's mock cluster of three brokers
+Kafka judging them by default): a mock cluster of three brokers for each test
 (``kafka_cluster``), read back through its transaction-aware view (``read(topic,
 isolation_level="read_committed")``: what Apache Kafka would serve, worked out from the
 recorded transactional traffic, since the mock itself serves everything to everyone and fences

