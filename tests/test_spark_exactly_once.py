@@ -755,9 +755,12 @@ def _prepared(
 #: failed task's UDF worker, not it) and asks for the id late, as when its coordinator was
 #: being elected. Each step leaves a file named after the transactional id.
 _HOLD_FIRST_ATTEMPT = """
-import os
+import os, sys
 hold = os.environ.get("PRODUCERKIT_TEST_HOLD")
-if hold:
+# Not in the process where Spark looks for data sources: importing producerkit here imports
+# importlib.metadata, and on Python 3.12+ Spark's search then fails (CPython gh-121342; see
+# docs/spark.md) and format("producerkit") is not found.
+if hold and "pyspark.sql.worker.lookup_data_sources" not in sys.argv:
     from producerkit.backends.kafka import transactions
 
     original = transactions.Coordinator.init_producer_id
