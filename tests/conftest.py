@@ -7,16 +7,15 @@ storage) and ``nats_broker`` (nats-server with JetStream in a temp dir; ``.url``
 tests (``pytestmark = pytest.mark.anyio``) run on anyio's pytest plugin over ``anyio_backend``:
 asyncio, and asyncio with uvloop for the tests that reach a real broker (``brokers``).
 ``backend`` runs a test on memory, null, kafka, kafka-cluster (kafka:// on the plugin's
-``kafka_cluster``, librdkafka's mock cluster of three brokers, one per test), kafka-apache (kafka:// on the
-plugin's ``apache_kafka``, one real Apache Kafka node), jetstream, jetstream-cluster
-(jetstream:// on the plugin's ``jetstream_cluster``, three nats-servers, the streams a producer
-creates replicated on all three) and nats: a behaviour
-test takes it and skips, or asserts the typed refusal, by what ``backend.spec`` declares the
-backend can do (``takes_tombstones``, ``stores_records``...), never by its name;
-``backend.read()`` reads back what it stored, and on real backends
-``backend.faulty_url``/``backend.faults`` put the session broker's (or the cluster's) fault
-proxy in between. ``read_kafka`` and ``read_jetstream`` read a topic back with a
-plain client.
+``kafka_cluster``, librdkafka's mock cluster of three brokers, one per test), kafka-apache
+(kafka:// on the plugin's ``apache_kafka``, one real Apache Kafka node), jetstream,
+jetstream-cluster (jetstream:// on the plugin's ``jetstream_cluster``, three nats-servers, the
+streams a producer creates replicated on all three) and nats: a behaviour test takes it and
+skips, or asserts the typed refusal, by what ``backend.spec`` declares the backend can do
+(``takes_tombstones``, ``stores_records``...), never by its name; ``backend.read()`` reads back
+what it stored, and on real backends ``backend.faulty_url``/``backend.faults`` put the session
+broker's (or the cluster's) fault proxy in between. ``read_kafka`` and ``read_jetstream`` read a
+topic back with a plain client.
 """
 
 from __future__ import annotations
