@@ -19,7 +19,7 @@ Which tests::
 repeats each test N times within a run (default 20); ``--budget MINUTES`` starts no run after
 that long (what was left is listed); anything after ``--`` goes to pytest (``-- -k kafka -x``).
 Changed files and ``--each-module`` run a file per pytest run; files named here run together.
-The runs use the project's pytest configuration (three xdist workers, one
+The runs use the project's pytest configuration (four xdist workers, one
 file per worker). Stdlib only; needs pytest-repeat and pytest-randomly (``pip install -e
 ".[dev]"``).
 """
