@@ -316,11 +316,11 @@ async def test_fast_ingest_through_a_leader_change(
     assert counts["duplicates"] == 0, counts
     # The fast batches a leader change cut and the new leader does not hold (the old one may
     # have committed them, their PubAck lost) fail, possibly stored: without msg ids they are
-    # not sent again. A kill: two batches of 250 at most; a step-down: the one batch whose
-    # commit the old leader had in hand (a batch the new leader holds is committed again).
+    # not sent again. A batch the new leader holds only part of ends there: the rest goes
+    # again, or fails not stored where later messages were already written (docs/jetstream.md).
+    # check_outcomes holds each "not stored" to the stream. A kill: two batches of 250 at
+    # most; a step-down: the one batch the old leader had in hand.
     assert counts["failed"] <= (250 if fault is step_down else 500), counts
-    if fault is step_down:
-        assert all(outcome.possibly_stored for outcome in outcomes if not outcome.acked), counts
     reasons = {
         (type(outcome.error).__name__, outcome.possibly_stored, str(outcome.error)[:70])
         for outcome in outcomes
