@@ -1,7 +1,9 @@
-"""Builds the optional C speedups (producerkit/_speedups.c); everything else is in pyproject.toml.
+"""Builds the optional C speedups: the core (producerkit/_speedups.c) and the Kafka wire
+(producerkit/backends/kafka/_cwire.c); everything else is in pyproject.toml.
 
 ``optional=True``: where there is no compiler or no Python headers, the install still succeeds
-and producerkit uses its pure-Python fallback (see producerkit/_fast.py).
+and producerkit uses its pure-Python fallbacks (see producerkit/_fast.py and
+producerkit/backends/kafka/wire.py).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +15,12 @@ setup(
             sources=["producerkit/_speedups.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "producerkit.backends.kafka._cwire",
+            sources=["producerkit/backends/kafka/_cwire.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

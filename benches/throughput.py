@@ -893,8 +893,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.kafka_broker != "tansu" and only != {"peers"}:
         parser.error("--kafka-broker apache or both: with --only peers alone")
     from producerkit._fast import SPEEDUPS
+    from producerkit.backends.kafka import wire
 
-    print(f"producerkit C speedups: {SPEEDUPS}", flush=True)
+    print(f"producerkit C speedups: core {SPEEDUPS}, Kafka wire {wire.SPEEDUPS}", flush=True)
     if only & {"defaults", "memory"}:
         return defaults_main(args, only)
     if "production" in only:
@@ -957,6 +958,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "speedups": SPEEDUPS,
+            "wire_speedups": wire.SPEEDUPS,
             "kafka_settings": KAFKA_SETTINGS,
             "results": results,
             "ratios": [{"claim": c, "measured": m, "target": t} for c, m, t in claims],

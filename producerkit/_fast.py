@@ -1,15 +1,18 @@
-"""The optional C extension (``producerkit/_speedups.c``), loaded once for the whole package.
+"""The optional C extensions, each loaded once: the core's (``producerkit/_speedups.c``) here,
+the Kafka wire's (``producerkit/backends/kafka/_cwire.c``) by ``producerkit.backends.kafka.wire``
+through :func:`load_extension`.
 
-It is built at install time where a C compiler and Python's headers are; without it, or with
-``PRODUCERKIT_NO_SPEEDUPS=1``, ``speedups`` is None. ``producerkit._core`` chooses the core's
-implementation from it (C, else ``producerkit._core_py``); the Kafka backend's leaf functions
-(record_batch, accumulator, idempotence) and ``serializers`` choose their C twins from it too.
-``SPEEDUPS`` says whether it is on, for benchmarks and bug reports.
+They are built at install time where a C compiler and Python's headers are; without one, or with
+``PRODUCERKIT_NO_SPEEDUPS=1``, it is None. ``producerkit._core`` chooses the core's
+implementation from ``speedups`` (C, else ``producerkit._core_py``), and ``serializers`` its C
+twin. ``SPEEDUPS`` says whether the core's is on, for benchmarks and bug reports.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from producerkit._record import Message, Record
@@ -17,25 +20,35 @@ from producerkit._record import Message, Record
 if TYPE_CHECKING:
     from types import ModuleType
 
+#: The positions the C code reads records and messages by (``RECORD_SEQ``, ``MESSAGE_KEY``, ...).
+POSITIONS: Mapping[str, int] = {
+    **{f"RECORD_{name.upper()}": Record._fields.index(name) for name in Record._fields},
+    **{f"MESSAGE_{name.upper()}": Message._fields.index(name) for name in Message._fields},
+}
 
-def _load() -> tuple[ModuleType | None, str]:
+
+def load_extension(name: str, *, types: tuple[str, ...] = ()) -> tuple[ModuleType | None, str]:
+    """The C extension ``name`` and a word on it (``"on"``, or ``"off (why)"``): None where it
+    was not built, is out of date (a position it reads records by, one of :data:`POSITIONS` it
+    exports, or a field of the ``types`` it exports, differs from ``producerkit._record``'s), or
+    ``PRODUCERKIT_NO_SPEEDUPS`` is set."""
     if os.environ.get("PRODUCERKIT_NO_SPEEDUPS"):
         return None, "off (PRODUCERKIT_NO_SPEEDUPS is set)"
     try:
-        from producerkit import _speedups
+        module = importlib.import_module(name)
     except ImportError:
-        return None, "off (producerkit._speedups was not built: no C compiler at install?)"
-    # The C functions read records and messages by position: they must agree with _record.
-    positions = {
-        **{f"RECORD_{name.upper()}": Record._fields.index(name) for name in Record._fields},
-        **{f"MESSAGE_{name.upper()}": Message._fields.index(name) for name in Message._fields},
-    }
-    positions["RECORD_FUTURE"] = positions.pop("RECORD_SLOT")
-    if any(getattr(_speedups, name, None) != index for name, index in positions.items()) or any(
-        not hasattr(getattr(_speedups, "Record", None), name) for name in Record._fields
-    ):
-        return None, "off (producerkit._speedups is out of date: reinstall producerkit)"
-    return _speedups, f"on (crc32c: {_speedups.CRC32C})"
+        return None, f"off ({name} was not built: no C compiler at install?)"
+    positions = {**POSITIONS, "RECORD_FUTURE": POSITIONS["RECORD_SLOT"]}
+    del positions["RECORD_SLOT"]
+    exported = {key: getattr(module, key) for key in positions if hasattr(module, key)}
+    out_of_date = any(index != positions[key] for key, index in exported.items()) or any(
+        not hasattr(getattr(module, kind, None), field)
+        for kind in types
+        for field in Record._fields
+    )
+    if not exported or out_of_date:
+        return None, f"off ({name} is out of date: reinstall producerkit)"
+    return module, "on"
 
 
-speedups, SPEEDUPS = _load()
+speedups, SPEEDUPS = load_extension("producerkit._speedups", types=("Record",))

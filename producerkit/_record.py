@@ -1,7 +1,7 @@
 """A message on its way: validated (:class:`Message`), then in flight (:class:`Record`).
 
 Both are named tuples: Python reads their fields by name, the C speedups by position (the
-positions are checked against ``_speedups``' at import, see ``producerkit._fast``). Where the C
+positions are checked against each C extension's at import, see ``producerkit._fast``). Where the C
 speedups run, records are ``_speedups.Record``, this Record's C twin (the same fields, by name
 and by position, from a free list of its own: one is built per message). A record that holds
 only bytes, str, numbers and None is not tracked by the garbage collector, so the thousands a

@@ -3,7 +3,6 @@
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
-CRC32C: Final[str]
 MESSAGE_VALUE: Final[int]
 MESSAGE_KEY: Final[int]
 MESSAGE_TOPIC: Final[int]
@@ -25,17 +24,7 @@ RECORD_TIMESTAMP: Final[int]
 RECORD_CONTEXT: Final[int]
 DECLINED: Final[object]
 
-def encode_batch(
-    records: list[Any], start: int, max_bytes: int, time_shift: float, checksum: bool = True, /
-) -> tuple[bytes, int]: ...
-def encode_records(
-    records: list[Any], start: int, max_bytes: int, time_shift: float
-) -> tuple[bytes, int, int, int]: ...
-def frame_batch(section: bytes, codec: int, count: int, first_ts: int, max_ts: int) -> bytes: ...
-def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int: ...
-def untracked(record: tuple[Any, ...]) -> tuple[Any, ...]: ...
 def pop_run(pending: dict[int, Any], records: list[Any]) -> tuple[int, list[int] | None]: ...
-def partition_runs(records: list[Any]) -> list[list[Any]]: ...
 def tell_run(
     pending: dict[int, Any],
     records: list[Any],

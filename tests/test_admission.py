@@ -365,6 +365,26 @@ def test_the_routers_refuse_a_partitioner_returning_no_int_alike(core: Core) -> 
 
 
 @needs_both
+def test_the_c_core_leaves_a_record_untracked_by_the_gc_when_it_holds_no_references() -> None:
+    """Thousands of records wait in a batching backend: tracked, each would cost the next
+    young-generation collection a visit to every field."""
+    import asyncio
+    import gc
+
+    assert _core.C is not None
+    window = _core.C.WindowCore(10, 5.0, lambda record: None, True)
+    plain = Message(b"v", b"k", "t", None, None, None, None)
+    assert not gc.is_tracked(window.admit(plain, 0, 0, None))
+    # A future or headers can hold references: that record stays tracked, as CPython would.
+    loop = asyncio.new_event_loop()
+    assert gc.is_tracked(window.admit(plain, 0, 0, loop.create_future()))
+    loop.close()
+    assert gc.is_tracked(window.admit(plain._replace(headers=[("h", b"1")]), 0, 0, None))
+    # Without untrack (the default), every record is tracked.
+    assert gc.is_tracked(_core.C.WindowCore(10, 5.0, lambda record: None).admit(plain, 0, 0, None))
+
+
+@needs_both
 @settings(max_examples=40, deadline=None)
 @given(
     admits=st.lists(

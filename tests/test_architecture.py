@@ -148,6 +148,24 @@ def test_the_page_names_both_implementations_of_the_core() -> None:
         assert ("producerkit/_speedups.c", c) in pairs
 
 
+def test_the_page_names_both_implementations_of_the_kafka_wire_each_in_its_own_extension() -> None:
+    pairs = {(path, name) for _, path, name in references(DOC.read_text(encoding="utf-8"))}
+    wire, cwire = "producerkit/backends/kafka/wire.py", "producerkit/backends/kafka/_cwire.c"
+    for python, c in [
+        ("encode_batch_in_python", "encode_batch"),
+        ("encode_records_in_python", "encode_records_only"),
+        ("frame_batch_in_python", "frame_batch"),
+        ("crc32c_of_in_python", "crc32c"),
+        ("partition_runs_in_python", "partition_runs"),
+    ]:
+        assert (wire, python) in pairs
+        assert (cwire, c) in pairs
+        assert not c_defines(_source("producerkit/_speedups.c"), c), c
+    for core in ("Admission_admit", "pop_run", "tell_run", "ProduceDoor", "Record"):
+        assert c_defines(_source("producerkit/_speedups.c"), core), core
+        assert not c_defines(_source(cwire), core), core
+
+
 @pytest.mark.parametrize(
     ("page", "problem"),
     [

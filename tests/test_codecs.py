@@ -12,7 +12,6 @@ pytest.importorskip("cramjam")
 from aiokafka.record.default_records import DefaultRecordBatch
 
 import producerkit as pk
-from producerkit._fast import speedups
 from producerkit._record import Record
 from producerkit.backends.kafka import codecs, record_batch, wire
 
@@ -37,14 +36,14 @@ def test_a_compressed_batch_reads_back_whole(codec: str, level: int | None) -> N
     assert read == [(r.key, r.value, list(r.headers), r.timestamp) for r in RECORDS]
 
 
-@pytest.mark.skipif(speedups is None, reason="producerkit._speedups was not built")
+@pytest.mark.skipif(wire.C is None, reason=f"the C Kafka wire: {wire.SPEEDUPS}")
 def test_the_c_framing_is_the_python_framing() -> None:
-    assert speedups is not None
-    section, end, first, latest = speedups.encode_records(RECORDS, 0, 1 << 20, 0.0)
+    assert wire.C is not None
+    section, end, first, latest = wire.C.encode_records(RECORDS, 0, 1 << 20, 0.0)
     twin = wire.PYTHON.encode_records(RECORDS, 0, 1 << 20, 0.0)
     assert (bytes(section), end, first, latest) == twin
     compressed = codecs.compressor("zstd", 3)(section)
-    assert speedups.frame_batch(compressed, 4, end, first, latest) == (
+    assert wire.C.frame_batch(compressed, 4, end, first, latest) == (
         wire.PYTHON.frame_batch(compressed, 4, end, first, latest)
     )
 

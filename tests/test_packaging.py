@@ -63,6 +63,11 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     # Every subpackage is in the wheel, not only the top-level ones.
     packaged = {name.split("/")[1] for name in _wheel_names(wheels[0]) if name.count("/") == 2}
     assert {"backends", "bench", "cli", "spark", "testing"} <= packaged, packaged
+    # Both C extensions (the core's, the Kafka wire's) where a compiler built them, with stubs.
+    names = _wheel_names(wheels[0])
+    assert {"producerkit/_speedups.pyi", "producerkit/backends/kafka/_cwire.pyi"} <= set(names)
+    built = {name.split(".")[0] for name in names if name.endswith(".so")}
+    assert built in (set(), {"producerkit/_speedups", "producerkit/backends/kafka/_cwire"}), built
     script = env_dir / "bin" / "producerkit"
     assert run(script, "--version", env=clean_env, cwd=tmp_path).stdout.strip() == version
 

@@ -19,13 +19,11 @@ from producerkit._record import Record
 from producerkit.backends.kafka import _aiokafka_compat, wire
 
 try:
-    from producerkit import _speedups
+    from producerkit.backends.kafka import _cwire
 except ImportError:  # no compiler at install time: only the fallback is there to test
-    _speedups = None  # type: ignore[assignment]
+    _cwire = None  # type: ignore[assignment]
 
-needs_speedups = pytest.mark.skipif(
-    _speedups is None, reason="producerkit._speedups was not built (no C compiler at install)"
-)
+needs_cwire = pytest.mark.skipif(_cwire is None, reason=f"the C Kafka wire: {wire.SPEEDUPS}")
 
 TIMEOUT = 30.0
 
@@ -160,42 +158,26 @@ def test_every_wire_encoder_writes_aiokafkas_bytes(
     assert (bytes(data), end) == (bytes(expected), expected_end)
 
 
-@needs_speedups
+@needs_cwire
 def test_the_c_encoder_names_a_record_it_cannot_read() -> None:
-    assert _speedups is not None
+    assert _cwire is not None
     with pytest.raises(TypeError, match="not a producerkit Record"):
-        _speedups.encode_batch([("not", "a record")], 0, 1000, 0.0)
+        _cwire.encode_batch([("not", "a record")], 0, 1000, 0.0)
     with pytest.raises(IndexError):
-        _speedups.encode_batch([], 0, 1000, 0.0)
+        _cwire.encode_batch([], 0, 1000, 0.0)
     bad_headers = record(1, b"v", None, (("name", "not bytes"),))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"\(str, bytes or None\) pairs"):
-        _speedups.encode_batch([bad_headers], 0, 1000, 0.0)
+        _cwire.encode_batch([bad_headers], 0, 1000, 0.0)
 
 
-@needs_speedups
+@needs_cwire
 def test_crc32c_matches_aiokafkas() -> None:
     from aiokafka.record.util import calc_crc32c
 
-    assert _speedups is not None
+    assert _cwire is not None
     for data in (b"", b"a", b"123456789", bytes(range(256)) * 33):
-        assert _speedups.crc32c(data) == calc_crc32c(data)
-    assert _speedups.crc32c(b"123456789") == 0xE3069283  # the standard check value
-
-
-def test_records_in_flight_are_not_tracked_by_the_gc_when_they_hold_no_references() -> None:
-    import asyncio
-    import gc
-
-    if _speedups is None:
-        pytest.skip("producerkit._speedups was not built")
-    plain = record(1, b"v", b"k")
-    assert gc.is_tracked(plain)
-    assert _speedups.untracked(plain) is plain and not gc.is_tracked(plain)
-    # A future or headers can hold references: that record stays tracked, as CPython would.
-    loop = asyncio.new_event_loop()
-    assert gc.is_tracked(_speedups.untracked(plain._replace(slot=loop.create_future())))
-    loop.close()
-    assert gc.is_tracked(_speedups.untracked(record(1, b"v", None, (("h", b"1"),))))
+        assert _cwire.crc32c(data) == calc_crc32c(data)
+    assert _cwire.crc32c(b"123456789") == 0xE3069283  # the standard check value
 
 
 def test_pop_run_settles_a_run_and_names_the_blocking_ones(core: Any) -> None:
@@ -248,10 +230,10 @@ def test_partition_runs_groups_in_first_seen_order_on_both_twins(
         expected.setdefault((each.topic, each.partition), []).append(each.seq)
     python = wire.PYTHON.partition_runs(records)
     assert [[each.seq for each in run] for run in python] == list(expected.values())
-    if _speedups is not None:
-        assert _speedups.partition_runs(records) == python
+    if _cwire is not None:
+        assert _cwire.partition_runs(records) == python
         with pytest.raises(TypeError, match="not a producerkit Record"):
-            _speedups.partition_runs([(1, 2)])
+            _cwire.partition_runs([(1, 2)])
 
 
 def test_sealing_a_count_of_open_records_leaves_the_rest_open() -> None:

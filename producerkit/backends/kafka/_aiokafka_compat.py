@@ -493,7 +493,7 @@ def new_record_batch_builder(compression: int, max_bytes: int) -> Any:
 
 
 def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli) by aiokafka's implementation: the fallback of ``_speedups.crc32c``."""
+    """CRC-32C (Castagnoli) by aiokafka's implementation: the fallback of ``_cwire.crc32c``."""
     from aiokafka.record.util import calc_crc32c
 
     return int(calc_crc32c(data))

@@ -1,7 +1,7 @@
-"""The Kafka wire's hot functions, chosen once, here: the C ones (``producerkit/_speedups.c``,
-loaded by ``producerkit._fast``) where they were built, else producerkit's own Python encoder
-below, which writes the same bytes (``tests/test_record_batch.py`` compares both with aiokafka's
-builder).
+"""The Kafka wire's hot functions, chosen once, here: the C ones (the Kafka backend's own
+extension, ``producerkit/backends/kafka/_cwire.c``) where they were built, else producerkit's own
+Python encoder below, which writes the same bytes (``tests/test_record_batch.py`` compares both
+with aiokafka's builder).
 
 A :class:`Wire` is one implementation: ``encode_batch(records, start, max_bytes, time_shift) ->
 (batch, end)`` (a RecordBatch v2 of ``records[start:end]``, taking records while it stays within
@@ -12,7 +12,8 @@ with where it stopped and its first and max timestamps), ``frame_batch(section, 
 first, latest)`` (a RecordBatch around a compressed section), ``crc32c_of(*parts)`` (CRC-32C of the
 parts' concatenation) and ``partition_runs(records)`` (records grouped by topic and partition, in
 first-seen order). :data:`ACTIVE` is the one the backend uses; :data:`IMPLEMENTATIONS` lists the
-ones this installation has, for tests that run both.
+ones this installation has, for tests that run both; :data:`SPEEDUPS` says whether the C one is
+on (and its CRC-32C), for benchmarks and bug reports.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
-from producerkit._fast import speedups
+from producerkit._fast import load_extension
 from producerkit._record import Record
 from producerkit.backends.kafka import _aiokafka_compat
 
-__all__ = ["ACTIVE", "IMPLEMENTATIONS", "PYTHON", "C", "Wire"]
+__all__ = ["ACTIVE", "IMPLEMENTATIONS", "PYTHON", "SPEEDUPS", "C", "Wire"]
 
 #: RecordBatch v2: the header's length, and where the CRC and the attributes are in it.
 HEADER_SIZE: Final = 61
@@ -70,7 +71,7 @@ def encode_records_in_python(
     records: list[Record], start: int, max_bytes: int, time_shift: float
 ) -> tuple[bytes, int, int, int]:
     """A batch's records section (no header), where it stopped, and its first and max
-    timestamps: the Python twin of ``_speedups.encode_records``."""
+    timestamps: the Python twin of ``_cwire.encode_records``."""
     section = bytearray()
     size = HEADER_SIZE
     first = latest = 0
@@ -108,7 +109,7 @@ def frame_batch_in_python(
     section: Any, codec: int, count: int, first_timestamp: int, max_timestamp: int
 ) -> bytes:
     """A RecordBatch around a records section (compressed with ``codec``, or not: 0): the
-    Python twin of ``_speedups.frame_batch``."""
+    Python twin of ``_cwire.frame_batch``."""
     return _framed(section, codec, count, first_timestamp, max_timestamp, checksum=True)
 
 
@@ -147,7 +148,7 @@ def _framed(
 def encode_batch_in_python(
     records: list[Record], start: int, max_bytes: int, time_shift: float, checksum: bool = True
 ) -> tuple[bytes, int]:
-    """The Python twin of ``_speedups.encode_batch`` (``checksum`` false: the CRC left 0, for a
+    """The Python twin of ``_cwire.encode_batch`` (``checksum`` false: the CRC left 0, for a
     batch stamped before it is sent)."""
     section, end, first, latest = encode_records_in_python(records, start, max_bytes, time_shift)
     return _framed(section, 0, end - start, first, latest, checksum=checksum), end
@@ -182,9 +183,11 @@ PYTHON = Wire(
 
 # --------------------------------------------------------------------------- C
 
+_cwire, SPEEDUPS = load_extension("producerkit.backends.kafka._cwire")
 C: Wire | None = None
-if speedups is not None:
-    _crc32c = speedups.crc32c
+if _cwire is not None:
+    SPEEDUPS += f" (crc32c: {_cwire.CRC32C})"
+    _crc32c = _cwire.crc32c
 
     def _crc32c_of_in_c(*parts: bytes | bytearray | memoryview) -> int:
         crc = 0
@@ -194,11 +197,11 @@ if speedups is not None:
 
     C = Wire(
         "c",
-        speedups.encode_batch,
-        speedups.encode_records,
-        speedups.frame_batch,
+        _cwire.encode_batch,
+        _cwire.encode_records,
+        _cwire.frame_batch,
         _crc32c_of_in_c,
-        speedups.partition_runs,
+        _cwire.partition_runs,
     )
 
 #: The implementations this installation has: Python, and C where it was built.
