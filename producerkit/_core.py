@@ -7,7 +7,10 @@ Both have the same names and signatures: ``WindowCore`` (the ledger and the in-f
 ``DECLINED``. A producer takes the
 :class:`Core` that :func:`active` names when it is made: the C one where it was built and
 ``PRODUCERKIT_NO_SPEEDUPS`` is not set. Tests run the other with :func:`using`, so one run covers
-both. ``ProducerCore`` and ``ProduceDoor``, part of the ``Producer`` class, are chosen at import.
+both, door included: ``Producer.produce`` is the C door around the Python door around the
+method (:func:`produce_door`), and each door takes the messages of a producer whose Admission is
+of its own implementation. ``ProducerCore``, the base class that holds a running producer's
+Admission, is the C one where it was built (a field the C door reads without a lookup).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import attrs
 
@@ -72,8 +75,9 @@ if speedups is not None:
 #: The implementations this installation has: Python, and C where it was built.
 IMPLEMENTATIONS: tuple[Core, ...] = (PYTHON,) if C is None else (PYTHON, C)
 
-#: ``produce()``'s way to a running producer's Admission (see ``_core_py.ProducerCore``).
+#: Where ``produce()`` finds a running producer's Admission (see ``_core_py.ProducerCore``).
 ProducerCore: Any = _core_py.ProducerCore if speedups is None else speedups.ProducerCore
+#: The outermost door (see :func:`produce_door`).
 ProduceDoor: Any = _core_py.ProduceDoor if speedups is None else speedups.ProduceDoor
 #: What an Admission returns for a message it leaves to the checked path (both: NotImplemented).
 DECLINED = _core_py.DECLINED
@@ -84,11 +88,14 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def produce_door(produce: _Method) -> _Method:
-    """``produce`` behind its :data:`ProduceDoor`, carrying its name, docstring and signature."""
-    door = ProduceDoor(produce)
-    if door is produce:
-        return produce
-    return functools.update_wrapper(door, produce)  # type: ignore[return-value]
+    """``produce`` behind the door of each implementation, Python's inside C's, each carrying
+    its name, docstring and signature: a plain nonblocking message of a running producer goes
+    through its own core's Admission (see ``_core_py.ProduceDoor``), everything else to
+    ``produce``."""
+    door: Any = functools.update_wrapper(_core_py.ProduceDoor(produce), produce)
+    if speedups is not None:
+        door = functools.update_wrapper(speedups.ProduceDoor(door), produce)
+    return cast(_Method, door)
 
 
 def active() -> Core:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, TypeVar, cast
 
 from producerkit._record import Message, Record, Slot, new_message, new_record
@@ -531,11 +531,86 @@ class ProducerCore:
         self._admission: Any = None
 
 
+#: An iterator with nothing left: what awaiting a finished :class:`Done` iterates.
+_FINISHED: Final[Iterator[None]] = iter(())
+
+
+class Done:
+    """An awaitable that has already finished: awaiting it returns None, or raises the exception
+    it holds (once). A coroutine to asyncio and anyio (``send``, ``throw``, ``close``,
+    ``__await__``), so a task can be made of it. What :func:`ProduceDoor` returns for a message
+    it took."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+    def __await__(self) -> Iterator[None]:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        return _FINISHED
+
+    def send(self, value: object) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        raise StopIteration
+
+    def throw(self, error: BaseException | type[BaseException], *rest: object) -> None:
+        self.error = None
+        raise error
+
+    def close(self) -> None:
+        pass
+
+
+#: The shared :class:`Done` that returns None.
+DONE: Final = Done()
+
 _Produce = TypeVar("_Produce", bound=Callable[..., Any])
 
 
 def ProduceDoor(produce: _Produce) -> _Produce:
-    """``Producer.produce`` as the class holds it. Here, the method itself: its first lines take
-    a running producer's plain nonblocking message through its :class:`Admission`. The C twin
-    runs those lines without a Python frame and calls the method for every other message."""
-    return produce
+    """``Producer.produce`` as the class holds it: a call with one positional value,
+    ``produce``'s keywords and ``nonblocking`` true, on a producer whose ``_admission`` is an
+    :class:`Admission`, goes to :meth:`Admission.admit`: a message taken returns an awaitable
+    already finished (:class:`Done`, raising what ``admit`` raised, if it raised) or the
+    hand-off to await. Every other call, and every message :data:`DECLINED`, is ``produce``
+    with the same arguments: the method itself. The C twin does the same without a Python
+    frame, for the C Admission; it calls this door for any other."""
+
+    def door(
+        producer: Any,
+        *args: Any,
+        key: Any = None,
+        topic: Any = None,
+        partition: Any = None,
+        headers: Any = None,
+        msg_id: Any = None,
+        context: Any = None,
+        expect: Any = None,
+        timestamp: Any = None,
+        nonblocking: Any = False,
+        **rest: Any,
+    ) -> Any:
+        admission = producer._admission
+        if type(admission) is Admission and nonblocking and len(args) == 1 and not rest:
+            try:
+                outcome = admission.admit(
+                    args[0], key, topic, partition, headers, msg_id, context, expect, timestamp
+                )
+            except Exception as exc:
+                return Done(exc)
+            if outcome is None:
+                return DONE
+            if outcome is not DECLINED:
+                return outcome  # the hand-off, to await as produce() awaits it
+        return produce(
+            producer, *args,
+            key=key, topic=topic, partition=partition, headers=headers, msg_id=msg_id,
+            context=context, expect=expect, timestamp=timestamp, nonblocking=nonblocking, **rest,
+        )  # fmt: skip
+
+    return cast(_Produce, door)

@@ -25,7 +25,7 @@ from producerkit._connections import (
     open_connections,
     unwritten,
 )
-from producerkit._core import DECLINED, ProducerCore, active, produce_door
+from producerkit._core import ProducerCore, active, produce_door
 from producerkit._handoff import Handoff
 from producerkit._lifecycle import LeftOpenGuard, StatsTimer, report_left_open
 from producerkit._message import RECORD_OVERHEAD, HeadersArgument, MessageRules
@@ -289,10 +289,9 @@ class Producer(ProducerCore):  # type: ignore[misc]
         """Publish one message.
 
         Waits for the broker's ack and returns its Delivery, or with ``nonblocking=True`` returns
-        None once the message is handed off. (On a running producer with the C core, a plain
-        nonblocking call returns an awaitable that has already finished rather than a
-        coroutine: awaiting it is the same, and a task can be made of it.) Raises MessageError
-        (nothing sent) for a bad
+        None once the message is handed off. (On a running producer, a plain nonblocking call
+        returns an awaitable that has already finished rather than a coroutine: awaiting it is
+        the same, and a task can be made of it.) Raises MessageError (nothing sent) for a bad
         message, ProducerClosed after close(); a blocking produce raises the message's own error
         (ProduceTimeout, DeliveryError, ...) if it fails. ``context`` is handed to the
         producer's ``on_delivery`` callback with this message's outcome. ``expect``
@@ -307,18 +306,8 @@ class Producer(ProducerCore):  # type: ignore[misc]
         the millisecond) is the Kafka record's CreateTime instead of the produce time; NATS and
         JetStream refuse it (MessageError: they store no publisher time).
         """
-        # The door: a plain nonblocking message through the core's Admission (what the C
-        # ProduceDoor runs without this frame); else DECLINED, and the checked path below.
-        admission = self._admission
-        if admission is not None and nonblocking:
-            outcome = admission.admit(
-                value, key, topic, partition, headers, msg_id, context, expect, timestamp
-            )
-            if outcome is None:
-                return None
-            if outcome is not DECLINED:
-                await outcome
-                return None
+        # A plain nonblocking message of a running producer went through its core's door
+        # (_core.produce_door) unless the Admission declined it: here, the checked path.
         if not self._running:
             await self._ensure_running()
         message = self._rules.message(
@@ -335,8 +324,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
         return delivery
 
     if not TYPE_CHECKING:
-        # The class holds produce() behind its door (the C core's runs the lines above
-        # without a frame; the Python core's door is the method itself).
+        # The class holds produce() behind the cores' doors.
         produce = produce_door(produce)
 
     async def produce_batch(

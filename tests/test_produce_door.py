@@ -1,7 +1,8 @@
-"""produce()'s door (``_core.ProduceDoor``: in C, a method descriptor that takes a plain
-nonblocking message without a Python frame; in Python, the method itself) behaves as the method
-does on either core (outcome, accounting, errors at the await, a task can be made of the call),
-and everything else goes through the method itself."""
+"""produce()'s doors (``_core.produce_door``: in C, a method descriptor that takes a plain
+nonblocking message without a Python frame; in Python, a function that does the same; C's around
+Python's around the method) behave as the method does on either core (outcome, accounting,
+errors at the await, a task can be made of the call), and everything else goes through the
+method itself."""
 
 from __future__ import annotations
 
@@ -28,6 +29,40 @@ def test_the_class_holds_the_door_and_no_instance_holds_a_method() -> None:
     producer = pk.Producer("null://", topic="t")
     assert "produce" not in vars(producer)
     assert type(vars(pk.Producer)["produce"]) is type(_core.ProduceDoor(lambda: None))
+
+
+async def test_each_core_takes_its_plain_messages_through_its_own_door(
+    core: _core.Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checked path (the method's own lines) sees none of the plain messages, on either
+    core: the door of the producer's own core took them."""
+    checked: list[object] = []
+
+    class Rules:
+        """The producer's rules, telling which messages took the checked path."""
+
+        def __init__(self, rules: object) -> None:
+            self.rules = rules
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.rules, name)
+
+        def message(self, *args: object, **kwargs: object) -> object:
+            checked.append(args[0])
+            return self.rules.message(*args, **kwargs)  # type: ignore[attr-defined]
+
+    async with pk.Producer("null://", topic="t") as producer:
+        await producer.produce(b"first")
+        assert type(producer._admission) is core.Admission
+        monkeypatch.setattr(producer, "_rules", Rules(producer._rules))
+        results = [producer.produce(b"%d" % i, nonblocking=True) for i in range(100)]
+        assert not any(inspect.iscoroutine(result) for result in results if result is not None)
+        for result in results:
+            assert await result is None
+        await producer.produce(b"checked", key="str key", nonblocking=True)
+        await producer.flush()
+        assert checked == [b"checked"]
+        assert producer.stats.acked == 102
 
 
 async def test_plain_nonblocking_messages_through_the_door_are_each_acked(
