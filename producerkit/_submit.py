@@ -120,15 +120,20 @@ class Submitter:
         count = self._topics.counts.get(topic, UNKNOWN)
         if count == UNKNOWN:
             return self._submit_later(message, slot, context, reserved, None)
-        if message.partition is not None:
-            check_partition(message.partition, count, topic)
-        route = self._router.route(topic, message.key, message.partition, count)
+        route = self._route(message, count)
         if self._rate is not None and not self._rate.try_acquire(payload_size(message)):
             return self._submit_later(message, slot, context, reserved, route, True)
         record = self._window.admit(message, route[0], route[1], slot, context, reserved)
         if record is None:
             return self._submit_later(message, slot, context, reserved, route)
         return self.send(record)
+
+    def _route(self, message: Message, count: int | None) -> tuple[int | None, int]:
+        """``(partition, connection)`` for ``message`` to a topic of ``count`` partitions: its
+        own partition, checked (MessageError), or the router's choice."""
+        if message.partition is not None:
+            check_partition(message.partition, count, message.topic)
+        return self._router.route(message.topic, message.key, message.partition, count)  # type: ignore[no-any-return]
 
     def submit_handed(
         self, message: Message, slot: Slot, context: Any = None
@@ -138,16 +143,13 @@ class Submitter:
         takes it; any other through :meth:`submit`."""
         admission = self._handed_admission
         if admission is not None and slot is None:
-            window = self._window
-            core = window.core
-            with window.reserve_lock:  # see InFlightWindow.reserve
-                core.taken += 1  # its reserved room is its record's, if admitted
-                outcome = admission.admit(
+            outcome = self._window.spend_reservation(
+                lambda: admission.admit(
                     message.value, message.key, message.topic, message.partition,
                     message.headers, message.msg_id, context, None, message.timestamp,
-                )  # fmt: skip
-                if outcome is DECLINED:
-                    core.taken -= 1  # declined, nothing done: still its reserved room
+                ),
+                DECLINED,
+            )  # fmt: skip
             if outcome is not DECLINED:
                 return outcome  # type: ignore[no-any-return]
         return self.submit(message, slot, context, True)
@@ -193,10 +195,7 @@ class Submitter:
         before admission."""
         window, rate = self._window, self._rate
         if route is None:
-            count = await self._topics.learn(message.topic)
-            if message.partition is not None:
-                check_partition(message.partition, count, message.topic)
-            route = self._router.route(message.topic, message.key, message.partition, count)
+            route = self._route(message, await self._topics.learn(message.topic))
             wait_for_rate = rate is not None and not rate.try_acquire(payload_size(message))
         if connection is not None:
             route = (route[0], connection)

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from producerkit._core_py import answer_slot
 from producerkit._logging import FailureLog
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from producerkit._core import Core
 
 logger = logging.getLogger("producerkit.producer")
+
+_Outcome = TypeVar("_Outcome")
 
 ErrorCallback = Callable[[Failure], object]
 OutcomeCallback = Callable[[Outcome], object]
@@ -192,12 +194,27 @@ class InFlightWindow:
         core = self.core
         if not reserved:
             return core.admit(message, partition, connection, slot, context)  # type: ignore[no-any-return]
-        with self.reserve_lock:  # no thread may take the room it gives up meanwhile
-            core.taken += 1
-            record: Record | None = core.admit(message, partition, connection, slot, context)
-            if record is None:
-                core.taken -= 1  # still its room, until it is admitted
+        record: Record | None = self.spend_reservation(
+            lambda: core.admit(message, partition, connection, slot, context), None
+        )
         return record
+
+    def spend_reservation(self, admit: Callable[[], _Outcome], declined: object) -> _Outcome:
+        """``admit()``, one admission of a message handed over by another thread, with the room
+        the message reserved (see :meth:`reserve`) given up to it, under :attr:`reserve_lock`
+        (no thread may take that room meanwhile). Where ``admit`` returns ``declined`` or
+        raises, nothing was admitted: the room stays the message's."""
+        core = self.core
+        with self.reserve_lock:
+            core.taken += 1  # its room is now its record's
+            try:
+                outcome = admit()
+            except BaseException:
+                core.taken -= 1
+                raise
+            if outcome is declined:
+                core.taken -= 1  # still its room, until it is admitted
+        return outcome
 
     def is_full(self, size: int) -> bool:
         """Whether a message of ``size`` bytes must wait for room."""
@@ -421,13 +438,15 @@ class InFlightWindow:
         """A message handed over (counted in flight since :meth:`reserve`) that cannot be
         admitted: it fails, counted and reported like any other failure."""
         core = self.core
-        with self.reserve_lock:
-            core.taken += 1  # the room it held is now its record's
-            core.limit += 1  # ... even where other produces have filled the window since
+
+        def admit_past_the_bound() -> Record:
+            core.limit += 1  # its own room, even where other produces have filled the window
             try:
-                record = core.admit(message, message.partition, 0, slot, context)
+                return core.admit(message, message.partition, 0, slot, context)  # type: ignore[no-any-return]
             finally:
                 core.limit -= 1
+
+        record = self.spend_reservation(admit_past_the_bound, None)
         self.failed(record, exc, possibly_stored=False)
 
     def _wake(self, in_flight: int) -> None:

@@ -492,3 +492,24 @@ def test_timestamps_and_tombstones_through_the_sync_path(backend: BackendCase, t
         stamps = {r["value"]: r["timestamp"] for r in records}
         assert stamps[b"v"] == 1_700_000_000_500 and stamps[b"w"] == 1_600_000_000_000
         assert (None in stamps) == backend.spec.takes_tombstones
+
+
+def test_a_handed_over_message_whose_partitioner_raises_fails_and_frees_only_its_own_room() -> None:
+    """The loop's Admission raising on a message handed over by another thread (a user's
+    partitioner) leaves nothing in flight: the message fails, and the window's count of
+    handed-over room is where it was (else ``in_flight`` reads -1 and the bound one more)."""
+
+    def partitioner(key: bytes, partitions: int) -> int:
+        if key == b"bad":
+            raise ValueError("no partition for this key")
+        return 0
+
+    producer = pk.SyncProducer("memory://", topic="t", partitions=4, partitioner=partitioner)
+    producer.produce(b"first", key=b"good")  # the topic's partitions are known
+    producer.produce(b"x", key=b"bad", nonblocking=True)
+    producer.produce(b"after", key=b"good", nonblocking=True)
+    with pytest.raises(pk.ProduceError, match="no partition for this key"):
+        producer.flush(timeout=10)
+    stats = producer.stats
+    assert (stats.produced, stats.acked, stats.failed, stats.in_flight) == (3, 2, 1, 0)
+    producer.close()  # flush() reported the failure

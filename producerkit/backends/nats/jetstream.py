@@ -339,14 +339,16 @@ class JetStreamConnection(NatsClientConnection):
         if writer is not None:
             self._spawn(writer.write(f"PUB {subject} {reply} 0\r\n".encode(), b""))
 
-    def send_one(self, record: Record) -> None:
+    def send_one(self, record: Record, possibly_stored: bool = False) -> None:
+        """Publish ``record``, its PubAck awaited by token; if that fails, it fails,
+        ``possibly_stored`` as an earlier attempt may have left it."""
         token = self._next_token = self._next_token + 1
         self._awaiting[token] = record
         try:
             self._spawn(self.publish(record, reply=f"{self._inbox}.{token}"))
         except Exception as exc:
             del self._awaiting[token]
-            self.reports.failed(record, translate(exc), False)
+            self.reports.failed(record, translate(exc), possibly_stored)
 
     def fast_reply_prefix(self) -> str:
         return f"{self._inbox}."
@@ -711,13 +713,7 @@ class JetStreamConnection(NatsClientConnection):
         earlier attempt may have left it (if so, a later refusal says so too)."""
         if possibly_stored:
             self._maybe_stored.add(record.seq)
-        token = self._next_token = self._next_token + 1
-        self._awaiting[token] = record
-        try:
-            self._spawn(self.publish(record, reply=f"{self._inbox}.{token}"))
-        except Exception as exc:
-            del self._awaiting[token]
-            self.reports.failed(record, translate(exc), possibly_stored)
+        self.send_one(record, possibly_stored)
 
     def _sweep(self) -> None:
         """Forget records whose deadline passed (the producer failed them) and got no ack."""
