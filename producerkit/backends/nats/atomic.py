@@ -3,10 +3,12 @@
 Every message of a batch carries ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` (1, 2, 3, ...);
 the last one also ``Nats-Batch-Commit: 1``, and the server stores the batch at that commit,
 whole, or refuses it whole. As the last message is only known when the block ends, each message
-is held until the next one comes (then admitted and sent), and the one held at the end is sent
-as the commit. The first message is sent as a request, so that a stream that takes no batches,
-or a server with too many open ones (which is waited out), says so at once; the others are
-written without an answer, in order, on one of the producer's connections; the commit's PubAck
+is admitted as it is produced (counted, its deadline running, as on every backend) and held
+until the next one comes (then sent), and the one held at the end is sent as the commit; a
+batch that ends without one fails it with the others. The first message is sent as a request,
+so that a stream that takes no batches, or a server with too many open ones (which is waited
+out), says so at once; the others are written without an answer, in order, on one of the
+producer's connections; the commit's PubAck
 (``{"seq": S, "batch": id, "count": N}``) acks the N messages at stream sequences S-N+1 ... S.
 A commit whose answer was lost fails the batch possibly stored.
 """
@@ -75,7 +77,7 @@ class _BatchWriter(AtomicWriter):
         self.name = f"atomic batch {self.id}"
         self._batch_id = self.id.encode()
         self._connection = 0  # chosen at open(), once the producer's connections are there
-        self._held: Message | None = None
+        self._held: Record | None = None
         self._sequence = 0
 
     def check(self, count: int, expect: object) -> None:
@@ -114,20 +116,19 @@ class _BatchWriter(AtomicWriter):
                 ("Nats-Batch-Id", self._batch_id),
                 ("Nats-Batch-Sequence", b"%d" % self._sequence),
             )
-            held, self._held = (
-                self._held,
-                message._replace(headers=(*(message.headers or ()), *batch)),
+            record = await self._side.admit(
+                message._replace(headers=(*(message.headers or ()), *batch)), self._connection
             )
+            held, self._held = self._held, record
             if held is not None:
                 await self._send(held, self._sequence - 1)
 
     def _link(self) -> JetStreamConnection:
         return cast("JetStreamConnection", self._writes.parts.connections()[self._connection])
 
-    async def _send(self, message: Message, sequence: int) -> None:
-        """Admit and write one message (the first as a request). One that cannot be sent
-        fails the batch."""
-        record = await self._side.admit(message, self._connection)
+    async def _send(self, record: Record, sequence: int) -> None:
+        """Write one admitted message (the first as a request). One that cannot be sent fails
+        the batch."""
         try:
             if sequence > 1:
                 await self._link().send_batch_message(record, reply=False, timeout=self._timeout)
@@ -186,14 +187,13 @@ class _BatchWriter(AtomicWriter):
             )
 
         if self._held is not None:
-            self._held = self._held._replace(headers=renamed(self._held.headers))
+            self._held = with_headers(self._held, renamed(self._held.headers))
         return with_headers(opening, renamed(opening.headers))
 
     async def commit(self, prepare: bool) -> None:
         held = self._held
         assert held is not None
-        commit = held._replace(headers=(*(held.headers or ()), _COMMIT))
-        record = await self._side.admit(commit, self._connection)
+        record = with_headers(held, (*(held.headers or ()), _COMMIT))
         try:
             data, headers = await self._request(record, commit=True)
         except (ProducerkitError, TimeoutError) as exc:
