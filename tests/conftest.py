@@ -592,13 +592,13 @@ def stored_on(url: str, subject: str, below: int, timeout: float = 120.0) -> Cal
 
 
 def kafka_stored(
-    url: str, topic: str, below: int, count: int, timeout: float = 120.0
+    url: str, topic: str, below: int, count: int, timeout: float = 120.0, *, at_least: int = 0
 ) -> Callable[[], None]:
     """A function for Spark's executors (it pickles by value) that returns once ``topic`` at
-    the Kafka ``url`` holds ``count`` records ``v-<n>...`` with ``n < below`` (rows of the task
-    that fails, open transactions' included: read uncommitted), or after ``timeout`` seconds:
-    a test failing a task "after some of its rows were written" waits for that, not for a
-    pause."""
+    the Kafka ``url`` holds ``count`` records ``v-<n>...`` with ``at_least <= n < below`` (rows
+    of the task that fails, or of the others; open transactions' included: read uncommitted),
+    or after ``timeout`` seconds: a test failing a task "after some rows were written" waits
+    for that, not for a pause."""
 
     def wait() -> None:
         import time
@@ -622,8 +622,8 @@ def kafka_stored(
             while seen < count and time.monotonic() < deadline:
                 for message in consumer.consume(1000, timeout=0.2):
                     value = message.value()
-                    if message.error() is None and value and int(value.split(b"-")[1]) < below:
-                        seen += 1
+                    if message.error() is None and value:
+                        seen += at_least <= int(value.split(b"-")[1]) < below
         finally:
             consumer.close()
 

@@ -232,8 +232,8 @@ def target(request: pytest.FixtureRequest) -> _Target:
 def _breaking(row: int, *, every_attempt: bool, written: Any = None) -> Any:
     """A UDF passing values through; at ``row``, on the task's first attempt, it waits until
     ``written()`` returns (the publisher downstream wrote rows of the task before it) and its
-    Python worker exits (``os._exit``), or, ``every_attempt``, it raises on each attempt
-    (after 1.5 s: the other tasks write meanwhile)."""
+    Python worker exits (``os._exit``), or, ``every_attempt``, it raises on each attempt once
+    ``written()`` returns (the other tasks wrote their rows)."""
 
     def check(value: str, number: int) -> str:
         from pyspark import TaskContext
@@ -241,7 +241,8 @@ def _breaking(row: int, *, every_attempt: bool, written: Any = None) -> Any:
         context = TaskContext.get()
         if number == row and context is not None:
             if every_attempt:
-                time.sleep(1.5)
+                if written is not None:
+                    written()
                 raise RuntimeError(f"injected failure at row {row}")
             if context.attemptNumber() == 0:
                 if written is not None:
@@ -262,10 +263,16 @@ def _rows(
     spark: SparkSession, target: _Target, topic: str = "", *, every_attempt: bool = False
 ) -> Any:
     """The batch job's rows; with ``topic``, the first attempt of partition 0 dies at
-    ``target.dies_at`` once ``_written_before_dying(target)`` of its rows are in ``topic``."""
+    ``target.dies_at`` once ``_written_before_dying(target)`` of its rows are in ``topic``, or,
+    ``every_attempt``, each attempt raises there once the other partitions' rows all are (in
+    ``topic``, prepared: a job can fail only after them, whatever Spark's tasks' pace)."""
     padded = F.concat(F.lit("v-"), F.col("id"), F.lit("-"), F.repeat(F.lit("x"), 100))
     written = None
-    if topic and not every_attempt:
+    if topic and every_attempt:
+        first_other = target.rows // PARTITIONS  # partition 0 holds the ids below it
+        count = target.rows - first_other
+        written = kafka_stored(target.url, topic, target.rows, count, at_least=first_other)
+    elif topic:
         count = _written_before_dying(target)
         written = kafka_stored(target.url, topic, target.dies_at, count)
     breaking = _breaking(target.dies_at, every_attempt=every_attempt, written=written)
@@ -356,7 +363,7 @@ def test_a_partition_failing_on_every_attempt_stores_no_row(
 ) -> None:
     topic = target.topic()
     with pytest.raises(Exception, match="injected failure"):
-        _write(path, _rows(spark, target, every_attempt=True), target, topic)
+        _write(path, _rows(spark, target, topic, every_attempt=True), target, topic)
     _check_a_failed_job_stored_nothing(target, topic)
 
 
@@ -385,7 +392,7 @@ def test_the_check_catches_a_driver_that_leaves_a_failed_jobs_transactions_open(
     topic = target.topic()
     monkeypatch.setattr(exactly, "abort_job", lambda *args, **kwargs: False)
     with pytest.raises(Exception, match="injected failure"):
-        _write("publish", _rows(spark, target, every_attempt=True), target, topic)
+        _write("publish", _rows(spark, target, topic, every_attempt=True), target, topic)
     target.explain = lambda topic: "left open"  # type: ignore[method-assign]  # (no 60 s wait)
     with pytest.raises(AssertionError, match="left open"):
         _check_a_failed_job_stored_nothing(target, topic)
