@@ -506,7 +506,8 @@ def test_streaming_queries_killed_mid_batch_store_each_row_once(
                 if all(path.exists() for path in reached):
                     break
                 time.sleep(0.1)
-            time.sleep(1.0)  # the micro-batches' other tasks write meanwhile
+            # The micro-batch's other tasks go on: wait for a row of theirs in the topic.
+            kafka_stored(target.url, topic, 2000, 1, timeout=60.0, at_least=1000)()
         finally:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
