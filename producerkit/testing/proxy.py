@@ -57,7 +57,6 @@ opening one listener per broker of the cluster. Every connection then passes thr
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import math
 import socket
 import threading
@@ -73,6 +72,7 @@ from producerkit.testing._kafka_rewrite import _Reader as _Reader  # re-exported
 from producerkit.testing._kafka_rewrite import (
     _rewrite_response as _rewrite_response,  # re-exported for tests and benches
 )
+from producerkit.testing._loop_thread import run_on_loop
 from producerkit.testing._pipe import _Pace
 from producerkit.testing._sockets import (
     _LINGER_ZERO,
@@ -299,18 +299,7 @@ class FaultProxy:
         if threading.current_thread() is self._thread:
             action()
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                action()
-            except BaseException as exc:
-                done.set_exception(exc)
-            else:
-                done.set_result(None)
-
-        loop.call_soon_threadsafe(run)
-        done.result(_CONTROL_TIMEOUT)
+        run_on_loop(loop, action, _CONTROL_TIMEOUT)
 
     def _timed(
         self, mode: str, seconds: float | None, end: Callable[[], None], detail: str

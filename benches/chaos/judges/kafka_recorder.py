@@ -23,7 +23,6 @@ still pass the recorder (a Produce the broker stored counts even when its client
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import struct
 import threading
 import time
@@ -34,6 +33,7 @@ from chaos.judges import kafka_wire as wire
 from chaos.judges.kafka_idempotence import BatchLog
 from chaos.judges.kafka_transactions import TransactionLog, _Event, _ProduceEvent
 from producerkit.errors import ConfigurationError
+from producerkit.testing._loop_thread import run_on_loop
 from producerkit.testing._sockets import _listening_socket, _set_nodelay, _stop_listening
 from producerkit.testing.kafka_cluster import KafkaCluster, KafkaRecord
 
@@ -409,18 +409,7 @@ class Recorder:
         loop = self._loop
         if loop is None:
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                action()
-            except BaseException as exc:
-                done.set_exception(exc)
-            else:
-                done.set_result(None)
-
-        loop.call_soon_threadsafe(run)
-        done.result(_CONTROL_TIMEOUT)
+        run_on_loop(loop, action, _CONTROL_TIMEOUT)
 
     def _set_down(self, index: int) -> None:
         assert self._loop is not None
