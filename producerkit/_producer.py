@@ -551,7 +551,11 @@ class Producer(ProducerCore):  # type: ignore[misc]
         again. For a shutdown that must not wait (SIGTERM): save them and exit (or give the
         producer a ``spool``). Blocking callers, ``on_error`` and ``on_delivery`` are told as
         for any failure; the accounting holds; the producer stays usable."""
-        unsent = [record for connection in self._connections for record in connection.take_unsent()]
+        # What a connection holds unwritten fails "not stored"; it drops a failed record
+        # before it writes (see Connection.unwritten).
+        records = list(self._window.pending.values())
+        never_written = unwritten(self._connections, records)
+        unsent = [record for record in records if record.seq in never_written]
         return self._window.purge(unsent, in_flight)
 
     def _raise_failures(self) -> None:

@@ -135,8 +135,10 @@ class Connection(abc.ABC):
 
     def unwritten(self, records: list[Record]) -> set[int]:
         """The ``seq`` of each of ``records`` this connection still holds without having
-        written it anywhere (asked when records fail by their deadline or at close: those are
-        then never written). Default: nothing is held back."""
+        written it anywhere (asked when records fail by their deadline, at close, or by
+        ``purge()``: they fail as not stored). A connection that holds records back must drop
+        each that failed (no longer in ``reports.pending``) before it writes. Default: nothing
+        is held back."""
         return set()
 
     def send_many(
@@ -156,11 +158,6 @@ class Connection(abc.ABC):
             if handed_off is not None:
                 waiting.append((record, handed_off))
         return waiting
-
-    def take_unsent(self) -> list[Record]:
-        """Remove and return the records handed to this connection that it has not written yet
-        (for ``purge()``; it reports nothing of them). Default: none are held back."""
-        return []
 
     def flush(self) -> None:
         """Send at once what waits for more messages (a linger, a lane's turn at the end of the

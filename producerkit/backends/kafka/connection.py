@@ -440,12 +440,9 @@ class KafkaConnection(Connection):
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them
 
-    def take_unsent(self) -> list[Record]:
-        # A batch waiting for its connection keeps its records; once they fail (the caller's
-        # doing) the sender drops them before it writes.
-        return self._accumulator.take_unwritten() + self._sender.unwritten_records()
-
     def unwritten(self, records: list[Record]) -> set[int]:
+        # Once they fail (the caller's doing), the accumulator drops them as it seals and the
+        # sender before it writes a batch waiting for its connection.
         seqs = {record.seq for record in records}
         found = self._accumulator.unwritten(seqs)
         found.update(

@@ -762,9 +762,6 @@ class JetStreamConnection(NatsClientConnection):
                 held |= lane.unwritten(numbers)
         return held
 
-    def take_unsent(self) -> list[Record]:
-        return [record for lane in self._stream_lanes.values() for record in lane.take_unsent()]
-
     def flush(self) -> None:
         # Publishes are written as they are made, a lane's at the end of the loop turn that
         # handed them over (now, here: each lane writes, and commits, what it holds); PubAcks
