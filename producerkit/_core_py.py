@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, TypeVar, cast
 
+from producerkit._message import message_size
 from producerkit._record import Message, Record, Slot, new_message, new_record
 from producerkit._types import Delivery
 
@@ -290,10 +291,7 @@ class Admission:
         trace = self._trace()
         if trace is DECLINED:
             return DECLINED
-        size = len(value) if key is None else len(value) + len(key)
-        if trace is not None:
-            size += sum(len(name) + len(data) for name, data in trace)
-        if size > self._max_payload:
+        if message_size(value, key, trace) > self._max_payload:
             return DECLINED
         stamp = _now_ms() if self._stamps else None
         routed, connection = self._router.route(topic, key, None, count)
@@ -370,15 +368,12 @@ class Admission:
         ``tombstones``) None value, a bytes or None key, within ``max_payload``."""
         if key is not None and type(key) is not bytes:
             return False
-        size = 0 if key is None else len(key)
         if value is None:
             if not tombstones or key is None:
                 return False
-        elif type(value) is bytes:
-            size += len(value)
-        else:
+        elif type(value) is not bytes:
             return False
-        return size <= self._max_payload
+        return message_size(value, key, None) <= self._max_payload
 
     def _known_chunk(
         self,
