@@ -19,8 +19,10 @@ Which tests::
 repeats each test N times within a run (default 20); ``--budget MINUTES`` starts no run after
 that long (what was left is listed); anything after ``--`` goes to pytest (``-- -k kafka -x``).
 Changed files and ``--each-module`` run a file per pytest run; files named here run together.
-The runs use the project's pytest configuration (four xdist workers, one
-file per worker). Stdlib only; needs pytest-repeat and pytest-randomly (``pip install -e
+The runs use the project's pytest configuration (four xdist workers, one file per worker);
+``--spread`` spreads each file's tests over the workers instead (``--dist load``: a long file's
+repeats end sooner; its module and session fixtures, a SparkSession among them, are set up on
+each worker). Stdlib only; needs pytest-repeat and pytest-randomly (``pip install -e
 ".[dev]"``).
 """
 
@@ -100,11 +102,15 @@ def all_modules() -> list[str]:
 NO_TESTS = 5
 
 
-def run_pytest(files: Sequence[str], count: int, seed: int, extra: Sequence[str]) -> int:
-    """One pytest run of ``files`` (every test ``count`` times, order shuffled by ``seed``);
-    its exit status."""
+def run_pytest(
+    files: Sequence[str], count: int, seed: int, extra: Sequence[str], spread: bool = False
+) -> int:
+    """One pytest run of ``files`` (every test ``count`` times, order shuffled by ``seed``;
+    ``spread``: over every worker); its exit status."""
     command = [sys.executable, "-m", "pytest", "-p", "randomly", "-p", "repeat"]
     command += ["-p", "no:cacheprovider", f"--randomly-seed={seed}", "-q"]
+    if spread:
+        command += ["--dist", "load"]
     if count > 1:
         command += [f"--count={count}"]
     command += [*extra, *files]
@@ -136,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--suite-runs", type=int, default=1, help="runs of the whole selection (default 1)"
     )
     parser.add_argument("--load", type=int, default=0, metavar="N", help="keep N cores busy")
+    parser.add_argument(
+        "--spread", action="store_true", help="spread each file's tests over the workers"
+    )
     parser.add_argument("--seed", type=int, help="the first run's shuffle seed (default: random)")
     parser.add_argument(
         "--budget",
@@ -173,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if deadline is not None and time.monotonic() > deadline:
                     left.append(selection)
                     continue
-                status = run_pytest(selection, args.count, seed, extra)
+                status = run_pytest(selection, args.count, seed, extra, args.spread)
                 if status == NO_TESTS and per_file:
                     empty.append(selection)  # the filters left nothing of this file
                 elif status != 0:
