@@ -38,17 +38,24 @@ async def _committed(backend: BackendCase, topic: str, expected: int) -> list[An
     return [record["value"] for record in await backend.read(topic, expected, committed=True)]
 
 
+def _telling(
+    backend: BackendCase, topic: str, results: list[pk.Delivery | pk.Failure]
+) -> pk.Producer:
+    """A producer on ``backend`` that appends each message's outcome to ``results``."""
+    return pk.Producer(
+        backend.url,
+        topic=topic,
+        on_delivery=lambda result, context: results.append(result),
+        **backend.options,
+    )
+
+
 async def test_a_batch_is_stored_and_acked_together_at_its_commit(
     backend: BackendCase, topic: str
 ) -> None:
     backend = _atomic(backend)
     results: list[pk.Delivery | pk.Failure] = []
-    async with pk.Producer(
-        backend.url,
-        topic=topic,
-        on_delivery=lambda result, context: results.append(result),
-        **backend.options,
-    ) as producer:
+    async with _telling(backend, topic, results) as producer:
         await producer.produce(b"before", key=KEY)
         async with producer.atomic_batch() as batch:
             for number in range(5):
@@ -71,12 +78,7 @@ async def test_a_block_that_raises_stores_nothing_and_fails_each_message_aborted
 ) -> None:
     backend = _atomic(backend)
     results: list[pk.Delivery | pk.Failure] = []
-    async with pk.Producer(
-        backend.url,
-        topic=topic,
-        on_delivery=lambda result, context: results.append(result),
-        **backend.options,
-    ) as producer:
+    async with _telling(backend, topic, results) as producer:
         await producer.produce(b"before", key=KEY)
         with pytest.raises(RuntimeError, match="the block failed"):
             async with producer.atomic_batch() as batch:
