@@ -4,7 +4,9 @@ Convention for writers of docs (fences are what matter):
 
 - ```python            executed. The blocks of one file run in order in one namespace (a page
                         can build on its earlier blocks), in a temporary working directory.
-                        Broker placeholders are replaced by the test session's brokers:
+                        Broker placeholders are replaced by brokers started for the page's run
+                        alone, empty as a reader's first broker is (a page may well expect a
+                        subject it names to hold nothing yet, run after run):
                         ``kafka://127.0.0.1:9092``, ``jetstream://127.0.0.1:4222`` and
                         ``nats://127.0.0.1:4222`` (PRODUCERKIT_URL is set to the Kafka one).
                         Top-level ``await``/``async with`` is allowed (the block then runs on
@@ -147,9 +149,9 @@ def test_blocks_run(
     everything = "".join(code for _, code, _ in code_blocks)
     urls = {}
     if "kafka://127.0.0.1:9092" in everything:
-        urls["kafka://127.0.0.1:9092"] = request.getfixturevalue("kafka_broker").url
+        urls["kafka://127.0.0.1:9092"] = request.getfixturevalue("private_kafka_broker").url
     if "127.0.0.1:4222" in everything:
-        host_port = request.getfixturevalue("nats_broker").host_port
+        host_port = request.getfixturevalue("private_nats_broker").host_port
         urls["jetstream://127.0.0.1:4222"] = f"jetstream://{host_port}"
         urls["nats://127.0.0.1:4222"] = f"nats://{host_port}"
     monkeypatch.chdir(tmp_path)
