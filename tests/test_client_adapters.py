@@ -271,3 +271,33 @@ async def test_the_public_kafka_path_keeps_pipelining_without_spurious_timeouts(
             await producer.produce(b"x" * 512, key=b"u%d" % (i % 10_000), nonblocking=True)
         await producer.flush()
         assert (producer.stats.acked, producer.stats.failed) == (count, 0)
+
+
+async def test_no_overdue_probe_is_written_on_a_connection_that_is_closing() -> None:
+    """An overdue Produce request's ApiVersions probe: nothing on a closing connection, and a
+    write the transport refuses (uvloop raises on a closed handle) is the connection's end,
+    not an error escaping the loop's timer (seen under load: a blackhole test failed so)."""
+    from types import SimpleNamespace
+
+    from producerkit.backends.kafka import _aiokafka_compat
+
+    sent: list[object] = []
+
+    def refusing_send(request: object) -> None:
+        sent.append(request)
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    def transport(closing: bool) -> Any:
+        return SimpleNamespace(is_closing=lambda: closing)
+
+    wire = _aiokafka_compat.ProduceWire(SimpleNamespace(client=None), 1, 30_000, "test")  # type: ignore[arg-type]
+    closing = SimpleNamespace(
+        _writer=SimpleNamespace(transport=transport(True)), send=refusing_send
+    )
+    wire._write_probe(closing)
+    assert sent == []
+    refused = SimpleNamespace(
+        _writer=SimpleNamespace(transport=transport(False)), send=refusing_send
+    )
+    wire._write_probe(refused)  # raises nothing
+    assert len(sent) == 1

@@ -400,11 +400,15 @@ class ProduceWire:
 
     def _write_probe(self, conn: Any) -> None:
         """An ApiVersions request on ``conn``, through aiokafka's own ``send``; its answer (or
-        the connection's end) is all it is for."""
+        the connection's end) is all it is for. Nothing on a connection that is closing (uvloop's
+        transport raises at a write then, asyncio's drops it)."""
+        writer = conn._writer
+        if writer is None or writer.transport.is_closing():
+            return  # closed: the overdue request fails with the connection
         try:
             answer = conn.send(ApiVersionRequest())
-        except kafka_errors.KafkaConnectionError:
-            return  # closed: the overdue request fails with the connection
+        except (kafka_errors.KafkaConnectionError, RuntimeError, OSError):
+            return  # as above
         asyncio.ensure_future(answer).add_done_callback(_ignore_outcome)
 
 
