@@ -75,6 +75,7 @@ async def stored(url: str, subject: str, expected: int) -> dict[bytes, int]:
     """Every value in the stream, with its stream sequence; each value once."""
     records = await read_jetstream(url, subject, expected)
     values = [record["value"] for record in records]
+    assert len(values) >= expected, f"{len(values)} of the {expected} messages expected are there"
     assert len(values) == len(set(values)), "a message was stored twice"
     return {record["value"]: record["offset"] for record in records}
 
