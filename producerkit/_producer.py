@@ -380,7 +380,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
     def _ship_now(self) -> None:
         """The window is full: what lingers for more messages goes now (none will come)."""
         for connection in self._connections:
-            connection.flush()
+            connection.ship_now()
 
     @property
     def rules(self) -> MessageRules:
@@ -473,8 +473,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
     async def _drain(self) -> None:
         if self._handoff is not None:
             await self._handoff.drained()
-        for connection in self._connections:
-            connection.flush()
+        await asyncio.gather(*(connection.flush() for connection in self._connections))
         mine = [] if self._open_batches is None else self._open_batches.of_this_task()
         if not mine:
             await self._window.wait_empty()

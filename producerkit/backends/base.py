@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -94,10 +93,6 @@ class Connection(abc.ABC):
     #: without the notion.
     idempotent: bool | None = None
     idempotence_reason: str = ""
-    #: How this connection writes each topic it prepared, where its backend has more than one
-    #: way (JetStream: ``"fast ingest"`` or ``"per message: <why>"``), for logs and
-    #: ``producerkit bench``; empty where there is one way only.
-    topic_modes: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,
@@ -159,11 +154,18 @@ class Connection(abc.ABC):
                 waiting.append((record, handed_off))
         return waiting
 
-    def flush(self) -> None:
-        """Send at once what waits for more messages (a linger, a lane's turn at the end of the
-        loop's turn): asked by the producer's ``flush()``, and when its window is full (none
-        will come until acks free room). Acks still arrive through ``reports``. Default:
-        nothing waits."""
+    def ship_now(self) -> None:
+        """Send at once what waits for more messages (a linger): the producer's window is
+        full, so none will come until acks free room. Default: nothing waits."""
+
+    def topic_modes(self) -> dict[str, str]:
+        """How this connection writes each topic it prepared, where its backend has more than
+        one way (JetStream: ``"fast ingest"`` or ``"per message: <why>"``), for logs and
+        ``producerkit bench``. Default: one way only, nothing to say."""
+        return {}
+
+    async def flush(self) -> None:
+        """Push out anything buffered; acks still arrive through ``reports``."""
 
     @abc.abstractmethod
     async def close(self) -> None:

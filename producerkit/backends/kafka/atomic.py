@@ -237,7 +237,7 @@ class _TransactionWriter(AtomicWriter):
 
     async def written(self) -> None:
         assert self._connection is not None
-        self._connection.flush()
+        await self._connection.flush()
         with anyio.move_on_after(self._timeout):
             await self._writes.reports.all_answered()
 

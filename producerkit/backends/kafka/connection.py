@@ -437,6 +437,10 @@ class KafkaConnection(Connection):
         sender.schedule_ship()
         return [(records[-1], asyncio.sleep(0))]  # let the loop write what was sealed
 
+    def ship_now(self) -> None:
+        if self._lingers:
+            self._sender.ship_all(now=True)
+
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them
 
@@ -450,7 +454,7 @@ class KafkaConnection(Connection):
         )
         return found
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
         if any(queue.records or queue.full for queue in self._accumulator.all_queues()):
             self._sender.ship_all(now=True)

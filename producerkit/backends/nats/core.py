@@ -95,5 +95,5 @@ class NatsConnection(NatsClientConnection):
                 del denials[subject]
             self.reports.failed(record, error, False)  # the server refused it
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         self._confirm_burst()

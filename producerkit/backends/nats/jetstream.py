@@ -94,8 +94,8 @@ class JetStreamConnection(NatsClientConnection):
         # Fast ingest: each topic's lane (topics of one stream share it), and every unsettled
         # chunk of those lanes by id, where the replies find it.
         self._lanes: dict[str, Lane] = {}
+        #: How each topic prepared is written (``topic_modes()``).
         self._modes: dict[str, str] = {}
-        self.topic_modes = self._modes
         self._stream_lanes: dict[str, Lane] = {}
         self.chunks: dict[bytes, Chunk] = {}
         self._drain_scheduled = False
@@ -151,6 +151,10 @@ class JetStreamConnection(NatsClientConnection):
             logger.info("JetStream topic %r is written with %s", topic, mode)
         self._modes[topic] = mode
         return self._partitions
+
+    def topic_modes(self) -> dict[str, str]:
+        """``"fast ingest"``, or ``"per message: <why>"``, for each topic prepared."""
+        return dict(self._modes)
 
     def _why_no_fast_ingest(self) -> str:
         if not self.options.get("fast_ingest", True):
@@ -762,10 +766,14 @@ class JetStreamConnection(NatsClientConnection):
                 held |= lane.unwritten(numbers)
         return held
 
-    def flush(self) -> None:
+    def ship_now(self) -> None:
+        """The window is full: each lane writes (and commits) what it holds now."""
+        if self._drain_scheduled:
+            self._drain_lanes()
+
+    async def flush(self) -> None:
         # Publishes are written as they are made, a lane's at the end of the loop turn that
-        # handed them over (now, here: each lane writes, and commits, what it holds); PubAcks
-        # arrive on their own.
+        # handed them over (now, here); PubAcks arrive on their own.
         if self._drain_scheduled:
             self._drain_lanes()
 
