@@ -484,15 +484,22 @@ async def read_jetstream(
     try:
         js = nc.jetstream()
         probe = subject.replace(".>", ".0").replace(".*", ".0")
-        stream = await js.find_stream_name_by_subject(probe)
         from nats.js.api import AckPolicy, ConsumerConfig
 
-        psub = await js.pull_subscribe(
-            subject, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
-        )
-        records: list[dict[str, Any]] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        while True:  # a cluster electing a leader (a server just killed) may not answer yet
+            try:
+                stream = await js.find_stream_name_by_subject(probe)
+                psub = await js.pull_subscribe(
+                    subject, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
+                )
+                break
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        records: list[dict[str, Any]] = []
         quiet = 0
         while loop.time() < deadline and (len(records) < expected or quiet < 1):
             try:

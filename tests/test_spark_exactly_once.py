@@ -506,8 +506,11 @@ def test_streaming_queries_killed_mid_batch_store_each_row_once(
                 if all(path.exists() for path in reached):
                     break
                 time.sleep(0.1)
-            # The micro-batch's other tasks go on: wait for a row of theirs in the topic.
+            # The micro-batch's other tasks go on: wait for a row of theirs in each query's
+            # topic (JetStream's query as well as Kafka's).
             kafka_stored(target.url, topic, 2000, 1, timeout=60.0, at_least=1000)()
+            if "jetstream" in queries:
+                anyio.run(read_jetstream, queries["jetstream"], topic, 1001, 60.0)
         finally:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
