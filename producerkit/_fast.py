@@ -20,10 +20,14 @@ from producerkit._record import Message, Record
 if TYPE_CHECKING:
     from types import ModuleType
 
-#: The positions the C code reads records and messages by (``RECORD_SEQ``, ``MESSAGE_KEY``, ...).
+#: The positions the C code reads records and messages by (``RECORD_SEQ``, ``MESSAGE_KEY``, ...;
+#: a record's ``slot`` is ``RECORD_FUTURE`` there).
 POSITIONS: Mapping[str, int] = {
-    **{f"RECORD_{name.upper()}": Record._fields.index(name) for name in Record._fields},
-    **{f"MESSAGE_{name.upper()}": Message._fields.index(name) for name in Message._fields},
+    **{
+        f"RECORD_{'FUTURE' if name == 'slot' else name.upper()}": index
+        for index, name in enumerate(Record._fields)
+    },
+    **{f"MESSAGE_{name.upper()}": index for index, name in enumerate(Message._fields)},
 }
 
 
@@ -38,10 +42,8 @@ def load_extension(name: str, *, types: tuple[str, ...] = ()) -> tuple[ModuleTyp
         module = importlib.import_module(name)
     except ImportError:
         return None, f"off ({name} was not built: no C compiler at install?)"
-    positions = {**POSITIONS, "RECORD_FUTURE": POSITIONS["RECORD_SLOT"]}
-    del positions["RECORD_SLOT"]
-    exported = {key: getattr(module, key) for key in positions if hasattr(module, key)}
-    out_of_date = any(index != positions[key] for key, index in exported.items()) or any(
+    exported = {key: getattr(module, key) for key in POSITIONS if hasattr(module, key)}
+    out_of_date = any(index != POSITIONS[key] for key, index in exported.items()) or any(
         not hasattr(getattr(module, kind, None), field)
         for kind in types
         for field in Record._fields

@@ -364,7 +364,7 @@ class ProduceWire:
         """
         request, version = self._produce_request(conn)
         writer = conn._writer
-        if writer is None or writer.transport.is_closing():
+        if _closing(conn):
             raise kafka_errors.KafkaConnectionError("the connection closed")
         correlation_id = conn._next_correlation_id()
         parts = self._frame(version, request.FLEXIBLE_VERSION, correlation_id, batches)
@@ -402,8 +402,7 @@ class ProduceWire:
         """An ApiVersions request on ``conn``, through aiokafka's own ``send``; its answer (or
         the connection's end) is all it is for. Nothing on a connection that is closing (uvloop's
         transport raises at a write then, asyncio's drops it)."""
-        writer = conn._writer
-        if writer is None or writer.transport.is_closing():
+        if _closing(conn):
             return  # closed: the overdue request fails with the connection
         try:
             answer = conn.send(ApiVersionRequest())
@@ -420,6 +419,12 @@ def partition_results(response: Any) -> dict[tuple[str, int], tuple[int, int, in
         for topic, partitions, *_ in response.topics
         for info in partitions
     }
+
+
+def _closing(conn: Any) -> bool:
+    """Whether aiokafka's connection ``conn`` can take no more writes (closed, or closing)."""
+    writer = conn._writer
+    return writer is None or bool(writer.transport.is_closing())
 
 
 def _ignore_outcome(answer: asyncio.Future[Any]) -> None:
