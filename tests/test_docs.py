@@ -58,12 +58,15 @@ import signal
 import subprocess
 import sys
 import tomllib
+import weakref
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+
+from producerkit.backends import memory as memory_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -155,6 +158,9 @@ def test_blocks_run(
         urls["jetstream://127.0.0.1:4222"] = f"jetstream://{host_port}"
         urls["nats://127.0.0.1:4222"] = f"nats://{host_port}"
     monkeypatch.chdir(tmp_path)
+    # A page's memory://NAME stores are its own, as in the reader's fresh process: a store that an
+    # earlier run of the page filled lives on until its producers are garbage-collected.
+    monkeypatch.setattr(memory_backend, "_stores", weakref.WeakValueDictionary())
     if "kafka://127.0.0.1:9092" in urls:
         monkeypatch.setenv("PRODUCERKIT_URL", urls["kafka://127.0.0.1:9092"])
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
