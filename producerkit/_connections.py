@@ -39,7 +39,11 @@ async def open_connections(
         await close_connections(connections)
         where = describe_servers(url)
         if isinstance(exc, TimeoutError):
-            raise BrokerUnavailable(f"could not connect to {where} within {timeout}s") from exc
+            awaiting = sorted({c.awaiting for c in connections if c.awaiting})
+            still = f", still awaiting {' and '.join(awaiting)}" if awaiting else ""
+            raise BrokerUnavailable(
+                f"could not connect to {where} within {timeout}s{still}"
+            ) from exc
         if isinstance(exc, ProducerkitError) or not isinstance(exc, Exception):
             raise
         raise BrokerUnavailable(f"could not connect to {where}: {exc}") from exc

@@ -26,6 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import producerkit as pk
+from producerkit._connections import open_connections
+from producerkit._urls import parse_url
+from producerkit.backends.base import BackendSpec, Connection
 from producerkit.testing.brokers import LocalBroker, start_kafka, start_nats
 from producerkit.testing.proxy import FaultProxy
 from producerkit.testing.pytest_plugin import SessionBroker
@@ -247,6 +250,35 @@ async def test_kafka_frozen_broker_survives_acked_are_readable(tmp_path: Any) ->
 
 
 # ---------------------------------------------------------------------- never up / gone for good
+
+
+async def test_a_connect_out_of_time_names_what_it_was_still_awaiting() -> None:
+    """A connect that does not finish within the timeout says which step it was waiting on
+    (each connection's ``awaiting``), so that "could not connect" is not all a user learns."""
+
+    class WaitsForAnAnswer(Connection):
+        async def connect(self) -> None:
+            self.awaiting = "an answer that never comes"
+            await asyncio.Event().wait()
+
+        def send(self, record: Any) -> None:
+            raise AssertionError("nothing is sent")
+
+        async def close(self) -> None:
+            pass
+
+    spec = BackendSpec(connection=WaitsForAnAnswer, options={})
+    reports: Any = None  # nothing is reported
+    started = time.monotonic()
+    with pytest.raises(pk.BrokerUnavailable) as raised:
+        await open_connections(
+            spec, parse_url("kafka://127.0.0.1:9"), {}, reports, timeout=0.2, count=2
+        )
+    assert time.monotonic() - started < 1.0
+    assert str(raised.value) == (
+        "could not connect to kafka://127.0.0.1:9 within 0.2s, "
+        "still awaiting an answer that never comes"
+    )
 
 
 @pytest.mark.parametrize("scheme", REAL)

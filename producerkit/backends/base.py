@@ -93,6 +93,9 @@ class Connection(abc.ABC):
     #: without the notion.
     idempotent: bool | None = None
     idempotence_reason: str = ""
+    #: What ``connect()`` is waiting for (``"a producer id (InitProducerId)"``), named in the
+    #: BrokerUnavailable of a connect that did not finish in time; "" where nothing in particular.
+    awaiting: str = ""
 
     def __init__(
         self,

@@ -105,12 +105,17 @@ class KafkaConnection(Connection):
         settings = self._settings
         try:
             if "ssl_context" in settings:
+                self.awaiting = "a TLS handshake"
                 await _probe_tls(self.url.servers[0], settings["ssl_context"], self.timeout)
+            self.awaiting = "the cluster's metadata (bootstrap)"
             await self._producer.start()
+            self.awaiting = "a connection to a broker (probing the client)"
             self.client_path, self.client_path_reason = await _aiokafka_compat.choose_path(
                 self._producer, self._acks
             )
+            self.awaiting = "a producer id (InitProducerId)"
             producer_id = await self._grant_idempotence()
+            self.awaiting = ""
         except BaseException as exc:
             await self._producer.stop()
             if isinstance(exc, KeyError) and "sasl_mechanism" in settings:
