@@ -84,8 +84,9 @@ async def test_concurrent_blocking_produces_share_the_limit_in_order(
         by_partition.setdefault(delivery.partition, []).append((number, delivery))
     for runs in by_partition.values():
         numbers = [number for number, _ in runs]
-        assert numbers == sorted(numbers), numbers
         offsets = [delivery.offset for _, delivery in runs]
+        # the offsets in the failure say whether the stream stored them out of order too
+        assert numbers == sorted(numbers), list(zip(numbers, offsets, strict=True))
         if None not in offsets:  # stored in produce order too
             assert offsets == sorted(offsets), (numbers, offsets)
 
