@@ -247,6 +247,9 @@ class InFlightWindow:
                     counted = True
                     if self.on_full is not None:
                         self.on_full()
+                        # What it shipped may have settled at once (acks=0 counts a record
+                        # acked as it is written), draining the window before anyone waits.
+                        continue
                 waiter: asyncio.Future[None] = loop.create_future()
                 self._room_waiters.append(waiter)
                 self._waiting = True

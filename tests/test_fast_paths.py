@@ -8,6 +8,7 @@ import collections
 import time
 from typing import Any
 
+import anyio
 import pytest
 from conftest import read_kafka
 
@@ -206,6 +207,24 @@ async def test_kafka_acks_zero_counts_every_message_written(
     values = [record["value"] for record in await main()]
     assert len(values) == len(set(values)) and b"first" in values
     assert set(values) <= {b"first"} | {b"%d" % i for i in range(count - 1)}
+
+
+async def test_kafka_acks_zero_with_a_linger_never_waits_on_a_window_it_emptied(
+    kafka_broker: SessionBroker, topic: str
+) -> None:
+    """A full window ships what lingers before the producer waits for room; with acks=0 that
+    write acks every record at once, emptying the window before the producer waits. It must
+    see that, not wait for a wake-up that already happened (it waited for ever)."""
+    count = 3000
+    with anyio.fail_after(30):
+        async with pk.Producer(
+            kafka_broker.url, topic=topic, acks=0, linger_ms=5, max_in_flight_messages=100
+        ) as producer:
+            for i in range(count):
+                await producer.produce(b"%d" % i, key=b"k%d" % (i % 7), nonblocking=True)
+            await producer.flush()
+            assert producer.stats.acked + producer.stats.failed == count
+            assert producer.stats.window_waits > 0
 
 
 def test_kafka_max_in_flight_must_be_positive() -> None:
