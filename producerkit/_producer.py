@@ -230,7 +230,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
             )
             self._submitter.connections = self._connections
             self._submitter.sends = [connection.send for connection in self._connections]
-            self._window.on_full = self._ship_now
+            self._window.on_full = self._flush_connections
             self._submitter.open = True
             self._admission = self._submitter.admission(
                 self._rules,
@@ -377,10 +377,10 @@ class Producer(ProducerCore):  # type: ignore[misc]
                            self._reports, self._rules, topic, self._timeout, self._open_batches,
                            prepare=prepare, admission=lambda: self._admission)  # fmt: skip
 
-    def _ship_now(self) -> None:
-        """The window is full: what lingers for more messages goes now (none will come)."""
+    def _flush_connections(self) -> None:
+        """Every connection starts sending what waits (a full window: none will come)."""
         for connection in self._connections:
-            connection.ship_now()
+            connection.flush()
 
     @property
     def rules(self) -> MessageRules:
@@ -473,7 +473,7 @@ class Producer(ProducerCore):  # type: ignore[misc]
     async def _drain(self) -> None:
         if self._handoff is not None:
             await self._handoff.drained()
-        await asyncio.gather(*(connection.flush() for connection in self._connections))
+        self._flush_connections()
         mine = [] if self._open_batches is None else self._open_batches.of_this_task()
         if not mine:
             await self._window.wait_empty()

@@ -49,7 +49,8 @@ def references(text: str) -> list[tuple[int, str, str]]:
 
 def python_names(source: str) -> set[str]:
     """The qualified names a module defines: functions, classes and module-level assignments,
-    and the functions and classes inside its classes (also under ``if``/``try``)."""
+    and the functions, classes and attributes (assigned or annotated) inside its classes (also
+    under ``if``/``try``)."""
     names: set[str] = set()
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
@@ -61,9 +62,11 @@ def python_names(source: str) -> set[str]:
                 visit(node.body, f"{prefix}{node.name}.")
             elif isinstance(node, ast.If | ast.Try):
                 visit(node.body + node.orelse, prefix)
-            elif not prefix and isinstance(node, ast.Assign | ast.AnnAssign):
+            elif isinstance(node, ast.Assign | ast.AnnAssign):  # a module's or a class's
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names.update(target.id for target in targets if isinstance(target, ast.Name))
+                names.update(
+                    prefix + target.id for target in targets if isinstance(target, ast.Name)
+                )
 
     visit(ast.parse(source).body, "")
     return names

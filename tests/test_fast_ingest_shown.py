@@ -57,7 +57,7 @@ async def test_a_stream_without_allow_batched_is_said_once_per_producer(
         for number in range(20):
             await producer.produce(b"%d" % number)
         await producer.flush()
-        assert producer.backend.topic_modes()[topic].startswith("per message: ")
+        assert producer.backend.topic_modes[topic].startswith("per message: ")
     (line,) = _modes_logged(caplog, topic)
     assert "does not allow fast batches (allow_batched" in line
 
@@ -69,14 +69,14 @@ async def test_a_topic_with_fast_ingest_is_said_once(
     caplog.set_level(logging.INFO, logger="producerkit.nats")
     async with pk.Producer(nats_broker.jetstream_url, topic=topic, connections=2) as producer:
         await producer.produce(b"x")
-        assert producer.backend.topic_modes() == {topic: "fast ingest"}
+        assert producer.backend.topic_modes == {topic: "fast ingest"}
     (line,) = _modes_logged(caplog, topic)
     assert line.endswith("written with fast ingest")
     async with pk.Producer(
         f"{nats_broker.jetstream_url}?fast_ingest=false", topic=topic
     ) as producer:
         await producer.produce(b"y")
-        assert producer.backend.topic_modes() == {topic: "per message: fast_ingest=False"}
+        assert producer.backend.topic_modes == {topic: "per message: fast_ingest=False"}
 
 
 async def test_the_bench_says_whether_its_topic_used_fast_ingest(

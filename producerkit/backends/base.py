@@ -96,6 +96,10 @@ class Connection(abc.ABC):
     #: What ``connect()`` is waiting for (``"a producer id (InitProducerId)"``), named in the
     #: BrokerUnavailable of a connect that did not finish in time; "" where nothing in particular.
     awaiting: str = ""
+    #: How this connection writes each topic it prepared, where its backend has more than one
+    #: way (JetStream: ``"fast ingest"`` or ``"per message: <why>"``), for logs and
+    #: ``producerkit bench``; empty where there is one way only (each connection's own dict).
+    topic_modes: dict[str, str]
 
     def __init__(
         self,
@@ -111,6 +115,7 @@ class Connection(abc.ABC):
         self.reports = reports
         self.timeout = timeout
         self.index = index
+        self.topic_modes = {}
         self.setup()
 
     def setup(self) -> None:
@@ -157,18 +162,12 @@ class Connection(abc.ABC):
                 waiting.append((record, handed_off))
         return waiting
 
-    def ship_now(self) -> None:
-        """Send at once what waits for more messages (a linger): the producer's window is
-        full, so none will come until acks free room. Default: nothing waits."""
-
-    def topic_modes(self) -> dict[str, str]:
-        """How this connection writes each topic it prepared, where its backend has more than
-        one way (JetStream: ``"fast ingest"`` or ``"per message: <why>"``), for logs and
-        ``producerkit bench``. Default: one way only, nothing to say."""
-        return {}
-
-    async def flush(self) -> None:
-        """Push out anything buffered; acks still arrive through ``reports``."""
+    def flush(self) -> None:
+        """Start sending now what waits (for a linger, the end of the loop turn, a burst's
+        confirmation), without waiting for it: the producer's ``flush()`` wants it, or its
+        window is full, so no more messages come until acks free room. Acks still arrive
+        through ``reports``, and may arrive during this call (Kafka's ``acks=0``). Default:
+        nothing waits."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -140,7 +140,7 @@ class ProducerTarget:
     def topic_modes(self) -> dict[str, str]:
         """How the producer writes each topic, where its backend has more than one way
         (JetStream: ``"fast ingest"`` or ``"per message: <why>"``); read while it is open."""
-        return self.producer.backend.topic_modes()
+        return dict(self.producer.backend.topic_modes)
 
 
 def _ignore(index: int, ok: bool) -> None:

@@ -237,7 +237,7 @@ class _TransactionWriter(AtomicWriter):
 
     async def written(self) -> None:
         assert self._connection is not None
-        await self._connection.flush()
+        self._connection.flush()
         with anyio.move_on_after(self._timeout):
             await self._writes.reports.all_answered()
 

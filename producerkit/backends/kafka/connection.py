@@ -442,10 +442,6 @@ class KafkaConnection(Connection):
         sender.schedule_ship()
         return [(records[-1], asyncio.sleep(0))]  # let the loop write what was sealed
 
-    def ship_now(self) -> None:
-        if self._lingers:
-            self._sender.ship_all(now=True)
-
     def _fail(self, records: list[Record], exc: BaseException) -> None:
         self._sender.fail(records, exc, possibly_stored=False)  # the encoder refused them
 
@@ -459,7 +455,7 @@ class KafkaConnection(Connection):
         )
         return found
 
-    async def flush(self) -> None:
+    def flush(self) -> None:
         # Start shipping what is open now; acks (or deadlines) end each record, not this call.
         if any(queue.records or queue.full for queue in self._accumulator.all_queues()):
             self._sender.ship_all(now=True)

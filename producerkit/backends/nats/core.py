@@ -95,5 +95,5 @@ class NatsConnection(NatsClientConnection):
                 del denials[subject]
             self.reports.failed(record, error, False)  # the server refused it
 
-    async def flush(self) -> None:
+    def flush(self) -> None:
         self._confirm_burst()

@@ -94,8 +94,6 @@ class JetStreamConnection(NatsClientConnection):
         # Fast ingest: each topic's lane (topics of one stream share it), and every unsettled
         # chunk of those lanes by id, where the replies find it.
         self._lanes: dict[str, Lane] = {}
-        #: How each topic prepared is written (``topic_modes()``).
-        self._modes: dict[str, str] = {}
         self._stream_lanes: dict[str, Lane] = {}
         self.chunks: dict[bytes, Chunk] = {}
         self._drain_scheduled = False
@@ -147,14 +145,10 @@ class JetStreamConnection(NatsClientConnection):
             why_not = self._why_no_fast_ingest()
         mode = "fast ingest" if why_not is None else f"per message: {why_not}"
         # once per producer and topic (its other connections decide alike), and on a change
-        if self.index == 0 and self._modes.get(topic) != mode:
+        if self.index == 0 and self.topic_modes.get(topic) != mode:
             logger.info("JetStream topic %r is written with %s", topic, mode)
-        self._modes[topic] = mode
+        self.topic_modes[topic] = mode
         return self._partitions
-
-    def topic_modes(self) -> dict[str, str]:
-        """``"fast ingest"``, or ``"per message: <why>"``, for each topic prepared."""
-        return dict(self._modes)
 
     def _why_no_fast_ingest(self) -> str:
         if not self.options.get("fast_ingest", True):
@@ -766,14 +760,9 @@ class JetStreamConnection(NatsClientConnection):
                 held |= lane.unwritten(numbers)
         return held
 
-    def ship_now(self) -> None:
-        """The window is full: each lane writes (and commits) what it holds now."""
-        if self._drain_scheduled:
-            self._drain_lanes()
-
-    async def flush(self) -> None:
+    def flush(self) -> None:
         # Publishes are written as they are made, a lane's at the end of the loop turn that
-        # handed them over (now, here); PubAcks arrive on their own.
+        # handed them over (now, here: it commits its chunk); PubAcks arrive on their own.
         if self._drain_scheduled:
             self._drain_lanes()
 
