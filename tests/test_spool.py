@@ -8,11 +8,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from time import monotonic, sleep
 
 import pytest
-from conftest import read_jetstream
+from conftest import read_jetstream, stored_on
 
 import producerkit as pk
 from producerkit._spool import read_spool
@@ -118,6 +118,46 @@ def test_a_line_that_is_no_spool_line_is_named(tmp_path: Path) -> None:
         list(read_spool(path))
 
 
+def test_a_replay_interrupted_while_it_connects_keeps_the_whole_spool(
+    nats_broker: NatsSessionBroker, tmp_path: Path, topic: str
+) -> None:
+    """Ctrl-C while the replay's producer connects (the link stalled) ends the connecting at
+    once: exit 130, nothing sent, every message still in the spool."""
+    from producerkit._spool import spool_line
+
+    spool = tmp_path / "failed.spool"
+    spool.write_bytes(
+        b"".join(
+            spool_line(
+                topic=topic.replace("-", ""), value=b"v-%d" % number, key=None, partition=None,
+                headers=None, msg_id=f"id-{number}", timestamp=None,
+                error="DeliveryError: before", possibly_stored=False,
+            )
+            for number in range(300)
+        )
+    )  # fmt: skip
+    nats_broker.faults.pause()
+    url = nats_broker.faulty_jetstream_url
+    command = [sys.executable, "-m", "producerkit", "replay", str(spool), "--url", url]
+    replaying = subprocess.Popen([*command, "--timeout", "20"], stderr=subprocess.PIPE)
+    try:
+        while nats_broker.faults.connections == 0:  # it connects, through the stalled link
+            assert replaying.poll() is None, replaying.communicate()[1].decode()
+            sleep(0.05)
+        sleep(0.3)
+        started = monotonic()
+        replaying.send_signal(signal.SIGINT)
+        _, stderr = replaying.communicate(timeout=30)
+        stopped_within = monotonic() - started
+    finally:
+        nats_broker.faults.clear()
+    assert replaying.returncode == 130, stderr.decode()[-2000:]
+    assert stopped_within < 5.0  # not the 20 s its connecting may take
+    assert [message.value for _, _, message in read_spool(spool)] == [
+        b"v-%d" % number for number in range(300)
+    ]
+
+
 def test_an_interrupted_replay_leaves_each_message_in_one_place(
     nats_broker: NatsSessionBroker, tmp_path: Path, topic: str
 ) -> None:
@@ -159,7 +199,10 @@ def test_an_interrupted_replay_leaves_each_message_in_one_place(
         ],
         stderr=subprocess.PIPE,
     )
-    time.sleep(3.0)
+    # Ctrl-C once it is sending (a message stored), not at a time a loaded machine may reach
+    # before the process has even imported producerkit, or after the replay ended.
+    stored_on(nats_broker.jetstream_url, subject, 3000, timeout=30)()
+    assert replaying.poll() is None, "the replay ended before it was interrupted"
     replaying.send_signal(signal.SIGINT)
     _, stderr = replaying.communicate(timeout=60)
     assert replaying.returncode == 130, stderr.decode()[-2000:]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import anyio.abc
 import attrs
 
 import producerkit as pk
@@ -138,13 +139,24 @@ async def replay(path: Path, kwargs: dict[str, Any], skip_possibly_stored: bool)
     # The producer spools what fails again; what is kept unsent goes to the same file.
     producer = pk.Producer(url, spool=str(rewriting), **kwargs)
     with open(rewriting, "ab") as kept:
-        async with producer, anyio.create_task_group() as tasks:
-            tasks.start_soon(_stop_on_signal, producer, counts)
-            await _send_all(producer, path, kept, counts, skip_possibly_stored)
-            if counts.interrupted:
-                producer.purge()  # what is in flight fails, spooled as possibly stored
-            with contextlib.suppress(pk.ProduceError):  # each failure is in the new spool
-                await producer.flush()
+        async with anyio.create_task_group() as tasks:
+            # Signals are taken before the producer connects: an interrupt while it connects
+            # ends the connecting and keeps the whole spool; from the first message on, each
+            # message is left in one place (the broker, or the spool).
+            connecting = anyio.CancelScope()
+            await tasks.start(_stop_on_signal, producer, counts, connecting)
+            with connecting:
+                await producer.start()
+            if connecting.cancelled_caught:  # nothing was sent: every message is kept
+                await producer.close()
+                await _send_all(producer, path, kept, counts, skip_possibly_stored)
+            else:
+                async with producer:
+                    await _send_all(producer, path, kept, counts, skip_possibly_stored)
+                    if counts.interrupted:
+                        producer.purge()  # what is in flight fails, spooled as possibly stored
+                    with contextlib.suppress(pk.ProduceError):  # each failure is in the spool
+                        await producer.flush()
             tasks.cancel_scope.cancel()
         kept.flush()
         os.fsync(kept.fileno())
@@ -190,10 +202,19 @@ def _with_error(message: SpooledMessage, exc: BaseException) -> bytes:
     )
 
 
-async def _stop_on_signal(producer: pk.Producer, counts: ReplayCounts) -> None:
+async def _stop_on_signal(
+    producer: pk.Producer,
+    counts: ReplayCounts,
+    connecting: anyio.CancelScope,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     """A SIGINT or SIGTERM stops sending: the rest of the spool is kept, and what is in flight
-    fails at once (it is spooled as possibly stored)."""
+    fails at once (it is spooled as possibly stored); ``connecting`` (the producer's start) is
+    cancelled. Started once the signals are taken."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
         async for _ in signals:
+            connecting.cancel()
             counts.interrupted = True
             producer.purge()
