@@ -15,7 +15,7 @@ import pytest
 from conftest import read_jetstream, stored_on
 
 import producerkit as pk
-from producerkit._spool import read_spool
+from producerkit._spool import read_spool, spool_line
 from producerkit.testing.pytest_plugin import NatsSessionBroker
 
 pytestmark = pytest.mark.anyio
@@ -72,8 +72,6 @@ async def _replay(*argv: str) -> int:
 
 
 def test_a_spool_line_is_self_describing(tmp_path: Path) -> None:
-    from producerkit._spool import spool_line
-
     line = spool_line(
         topic="t",
         value=b"\x00\xff",
@@ -118,28 +116,39 @@ def test_a_line_that_is_no_spool_line_is_named(tmp_path: Path) -> None:
         list(read_spool(path))
 
 
+def _spool_of(directory: Path, subject: str, count: int) -> Path:
+    """A spool of ``count`` messages ``v-<n>`` (message id ``id-<n>``) to ``subject``, each
+    failed before as not stored."""
+    spool = directory / "failed.spool"
+    spool.write_bytes(
+        b"".join(
+            spool_line(
+                topic=subject, value=b"v-%d" % number, key=None, partition=None, headers=None,
+                msg_id=f"id-{number}", timestamp=None, error="DeliveryError: before",
+                possibly_stored=False,
+            )
+            for number in range(count)
+        )
+    )  # fmt: skip
+    return spool
+
+
+def _replaying(spool: Path, url: str) -> subprocess.Popen[bytes]:
+    """``producerkit replay`` of ``spool`` to ``url``, started (its stderr piped)."""
+    command = [sys.executable, "-m", "producerkit", "replay", str(spool), "--url", url]
+    return subprocess.Popen(
+        [*command, "-o", "create_stream=true", "--timeout", "20"], stderr=subprocess.PIPE
+    )
+
+
 def test_a_replay_interrupted_while_it_connects_keeps_the_whole_spool(
     nats_broker: NatsSessionBroker, tmp_path: Path, topic: str
 ) -> None:
     """Ctrl-C while the replay's producer connects (the link stalled) ends the connecting at
     once: exit 130, nothing sent, every message still in the spool."""
-    from producerkit._spool import spool_line
-
-    spool = tmp_path / "failed.spool"
-    spool.write_bytes(
-        b"".join(
-            spool_line(
-                topic=topic.replace("-", ""), value=b"v-%d" % number, key=None, partition=None,
-                headers=None, msg_id=f"id-{number}", timestamp=None,
-                error="DeliveryError: before", possibly_stored=False,
-            )
-            for number in range(300)
-        )
-    )  # fmt: skip
+    spool = _spool_of(tmp_path, topic.replace("-", ""), 300)
     nats_broker.faults.pause()
-    url = nats_broker.faulty_jetstream_url
-    command = [sys.executable, "-m", "producerkit", "replay", str(spool), "--url", url]
-    replaying = subprocess.Popen([*command, "--timeout", "20"], stderr=subprocess.PIPE)
+    replaying = _replaying(spool, nats_broker.faulty_jetstream_url)
     try:
         while nats_broker.faults.connections == 0:  # it connects, through the stalled link
             assert replaying.poll() is None, replaying.communicate()[1].decode()
@@ -164,41 +173,9 @@ def test_an_interrupted_replay_leaves_each_message_in_one_place(
     """Ctrl-C in the middle of a replay through a slow link: what was acked is gone from the
     spool, the rest (in flight: possibly stored; not read yet: as it was) is in it once."""
     subject = topic.replace("-", "")
-    spool = tmp_path / "failed.spool"
-    from producerkit._spool import spool_line
-
-    with open(spool, "wb") as file:
-        for number in range(3000):
-            file.write(
-                spool_line(
-                    topic=subject,
-                    value=b"v-%d" % number,
-                    key=None,
-                    partition=None,
-                    headers=None,
-                    msg_id=f"id-{number}",
-                    timestamp=None,
-                    error="DeliveryError: before",
-                    possibly_stored=False,
-                )
-            )
+    spool = _spool_of(tmp_path, subject, 3000)
     nats_broker.faults.slow(30.0, 64 * 1024)
-    replaying = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "producerkit",
-            "replay",
-            str(spool),
-            "--url",
-            nats_broker.faulty_jetstream_url,
-            "-o",
-            "create_stream=true",
-            "--timeout",
-            "20",
-        ],
-        stderr=subprocess.PIPE,
-    )
+    replaying = _replaying(spool, nats_broker.faulty_jetstream_url)
     # Ctrl-C once it is sending (a message stored), not at a time a loaded machine may reach
     # before the process has even imported producerkit, or after the replay ended.
     stored_on(nats_broker.jetstream_url, subject, 3000, timeout=30)()
