@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar, overload
 
@@ -46,11 +46,10 @@ __all__ = [
     "Secret",
     "check_options",
     "describe",
-    "kafka_settings",
     "merge_credentials",
-    "nats_settings",
     "redact",
     "redact_url",
+    "reveal",
     "ssl_context",
 ]
 
@@ -111,7 +110,8 @@ class Secret:
         return (Secret, (self._value,))
 
 
-def _reveal(value: object) -> str:
+def reveal(value: object) -> str:
+    """The text of a secret option (a :class:`Secret` or a plain string)."""
     return value.reveal() if isinstance(value, Secret) else str(value)
 
 
@@ -286,84 +286,6 @@ def ssl_context(options: Mapping[str, Any]) -> ssl.SSLContext | None:
     return context
 
 
-def kafka_settings(options: Mapping[str, Any]) -> dict[str, Any]:
-    """aiokafka settings (``security_protocol``, ``ssl_context``, SASL) for these options."""
-    context = ssl_context(options)
-    username = options.get("username")
-    provider = options.get("sasl_oauth_token_provider")
-    if username is None and provider is None:
-        return {"security_protocol": "SSL", "ssl_context": context} if context else {}
-    settings: dict[str, Any] = {
-        "security_protocol": "SASL_SSL" if context else "SASL_PLAINTEXT",
-        "sasl_mechanism": options.get("sasl_mechanism", "PLAIN"),
-    }
-    if provider is not None:
-        settings["sasl_oauth_token_provider"] = _aiokafka_token_provider(provider)
-    else:
-        settings["sasl_plain_username"] = username
-        settings["sasl_plain_password"] = _reveal(options["password"])
-    if context is not None:
-        settings["ssl_context"] = context
-    return settings
-
-
-def _aiokafka_token_provider(provider: Any) -> Any:
-    """``provider`` as the ``aiokafka.abc.AbstractTokenProvider`` aiokafka requires: itself if it
-    is one, else one whose ``token()`` calls it (awaiting the result if it is awaitable)."""
-    import inspect
-
-    from aiokafka.abc import AbstractTokenProvider
-
-    if isinstance(provider, AbstractTokenProvider):
-        return provider
-
-    class CallableTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
-        async def token(self) -> str:
-            token = provider()
-            if inspect.isawaitable(token):
-                token = await token
-            return str(token)
-
-    return CallableTokenProvider()
-
-
-def nats_settings(
-    options: Mapping[str, Any], secure: Callable[[], bool] | None = None
-) -> dict[str, Any]:
-    """nats-py ``connect()`` keywords (``tls``, ``user``/``password``, ``token``,
-    ``user_credentials``) for these options.
-
-    Passwords and tokens are passed as callables, so nats-py's own option dict never holds them,
-    and, when TLS was asked for, ``secure()`` is checked first: nats-py upgrades to TLS only if
-    the server requires it, and must not send a password in clear text to a server that does
-    not. The callable raises ``nats.errors.SecureConnWantedError`` then.
-    """
-    settings: dict[str, Any] = {}
-    context = ssl_context(options)
-    if context is not None:
-        settings["tls"] = context
-    guard = secure if context is not None else None
-
-    def deferred(value: object) -> Callable[[], str]:
-        def reveal() -> str:
-            if guard is not None and not guard():
-                import nats.errors
-
-                raise nats.errors.SecureConnWantedError
-            return _reveal(value)
-
-        return reveal
-
-    if "username" in options:
-        settings["user"] = deferred(options["username"])
-        settings["password"] = deferred(options["password"])
-    if "token" in options:
-        settings["token"] = deferred(options["token"])
-    if "creds_file" in options:
-        settings["user_credentials"] = os.path.expanduser(options["creds_file"])
-    return settings
-
-
 def describe(options: Mapping[str, Any]) -> str:
     """A short, secret-free summary for reprs: ``"tls user='alice'"``, ``"token"``, or ``""``."""
     parts = []
@@ -441,7 +363,7 @@ def redact(value: Any, secrets: Iterable[str | Secret] = ()) -> Any:
       recursively;
     - a list or tuple: each item; a :class:`Secret`: ``***``; anything else: unchanged.
     """
-    known = [_reveal(secret) for secret in secrets]
+    known = [reveal(secret) for secret in secrets]
     return _redact(value, known)
 
 

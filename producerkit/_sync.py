@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream
 
     from producerkit._atomic import AtomicBatch
-    from producerkit.backends.kafka.atomic import PreparedTransaction
+    from producerkit.backends.base import Prepared
     from producerkit.jetstream import Expect
 
 __all__ = ["SyncAtomicBatch", "SyncProducer"]
@@ -244,7 +244,7 @@ class SyncProducer:
 
     def prepare_transaction(
         self, batches: Iterable[Mapping[str, Any]], *, topic: str | None = None
-    ) -> PreparedTransaction | None:
+    ) -> Prepared | None:
         """Write every batch of ``batches`` in one Kafka transaction and leave it open, as
         ``Producer.atomic_batch(topic, prepare=True)`` does: its handle, for another process to
         commit (:func:`producerkit.transactions.commit_prepared`), or None if there was no
@@ -279,7 +279,7 @@ class SyncProducer:
         finally:
             loop.portal.call(send.aclose)
         try:
-            prepared: PreparedTransaction | None = future.result()
+            prepared: Prepared | None = future.result()
         except BaseException:
             if failure is None:
                 raise
@@ -353,9 +353,9 @@ class SyncAtomicBatch:
         return self._batch.id
 
     @property
-    def prepared(self) -> PreparedTransaction | None:
+    def prepared(self) -> Prepared | None:
         """With ``prepare=True``, once the block ended: the transaction left open (else None)."""
-        prepared: PreparedTransaction | None = self._batch.prepared
+        prepared: Prepared | None = self._batch.prepared
         return prepared
 
     def __len__(self) -> int:
@@ -571,7 +571,7 @@ class _Abort(NamedTuple):
 
 async def _write_prepared(
     producer: Producer, receive: MemoryObjectReceiveStream[Any], topic: str | None
-) -> PreparedTransaction | None:
+) -> Prepared | None:
     """``SyncProducer.prepare_transaction`` on the loop: one task holds the transaction open
     (its lock is this task's) and writes each batch the calling thread sends."""
     async with receive:
@@ -580,5 +580,5 @@ async def _write_prepared(
                 if isinstance(item, _Abort):
                     raise item.error
                 await batch.produce_batch(**item)
-        prepared: PreparedTransaction | None = batch.prepared
+        prepared: Prepared | None = batch.prepared
         return prepared

@@ -32,11 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from producerkit.backends.kafka.atomic import PreparedTransaction
-from producerkit.errors import AtomicBatchError, ConfigurationError
+from producerkit._urls import parse_url
+from producerkit.backends import spec_for
+from producerkit.backends.kafka.prepared import PreparedTransaction
+from producerkit.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from producerkit.backends.base import PreparedBatches
 
 __all__ = [
     "PreparedTransaction",
@@ -75,20 +80,7 @@ async def _end_prepared(
     timeout: float,
     options: dict[str, Any],
 ) -> None:
-    from producerkit.backends.kafka import transactions
-
-    _check(options)
-    await _typed(
-        transactions.end_prepared(
-            url,
-            *prepared[:3],
-            commit=commit,
-            began_at=prepared.began_at,
-            prepared_timeout_ms=prepared.transaction_timeout_ms,
-            timeout=timeout,
-            **options,
-        )
-    )
+    await _prepared_of(url).end(url, prepared, commit=commit, timeout=timeout, options=options)
 
 
 async def abort_open(
@@ -97,10 +89,7 @@ async def abort_open(
     """Abort whatever each of ``transactional_ids`` has open (its producer id initialized
     again, which fences its producers too; a committed transaction stays committed). Raises
     AtomicBatchError, ConfigurationError."""
-    from producerkit.backends.kafka import transactions
-
-    _check(options)
-    await _typed(transactions.abort_open(url, transactional_ids, timeout=timeout, **options))
+    await _prepared_of(url).abort_open(url, transactional_ids, timeout=timeout, options=options)
 
 
 def commit_prepared_sync(
@@ -132,18 +121,12 @@ def run_blocking(function: Callable[..., Coroutine[Any, Any, _T]], *args: Any, *
         return pool.submit(lambda: asyncio.run(function(*args, **kwargs))).result()
 
 
-def _check(options: dict[str, Any]) -> None:
-    if "transactional_id" in options:
-        raise ConfigurationError(
-            "the transactional id is the prepared transaction's own (its handle names it): "
-            "drop transactional_id from the options"
-        )
-
-
-async def _typed(step: Awaitable[_T]) -> _T:
-    from producerkit.backends.kafka.transactions import TransactionError
-
-    try:
-        return await step
-    except TransactionError as exc:
-        raise AtomicBatchError(str(exc), kind=exc.kind, code=exc.code) from exc
+def _prepared_of(url: str) -> PreparedBatches:
+    """The prepared batches of ``url``'s backend; ConfigurationError where it has none."""
+    spec = spec_for(parse_url(url).scheme)
+    writes = spec.atomic_writes
+    if writes is None:
+        raise ConfigurationError(f"no prepared transactions to end: {spec.atomic_batch_refusal}")
+    if writes.prepared is None:
+        raise ConfigurationError(f"no prepared transactions to end: {writes.prepare_refusal}")
+    return writes.prepared

@@ -193,3 +193,46 @@ def test_the_check_catches_a_wrong_name(page: str, problem: str | None) -> None:
         assert found == []
     else:
         assert any(problem in line for line in found), found
+
+
+#: Client libraries, named only below the seam (and by what drives them from outside).
+_CLIENTS = ("aiokafka", "nats", "confluent_kafka")
+#: Modules above ``backends/`` allowed to import a backend's module or a client: the test
+#: kit (it starts and reads back real brokers), the benchmark's peers (the clients measured
+#: beside producerkit), and the handle type ``producerkit.transactions`` re-exports.
+_OUTSIDE_THE_SEAM = {
+    "producerkit/testing": None,
+    "producerkit/bench/peers.py": None,
+    "producerkit/transactions.py": {"producerkit.backends.kafka.prepared"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imported.add(node.module)
+    return imported
+
+
+def test_no_module_above_the_seam_imports_a_client_or_a_backends_module() -> None:
+    package = ROOT / "producerkit"
+    crossing: list[str] = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        if where.startswith("producerkit/backends/"):
+            continue
+        allowed: set[str] | None = set()
+        for prefix, exempt in _OUTSIDE_THE_SEAM.items():
+            if where.startswith(prefix):
+                allowed = exempt
+        if allowed is None:
+            continue
+        for module in sorted(_imports(path) - allowed):
+            top = module.split(".")[0]
+            backend = module.startswith(("producerkit.backends.kafka", "producerkit.backends.nats"))
+            if top in _CLIENTS or backend:
+                crossing.append(f"{where} imports {module}")
+    assert not crossing, crossing

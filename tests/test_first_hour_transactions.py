@@ -25,6 +25,7 @@ from conftest import TRANSACTIONS_ON_THE_FAST_PATH
 
 import producerkit as pk
 from producerkit import transactions
+from producerkit.backends.kafka.prepared import PREPARED
 from producerkit.testing.apache_kafka import ApacheKafka
 from producerkit.testing.kafka_cluster import KafkaCluster
 from producerkit.testing.pytest_plugin import NatsSessionBroker
@@ -128,16 +129,16 @@ def test_a_commit_step_that_fails_aborts_what_it_did_not_commit(
 
     topic = _name("eo-abort")
     apache_kafka.create_topic(topic, partitions=TOPIC_PARTITIONS)
-    commit = transactions.commit_prepared
+    end = PREPARED.end
 
     async def failing_for_partition_1(
-        url: str, prepared: transactions.PreparedTransaction, **options: Any
+        url: str, prepared: transactions.PreparedTransaction, *, commit: bool, **options: Any
     ) -> None:
-        if prepared.transactional_id.endswith("-1"):
+        if commit and prepared.transactional_id.endswith("-1"):
             raise RuntimeError("injected: the driver failed while committing partition 1")
-        await commit(url, prepared, **options)
+        await end(url, prepared, commit=commit, **options)
 
-    monkeypatch.setattr(transactions, "commit_prepared", failing_for_partition_1)
+    monkeypatch.setattr(PREPARED, "end", failing_for_partition_1)
     caplog.set_level(logging.ERROR, logger="producerkit.spark")
     with pytest.raises(pk.AtomicBatchError) as raised:
         pks.publish(_spark_rows(spark), apache_kafka.url, topic=topic, exactly_once=True)

@@ -940,7 +940,7 @@ def test_a_job_that_failed_aborts_what_its_tasks_prepared_and_left_open(
     config = pks._publish.make_config(kafka_cluster.url, topic=topic, exactly_once=True)
     prepared = _prepared(kafka_cluster, topic, "pk-j-0", range(10))
     _prepared(kafka_cluster, topic, "pk-j-1", range(10, 20))  # its handle never came back
-    exactly.abort_job(config, [prepared], exactly.transactional_ids("pk-j", 3))
+    exactly.abort_job(config, [prepared], exactly.prepared_names("pk-j", 3))
     assert _committed(kafka_cluster, topic) == []
     states = _states(kafka_cluster, topic)
     assert states == {"aborted": 20}, states

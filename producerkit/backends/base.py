@@ -21,7 +21,7 @@ ignored, so a connection need not track deadlines. A record is a
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -267,12 +267,86 @@ class AtomicWriter(abc.ABC):
         """Give back what :meth:`open` took. Default: nothing."""
 
 
+class Prepared(Protocol):
+    """The handle of a prepared atomic batch: a tuple of plain values (picklable, and a JSON
+    list as it is) that another process ends through :class:`PreparedBatches`."""
+
+    @property
+    def name(self) -> str:
+        """The name the batch was prepared as (a writer's own, as in ``{job}-{partition}``)."""
+        ...
+
+    @property
+    def messages(self) -> int:
+        """How many messages the batch holds."""
+        ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class PreparedBatches(abc.ABC):
+    """The second phase of a two-phase commit on a backend whose atomic batches can be left
+    open (``atomic_batch(prepare=True)``): what a coordinator (a Spark job's driver) uses to
+    have writers prepare under names of its choosing and to end what they prepared, without a
+    producer of its own. ``options`` are a producer's backend options (security, ...); each
+    step raises AtomicBatchError (with its ``kind``) or ConfigurationError."""
+
+    #: The producer option that names its prepared batches (refused where a coordinator names
+    #: them).
+    name_option: str
+
+    @abc.abstractmethod
+    def refusal(self, options: Mapping[str, Any]) -> str | None:
+        """Why a producer with these options cannot prepare batches, or None."""
+
+    @abc.abstractmethod
+    def options(
+        self, timeout: float, name: str | None = None, fresh: bool = False
+    ) -> dict[str, Any]:
+        """The producer options under which a prepared batch may stay open ``timeout`` seconds
+        and, with ``name``, is prepared as ``name`` (``fresh``: only if no producer took the
+        name before: a late writer fails instead of ending a newer one's batch); the ends'
+        options take them too."""
+
+    @abc.abstractmethod
+    def timeout(self, options: Mapping[str, Any]) -> float | None:
+        """How long ``options`` let a prepared batch stay open, in seconds (None: not said)."""
+
+    @abc.abstractmethod
+    def handle(self, values: Sequence[Any]) -> Prepared:
+        """The handle whose values (``list(handle)``) these are."""
+
+    @abc.abstractmethod
+    async def end(
+        self,
+        url: str,
+        prepared: Prepared,
+        *,
+        commit: bool,
+        timeout: float,
+        options: Mapping[str, Any],
+    ) -> None:
+        """Commit (or abort) ``prepared``."""
+
+    @abc.abstractmethod
+    async def abort_open(
+        self, url: str, names: Sequence[str], *, timeout: float, options: Mapping[str, Any]
+    ) -> None:
+        """Abort whatever each of ``names`` has open (a committed batch stays committed), and
+        fence any writer still preparing under one."""
+
+
 class AtomicWrites(abc.ABC):
     """A backend's atomic batches for one producer (its state across batches)."""
 
     #: Why ``atomic_batch(prepare=True)`` is refused here (None: :meth:`AtomicWriter.commit`
     #: takes ``prepare``).
     prepare_refusal: str | None = "this backend has no transactions to leave open"
+    #: How prepared batches are ended elsewhere, where ``prepare_refusal`` is None.
+    prepared: PreparedBatches | None = None
+
+    def __init__(self, parts: AtomicParts) -> None:
+        self.parts = parts
 
     @abc.abstractmethod
     def writer(self, side: AtomicSide) -> AtomicWriter:
@@ -371,11 +445,15 @@ class BackendSpec:
     takes_null_header_values: bool = True
     #: Whether what is acked can be read back (a log, a stream or a store; not core NATS).
     stores_records: bool = True
-    #: The one optional capability beside the connection: ``(AtomicParts) -> AtomicWrites``,
+    #: The one optional capability beside the connection: an AtomicWrites made of AtomicParts,
     #: made once per producer at its first ``Producer.atomic_batch()``; None: no atomic batches.
-    atomic_writes: Callable[[AtomicParts], AtomicWrites] | None = None
+    atomic_writes: type[AtomicWrites] | None = None
     #: Why ``Producer.atomic_batch`` is refused here, where ``atomic_writes`` is None.
     atomic_batch_refusal: str = "this backend has no atomic batches"
+    #: ``(url, topic, options) -> seconds`` within which the broker drops a message whose
+    #: ``msg_id`` it stored for ``topic`` (None: no stream to ask, and none would be created);
+    #: None where the backend drops no message by its id.
+    duplicate_window: Callable[[str, str, Mapping[str, Any]], Awaitable[float | None]] | None = None
 
     @property
     def takes_tombstones(self) -> bool:

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -48,7 +48,9 @@ from producerkit.spark._worker import (
     chunks_from_rows,
     publish_task,
 )
-from producerkit.transactions import PreparedTransaction
+
+if TYPE_CHECKING:
+    from producerkit.backends.base import Prepared
 
 try:  # Arrow writers: Spark 4.0 (batch) and 4.1 (streaming); rows before that
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchBase
@@ -89,7 +91,7 @@ class ProducerkitCommit(WriterCommitMessage):
     failed: int
     errors: dict[str, int] = field(default_factory=dict)
     first_error: str | None = None
-    prepared: PreparedTransaction | None = None
+    prepared: Prepared | None = None
 
 
 class ProducerkitDataSource(DataSource):
@@ -204,7 +206,7 @@ def _write(config: _WriteConfig, data: Iterator[Any], arrow: bool) -> Producerki
     )
 
 
-def _handles(messages: list[Any]) -> list[PreparedTransaction]:
+def _handles(messages: list[Any]) -> list[Prepared]:
     """The transactions the tasks prepared (exactly_once on Kafka)."""
     return [
         message.prepared
@@ -247,7 +249,7 @@ class ProducerkitWriter(_BatchBase):
         logger.warning("format('producerkit') write aborted after %d task(s) finished", done)
         job = self.config.job
         if job is not None and job.prefix is not None:
-            ids = exactly.transactional_ids(job.prefix, len(messages))
+            ids = exactly.prepared_names(job.prefix, len(messages))
             # no SparkContext here to wait for the killed tasks: the ids once more later
             exactly.abort_job(self.config.sink, _handles(messages), ids, again_after=10.0)
 
@@ -274,8 +276,8 @@ class ProducerkitStreamWriter(_StreamBase):
         if self.config.job is not None and handles:
             # the batch's prefix from a task's id: every partition's id, to abort what the
             # failed attempts left open (a replay's tasks would fence them too)
-            prefix = handles[0].transactional_id.rsplit("-", 1)[0]
-            ids = exactly.transactional_ids(prefix, len(messages))
+            prefix = handles[0].name.rsplit("-", 1)[0]
+            ids = exactly.prepared_names(prefix, len(messages))
             exactly.abort_job(self.config.sink, handles, ids)
 
 

@@ -4,7 +4,7 @@
 commit (``SyncProducer.prepare_transaction``), with the transactional id ``{job}-{partition}``:
 one per *output partition*, not per attempt, so a retried or speculative attempt's producer
 id, initialized again, fences the earlier attempt and aborts what it left open. The task hands its
-:class:`~producerkit.transactions.PreparedTransaction` to the driver with its counts; once every
+:class:`~producerkit.transactions.Prepared` to the driver with its counts; once every
 task succeeded the driver commits them all, and if the job fails it aborts those it got and
 initializes every id of the job (which aborts what the others left open).
 
@@ -57,11 +57,12 @@ import attrs
 
 from producerkit._options import ProducerOptions
 from producerkit._urls import parse_url
-from producerkit.backends.kafka.atomic import PreparedTransaction
+from producerkit.backends import spec_for
 from producerkit.errors import AtomicBatchError, ConfigurationError
 from producerkit.spark._worker import SinkConfig, TaskCounts, publish_task
 
 if TYPE_CHECKING:
+    from producerkit.backends.base import Prepared, PreparedBatches
     from producerkit.spark._chunks import Chunk
     from producerkit.spark._publish import PublishReport
 
@@ -95,8 +96,6 @@ _WHOLE_PARTITION: Final = 2**31 - 1
 _CONCURRENT_ENDS: Final = 16
 #: Micro-batches a CommitLog keeps (Spark keeps 100 of its own by default).
 _KEPT_BATCHES: Final = 100
-#: The JetStream server's default duplicate window, for a stream the job will create.
-_DEFAULT_DUPLICATE_WINDOW: Final = 120.0
 #: Spark's local properties of a streaming task.
 _QUERY_ID, _BATCH_ID = "sql.streaming.queryId", "streaming.sql.batchId"
 
@@ -127,40 +126,44 @@ def new_job() -> Job:
     return Job(prefix=f"pk-{uuid.uuid4().hex[:16]}")
 
 
-def transactional_ids(prefix: str, partitions: int) -> list[str]:
+def prepared_names(prefix: str, partitions: int) -> list[str]:
+    """The names a job's tasks prepare under, one per output partition."""
     return [f"{prefix}-{partition}" for partition in range(partitions)]
 
 
 # ---------------------------------------------------------------------- checks, on the driver
 
 
-def backend_of(config: SinkConfig) -> Literal["kafka", "jetstream"]:
+def way_of(config: SinkConfig) -> Literal["prepared", "ids"]:
+    """How a write is made exactly once on ``config.url``'s backend: ``"prepared"``, each task's
+    rows in an atomic batch it prepares and the driver ends (Kafka transactions), or ``"ids"``,
+    each row with an id the broker drops a second time within its duplicate window
+    (JetStream). ConfigurationError for a backend with neither."""
     scheme = parse_url(config.url).scheme
-    if scheme not in ("kafka", "jetstream"):
-        raise ConfigurationError(
-            f"exactly_once is for kafka:// (transactions) and jetstream:// (message ids), not "
-            f"{scheme}://"
-        )
-    return "kafka" if scheme == "kafka" else "jetstream"
+    spec = spec_for(scheme)
+    if spec.atomic_writes is not None and spec.atomic_writes.prepared is not None:
+        return "prepared"
+    if spec.duplicate_window is not None:
+        return "ids"
+    raise ConfigurationError(
+        f"exactly_once is for kafka:// (transactions) and jetstream:// (message ids), not "
+        f"{scheme}://"
+    )
+
+
+def prepared_of(config: SinkConfig) -> PreparedBatches:
+    """The prepared batches of ``config.url``'s backend (``way_of`` said ``"prepared"``)."""
+    writes = spec_for(parse_url(config.url).scheme).atomic_writes
+    assert writes is not None and writes.prepared is not None
+    return writes.prepared
 
 
 def timeout_of(config: SinkConfig) -> float:
     """The longest an exactly-once job (a micro-batch) may take, in seconds."""
     if config.exactly_once_timeout is not None:
         return config.exactly_once_timeout
-    given = dict(config.producer_kwargs).get("transaction_timeout_ms")
-    return int(given) / 1000 if given is not None else DEFAULT_TIMEOUT
-
-
-#: The options exactly-once on Kafka sets itself, each task's producer and the driver's
-#: requests: why it refuses each, given.
-_SET_BY_EXACTLY_ONCE: Final = {
-    "transactional_id": (
-        "exactly_once gives each task's transaction an id of its own, one per output partition "
-        "of the write ({job}-{partition}), so that a retried or speculative attempt fences the "
-        "earlier one and the driver can commit or abort each: drop transactional_id"
-    ),
-}
+    given = prepared_of(config).timeout(dict(config.producer_kwargs))
+    return given if given is not None else DEFAULT_TIMEOUT
 
 
 def check_job(config: SinkConfig) -> float | None:
@@ -171,15 +174,17 @@ def check_job(config: SinkConfig) -> float | None:
     duplicate window is shorter than ``exactly_once_timeout`` (or, that not given, a warning
     naming the window). Raises ConfigurationError before any task runs; returns that window
     (JetStream)."""
-    backend = backend_of(config)
-    if backend == "kafka":
+    if way_of(config) == "prepared":
+        prepared = prepared_of(config)
         kwargs = dict(config.producer_kwargs)
-        for name, reason in _SET_BY_EXACTLY_ONCE.items():
-            if name in kwargs:
-                raise ConfigurationError(f"{name}={kwargs[name]!r} with exactly_once: {reason}")
-        from producerkit.backends.kafka.options import transaction_refusal
-
-        if (refusal := transaction_refusal(kwargs)) is not None:
+        if (name := prepared.name_option) in kwargs:
+            raise ConfigurationError(
+                f"{name}={kwargs[name]!r} with exactly_once: exactly_once gives each task's "
+                "transaction an id of its own, one per output partition of the write "
+                "({job}-{partition}), so that a retried or speculative attempt fences the "
+                f"earlier one and the driver can commit or abort each: drop {name}"
+            )
+        if (refusal := prepared.refusal(kwargs)) is not None:
             raise ConfigurationError(f"exactly_once: {refusal}")
         if config.partition_col is not None:
             raise ConfigurationError(
@@ -191,12 +196,12 @@ def check_job(config: SinkConfig) -> float | None:
                 'exactly_once on Kafka takes on_error="fail": a task\'s rows are committed '
                 "whole or not at all"
             )
-        given = dict(config.producer_kwargs).get("transaction_timeout_ms")
+        given = prepared.timeout(kwargs)
         timeout = config.exactly_once_timeout
-        if timeout is not None and given is not None and int(given) != int(timeout * 1000):
+        if timeout is not None and given is not None and given != timeout:
+            (option,) = prepared.options(given)
             raise ConfigurationError(
-                f"exactly_once_timeout={timeout:g} and transaction_timeout_ms={given} "
-                "disagree: give one"
+                f"exactly_once_timeout={timeout:g} and {option}={kwargs[option]} disagree: give one"
             )
         return None
     return check_window(config) if config.id_col is None else None
@@ -246,45 +251,12 @@ def check_duration(config: SinkConfig, window: float | None, report: PublishRepo
 
 
 async def _duplicate_window(config: SinkConfig) -> float | None:
-    """The duplicate window (seconds) of the stream ``config.topic`` goes to: the server's
-    default for one the job will create, None where there is none."""
-    import nats
-    import nats.js.errors
-
-    from producerkit import _security
-
-    if config.topic is None:
+    """The duplicate window (seconds) of the stream ``config.topic`` goes to (see the spec's
+    ``duplicate_window``)."""
+    duplicate_window = spec_for(parse_url(config.url).scheme).duplicate_window
+    if config.topic is None or duplicate_window is None:
         return None
-    parsed = parse_url(config.url)
-    options = {**parsed.options, **dict(config.producer_kwargs)}
-    merged = _security.merge_credentials(
-        parsed.username, parsed.password, options, {"username": str}
-    )
-    _, security = _security.check_options("nats", merged)
-    tls = _security.tls_enabled(security)
-    # with TLS asked for, tls:// makes nats-py upgrade whatever the server says: the
-    # credentials never go out in clear text
-    scheme = "tls" if tls else "nats"
-    client = await nats.connect(
-        servers=[f"{scheme}://{host}:{port}" for host, port in parsed.servers],
-        connect_timeout=5,
-        allow_reconnect=False,
-        max_reconnect_attempts=0,
-        **_security.nats_settings(security, secure=lambda: True),
-    )
-    try:
-        stream = client.jetstream(timeout=10)
-        partitions = options.get("partitions")
-        subject = config.topic if partitions is None else f"{config.topic}.0"
-        try:
-            name = await stream.find_stream_name_by_subject(subject)
-        except nats.js.errors.NotFoundError:
-            create = str(options.get("create_stream", "")).lower() in ("1", "true", "yes")
-            return _DEFAULT_DUPLICATE_WINDOW if create else None
-        info = await stream.stream_info(name)
-        return float(info.config.duplicate_window or 0)
-    finally:
-        await client.close()
+    return await duplicate_window(config.url, config.topic, dict(config.producer_kwargs))
 
 
 # ---------------------------------------------------------------------- on the executors
@@ -292,7 +264,7 @@ async def _duplicate_window(config: SinkConfig) -> float | None:
 
 def write_task(
     config: SinkConfig, chunks: Iterable[Chunk], job: Job
-) -> tuple[TaskCounts, PreparedTransaction | None]:
+) -> tuple[TaskCounts, Prepared | None]:
     """Write one task's rows exactly once (see the module docstring): its counts, and on Kafka
     the transaction it prepared (None if it wrote nothing)."""
     from pyspark import TaskContext
@@ -312,7 +284,7 @@ def write_task(
             return TaskCounts(), None
         prefix = f"pk-{query}-{batch}"
     base = f"{prefix}-{partition}"
-    if backend_of(config) == "jetstream":
+    if way_of(config) == "ids":
         if config.id_col is not None:
             return publish_task(config, chunks), None
         return publish_task(config, _with_row_ids(chunks, base)), None
@@ -333,19 +305,17 @@ def _with_row_ids(chunks: Iterable[Chunk], base: str) -> Iterator[Chunk]:
 
 
 def _prepare(
-    config: SinkConfig, chunks: Iterable[Chunk], transactional_id: str, *, fresh: bool
-) -> tuple[TaskCounts, PreparedTransaction | None]:
+    config: SinkConfig, chunks: Iterable[Chunk], name: str, *, fresh: bool
+) -> tuple[TaskCounts, Prepared | None]:
     """One task on Kafka: its rows in one transaction left open, through a producer of its own
     (a producer that prepared a transaction begins no other); ``fresh``: it takes
-    ``transactional_id`` only if no producer initialized it before."""
+    ``name`` (its transactional id) only if no producer initialized it before."""
     from producerkit._sync import SyncProducer
 
     timeout = timeout_of(config)
     arguments = {
         **config.producer_arguments(),
-        "transactional_id": transactional_id,
-        "fresh_transactional_id": fresh,
-        "transaction_timeout_ms": int(timeout * 1000),
+        **prepared_of(config).options(timeout, name, fresh),
         # the transaction's messages stay in flight until it is prepared: the window and each
         # message's deadline must hold the whole task
         "max_in_flight_messages": _WHOLE_PARTITION,
@@ -408,38 +378,37 @@ def _end_options(config: SinkConfig) -> tuple[dict[str, Any], float]:
     kwargs = dict(config.producer_kwargs)
     timeout = float(kwargs.get("timeout") or 30.0)
     options = {name: value for name, value in kwargs.items() if name not in settings}
-    options["transaction_timeout_ms"] = int(timeout_of(config) * 1000)
+    options.update(prepared_of(config).options(timeout_of(config)))
     return options, timeout
 
 
-def partition_of(prepared: PreparedTransaction) -> int:
-    return int(prepared.transactional_id.rsplit("-", 1)[1])
+def partition_of(prepared: Prepared) -> int:
+    return int(prepared.name.rsplit("-", 1)[1])
 
 
 async def _end_each(
-    config: SinkConfig, handles: Sequence[PreparedTransaction], *, commit: bool
+    config: SinkConfig, handles: Sequence[Prepared], *, commit: bool
 ) -> dict[int, AtomicBatchError]:
     """Commit (or abort) every handle, some at once: those not ended, by partition, each with
     why (the coordinator's refusal; any other failure of the step as an AtomicBatchError of
     kind ``"aborted"`` whose cause it is), so the caller knows which ended whatever failed."""
-    from producerkit import transactions
-
+    prepared = prepared_of(config)
     options, timeout = _end_options(config)
-    end = transactions.commit_prepared if commit else transactions.abort_prepared
     gate = asyncio.Semaphore(_CONCURRENT_ENDS)
     refused: dict[int, AtomicBatchError] = {}
 
-    async def end_one(handle: PreparedTransaction) -> None:
+    async def end_one(handle: Prepared) -> None:
         async with gate:
             try:
-                await end(config.url, handle, timeout=timeout, **options)
+                await prepared.end(
+                    config.url, handle, commit=commit, timeout=timeout, options=options
+                )
             except AtomicBatchError as exc:
                 refused[partition_of(handle)] = exc
             except Exception as exc:
                 step = "commit" if commit else "abort"
                 failed = AtomicBatchError(
-                    f"the {step} of {handle.transactional_id!r} failed: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"the {step} of {handle.name!r} failed: {type(exc).__name__}: {exc}",
                     kind="aborted",
                 )
                 failed.__cause__ = exc
@@ -450,13 +419,11 @@ async def _end_each(
 
 
 async def _abort_open(config: SinkConfig, ids: list[str]) -> None:
-    from producerkit import transactions
-
     options, timeout = _end_options(config)
-    await transactions.abort_open(config.url, ids, timeout=timeout, **options)
+    await prepared_of(config).abort_open(config.url, ids, timeout=timeout, options=options)
 
 
-def commit_job(config: SinkConfig, handles: Sequence[PreparedTransaction]) -> set[int]:
+def commit_job(config: SinkConfig, handles: Sequence[Prepared]) -> set[int]:
     """Commit every task's transaction (a job that succeeded): the partitions committed.
 
     Whatever keeps a transaction from its commit (the coordinator's refusal, or the commit
@@ -471,12 +438,12 @@ def commit_job(config: SinkConfig, handles: Sequence[PreparedTransaction]) -> se
     try:
         refused = run(_end_each, config, handles, commit=True)
     except BaseException as exc:  # interrupted: which committed is not known
-        ids = [handle.transactional_id for handle in handles]
+        ids = [handle.name for handle in handles]
         _abort_uncommitted(config, ids, f"its commit step raised {type(exc).__name__}")
         raise
     committed = {partition_of(handle) for handle in handles} - set(refused)
     if refused:
-        stale = [h.transactional_id for h in handles if partition_of(h) in refused]
+        stale = [h.name for h in handles if partition_of(h) in refused]
         aborted = _abort_uncommitted(config, stale, "their commit failed")
         _raise_refused(refused, committed, _ABORTED if aborted else _NOT_ABORTED)
     return committed
@@ -530,7 +497,7 @@ def _raise_refused(
 
 def abort_job(
     config: SinkConfig,
-    handles: Sequence[PreparedTransaction],
+    handles: Sequence[Prepared],
     ids: Iterable[str],
     *,
     again_after: float | None = None,
@@ -561,7 +528,7 @@ def abort_job(
     logger.warning(
         "exactly_once: the job failed: aborted what its transactional ids %s held open (a "
         "transaction committed before stays committed)",
-        ids or [handle.transactional_id for handle in handles],
+        ids or [handle.name for handle in handles],
     )
     return True
 
@@ -632,7 +599,7 @@ class CommitLog:
         self,
         batch: int,
         state: Literal["intent", "partial", "done"],
-        prepared: Sequence[PreparedTransaction],
+        prepared: Sequence[Prepared],
         committed: Iterable[int] = (),
     ) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -660,8 +627,10 @@ class CommitLog:
                     path.unlink()
 
 
-def handles_of(entry: Mapping[str, Any]) -> list[PreparedTransaction]:
-    return [PreparedTransaction(*item[1:]) for item in entry["prepared"]]
+def handles_of(config: SinkConfig, entry: Mapping[str, Any]) -> list[Prepared]:
+    """The handles a log entry recorded."""
+    prepared = prepared_of(config)
+    return [prepared.handle(item[1:]) for item in entry["prepared"]]
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -710,7 +679,7 @@ def recover(config: SinkConfig, log: CommitLog) -> Job:
     skip: dict[int, tuple[int, ...] | None] = {}
     for batch, entry in log.entries().items():
         if entry["state"] == "intent":
-            entry = _finish(config, log, batch, handles_of(entry), set(entry["committed"]))
+            entry = _finish(config, log, batch, handles_of(config, entry), set(entry["committed"]))
         if entry["state"] == "done":
             skip[batch] = None
         else:
@@ -722,7 +691,7 @@ def _finish(
     config: SinkConfig,
     log: CommitLog,
     batch: int,
-    handles: Sequence[PreparedTransaction],
+    handles: Sequence[Prepared],
     committed: set[int],
 ) -> dict[str, Any]:
     """Commit the handles of ``batch`` not committed yet and record the outcome (``done``).
@@ -742,7 +711,7 @@ def _finish(
     if refused:
         ended = _KEPT_FOR_RESTART
         if not unanswered:
-            stale = [h.transactional_id for h in pending if partition_of(h) in refused]
+            stale = [h.name for h in pending if partition_of(h) in refused]
             aborted = _abort_uncommitted(config, stale, "their commit failed")
             ended = _ABORTED if aborted else _NOT_ABORTED
         _raise_refused(refused, committed, ended)
@@ -755,7 +724,7 @@ def commit_batch(
     config: SinkConfig,
     log: CommitLog,
     batch: int,
-    handles: Sequence[PreparedTransaction],
+    handles: Sequence[Prepared],
 ) -> None:
     """Commit micro-batch ``batch``'s transactions through the log (see the module
     docstring). For a batch the log already holds (a replay): what it recorded is committed
@@ -766,7 +735,7 @@ def commit_batch(
         log.write(batch, "intent", handles)
         _finish(config, log, batch, handles, set())
         return
-    recorded, committed = handles_of(entry), set(entry["committed"])
+    recorded, committed = handles_of(config, entry), set(entry["committed"])
     if entry["state"] == "intent":
         entry = _finish(config, log, batch, recorded, committed)
         committed = set(entry["committed"])

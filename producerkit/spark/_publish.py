@@ -506,7 +506,6 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
 
     from producerkit.spark import _exactly_once as exactly
     from producerkit.spark._entry import RESULT_SCHEMA, make_partition_function
-    from producerkit.transactions import PreparedTransaction
 
     check_python(df.sparkSession)
     job, window = None, None
@@ -525,7 +524,7 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
     )
     job_df = df.select(*selected).mapInArrow(function, RESULT_SCHEMA)
     started = time.perf_counter()
-    if job is None or exactly.backend_of(config) != "kafka":
+    if job is None or exactly.way_of(config) != "prepared":
         rows = job_df.collect()
     else:
         assert job.prefix is not None
@@ -536,7 +535,7 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
         except BaseException as exc:
             partitions = df.rdd.getNumPartitions()  # at least the tasks' partition ids
             exactly.wait_for_tasks(context, before)
-            ids = exactly.transactional_ids(job.prefix, partitions)
+            ids = exactly.prepared_names(job.prefix, partitions)
             # a killed task's Python worker may outlive its end by Spark's kill timeout (2 s)
             aborted = exactly.abort_job(config, [], ids, again_after=5.0)
             exc.add_note(
@@ -547,7 +546,7 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
             )
             raise
         handles = [
-            PreparedTransaction(*json.loads(row.prepared))
+            exactly.prepared_of(config).handle(json.loads(row.prepared))
             for row in rows
             if row.prepared is not None
         ]

@@ -14,7 +14,7 @@ ends the transaction at the coordinator where anything was sent in it.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -22,6 +22,7 @@ from producerkit._connections import close_connections
 from producerkit.backends.base import AtomicParts, AtomicSide, AtomicWriter, AtomicWrites
 from producerkit.backends.kafka.connection import KafkaConnection
 from producerkit.backends.kafka.options import TRANSACTIONAL_OPTION
+from producerkit.backends.kafka.prepared import PREPARED, PreparedTransaction
 from producerkit.errors import AtomicBatchError, ProducerkitError
 
 if TYPE_CHECKING:
@@ -30,22 +31,6 @@ if TYPE_CHECKING:
     from producerkit.backends.base import Reports
 
 __all__ = ["KafkaAtomicWrites", "PreparedTransaction", "TransactionReports"]
-
-
-class PreparedTransaction(NamedTuple):
-    """A Kafka transaction written whole and left open for another process to end
-    (``producerkit.transactions.commit_prepared`` or ``abort_prepared``): the first phase of a
-    two-phase commit. ``messages``: how many it holds; ``began_at``: when it began
-    (``time.time()`` of the writer's machine) and ``transaction_timeout_ms``: how long the
-    coordinator lets it stay open, so that its end can say it outlived that (None in handles
-    made before they were kept)."""
-
-    transactional_id: str
-    producer_id: int
-    epoch: int
-    messages: int
-    began_at: float | None = None
-    transaction_timeout_ms: int | None = None
 
 
 class TransactionReports:
@@ -128,6 +113,7 @@ class KafkaAtomicWrites(AtomicWrites):
     and the lock that keeps one transaction open at a time."""
 
     prepare_refusal = None
+    prepared = PREPARED
 
     def __init__(self, parts: AtomicParts) -> None:
         self.parts = parts

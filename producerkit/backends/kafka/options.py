@@ -224,7 +224,7 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
         settings["max_batch_size"] = ZSTD_MAX_BATCH_SIZE
     settings.update(given)
     settings["enable_idempotence"] = False
-    settings.update(_security.kafka_settings(options))
+    settings.update(security_settings(options))
     settings.setdefault("request_timeout_ms", int(timeout * 1000))
     return settings
 
@@ -246,3 +246,44 @@ def batches_in_flight(options: Mapping[str, Any], idempotent: bool) -> int:
     throughput = options.get("preset") == "throughput"
     default = THROUGHPUT_BATCHES_IN_FLIGHT if throughput or idempotent else 1
     return int(options.get("max_batches_in_flight", default))
+
+
+def security_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """aiokafka settings (``security_protocol``, ``ssl_context``, SASL) for these options."""
+    context = _security.ssl_context(options)
+    username = options.get("username")
+    provider = options.get("sasl_oauth_token_provider")
+    if username is None and provider is None:
+        return {"security_protocol": "SSL", "ssl_context": context} if context else {}
+    settings: dict[str, Any] = {
+        "security_protocol": "SASL_SSL" if context else "SASL_PLAINTEXT",
+        "sasl_mechanism": options.get("sasl_mechanism", "PLAIN"),
+    }
+    if provider is not None:
+        settings["sasl_oauth_token_provider"] = _aiokafka_token_provider(provider)
+    else:
+        settings["sasl_plain_username"] = username
+        settings["sasl_plain_password"] = _security.reveal(options["password"])
+    if context is not None:
+        settings["ssl_context"] = context
+    return settings
+
+
+def _aiokafka_token_provider(provider: Any) -> Any:
+    """``provider`` as the ``aiokafka.abc.AbstractTokenProvider`` aiokafka requires: itself if it
+    is one, else one whose ``token()`` calls it (awaiting the result if it is awaitable)."""
+    import inspect
+
+    from aiokafka.abc import AbstractTokenProvider
+
+    if isinstance(provider, AbstractTokenProvider):
+        return provider
+
+    class CallableTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+        async def token(self) -> str:
+            token = provider()
+            if inspect.isawaitable(token):
+                token = await token
+            return str(token)
+
+    return CallableTokenProvider()

@@ -7,6 +7,7 @@
 - ``fast_ingest``: JetStream fast batches (ADR-50), many messages acked at once, on streams that
   allow them;
 - ``atomic``: atomic batches (ADR-50), the writer of ``Producer.atomic_batch()``;
+- ``streams``: what a stream keeps, asked without a producer (its duplicate window);
 - ``pubacks``: reading a PubAck's sequence or refusal, a fast batch's replies and an atomic
   batch's commit.
 
@@ -22,6 +23,7 @@ from producerkit.backends.nats import errors, options
 from producerkit.backends.nats.atomic import JetStreamAtomicWrites
 from producerkit.backends.nats.core import NatsConnection
 from producerkit.backends.nats.jetstream import JetStreamConnection
+from producerkit.backends.nats.streams import duplicate_window
 
 __all__ = ["JETSTREAM", "NATS", "JetStreamConnection", "NatsConnection"]
 
@@ -61,4 +63,5 @@ JETSTREAM = BackendSpec(
     partitioned=False,
     takes_null_header_values=False,
     atomic_writes=JetStreamAtomicWrites,
+    duplicate_window=duplicate_window,
 )

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from nats.aio.client import Client
@@ -80,7 +81,7 @@ class NatsClientConnection(Connection):
             "reconnected_cb": self._on_reconnected,
             # Topics are validated once each (check_topic); nats-py would run a regex per publish.
             "skip_subject_validation": True,
-            **_security.nats_settings(
+            **security_settings(
                 self.options,
                 # nats-py upgrades to TLS only when the server requires it: with TLS asked for,
                 # credentials go out only if every server said so (read before connecting).
@@ -284,3 +285,40 @@ async def close_client(client: Client) -> None:
         await asyncio.wait_for(client.close(), 5)
     except Exception:
         logger.debug("error closing a NATS connection", exc_info=True)
+
+
+def security_settings(
+    options: Mapping[str, Any], secure: Callable[[], bool] | None = None
+) -> dict[str, Any]:
+    """nats-py ``connect()`` keywords (``tls``, ``user``/``password``, ``token``,
+    ``user_credentials``) for these options.
+
+    Passwords and tokens are passed as callables, so nats-py's own option dict never holds them,
+    and, when TLS was asked for, ``secure()`` is checked first: nats-py upgrades to TLS only if
+    the server requires it, and must not send a password in clear text to a server that does
+    not. The callable raises ``nats.errors.SecureConnWantedError`` then.
+    """
+    settings: dict[str, Any] = {}
+    context = _security.ssl_context(options)
+    if context is not None:
+        settings["tls"] = context
+    guard = secure if context is not None else None
+
+    def deferred(value: object) -> Callable[[], str]:
+        def reveal() -> str:
+            if guard is not None and not guard():
+                import nats.errors
+
+                raise nats.errors.SecureConnWantedError
+            return _security.reveal(value)
+
+        return reveal
+
+    if "username" in options:
+        settings["user"] = deferred(options["username"])
+        settings["password"] = deferred(options["password"])
+    if "token" in options:
+        settings["token"] = deferred(options["token"])
+    if "creds_file" in options:
+        settings["user_credentials"] = os.path.expanduser(options["creds_file"])
+    return settings
