@@ -125,3 +125,30 @@ def test_the_prepare_waits_for_every_batch_answered_not_only_the_first(
     assert (stats.acked, stats.in_flight) == (1500, 0)
     anyio.run(lambda: transactions.commit_prepared(kafka_cluster.url, prepared))
     assert len(_committed(kafka_cluster, topic)) == 1500
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("memory://prep", "no other process to end"),
+        ("jetstream://127.0.0.1:1", "commits when its block ends"),
+        ("null://", "no atomic batches"),
+    ],
+)
+def test_ending_a_prepared_transaction_where_none_can_be_prepared_is_refused_typed(
+    url: str, why: str
+) -> None:
+    """The ends go through the URL's backend: one that cannot prepare a batch refuses at the
+    call, saying why, before anything connects."""
+    handle = transactions.PreparedTransaction("t-0", 7, 0, 1)
+    for end in (transactions.commit_prepared_sync, transactions.abort_prepared_sync):
+        with pytest.raises(pk.ConfigurationError, match=f"no prepared transactions.*{why}"):
+            end(url, handle)
+    with pytest.raises(pk.ConfigurationError, match=f"no prepared transactions.*{why}"):
+        transactions.abort_open_sync(url, ["t-0"])
+
+
+def test_an_end_given_a_transactional_id_is_refused_typed() -> None:
+    handle = transactions.PreparedTransaction("t-0", 7, 0, 1)
+    with pytest.raises(pk.ConfigurationError, match="drop transactional_id"):
+        transactions.commit_prepared_sync("kafka://127.0.0.1:1", handle, transactional_id="x")
