@@ -292,8 +292,9 @@ class PreparedBatches(abc.ABC):
     step raises AtomicBatchError (with its ``kind``) or ConfigurationError."""
 
     #: The producer option that names its prepared batches (refused where a coordinator names
-    #: them).
+    #: them), and the one that says how long one may stay open.
     name_option: str
+    timeout_option: str
 
     @abc.abstractmethod
     def refusal(self, options: Mapping[str, Any]) -> str | None:

@@ -4,7 +4,7 @@
 commit (``SyncProducer.prepare_transaction``), with the transactional id ``{job}-{partition}``:
 one per *output partition*, not per attempt, so a retried or speculative attempt's producer
 id, initialized again, fences the earlier attempt and aborts what it left open. The task hands its
-:class:`~producerkit.transactions.Prepared` to the driver with its counts; once every
+:class:`~producerkit.transactions.PreparedTransaction` to the driver with its counts; once every
 task succeeded the driver commits them all, and if the job fails it aborts those it got and
 initializes every id of the job (which aborts what the others left open).
 
@@ -199,7 +199,7 @@ def check_job(config: SinkConfig) -> float | None:
         given = prepared.timeout(kwargs)
         timeout = config.exactly_once_timeout
         if timeout is not None and given is not None and given != timeout:
-            (option,) = prepared.options(given)
+            option = prepared.timeout_option
             raise ConfigurationError(
                 f"exactly_once_timeout={timeout:g} and {option}={kwargs[option]} disagree: give one"
             )

@@ -44,6 +44,7 @@ class PreparedTransaction(NamedTuple):
 
 class _KafkaPrepared(PreparedBatches):
     name_option = _NAME_OPTION
+    timeout_option = _TIMEOUT_OPTION
 
     def refusal(self, options: Mapping[str, Any]) -> str | None:
         return transaction_refusal(options)
