@@ -104,9 +104,16 @@ def spool_line(
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
+def line_of(message: SpooledMessage, exception: BaseException | None = None) -> bytes:
+    """``message``'s spool line; with ``exception``, the error it names is that one."""
+    fields = attrs.asdict(message, recurse=False)
+    if exception is not None:
+        fields["error"] = f"{type(exception).__name__}: {exception}"
+    return spool_line(**fields)
+
+
 def failure_line(failure: Failure) -> bytes:
-    exception = failure.exception
-    return spool_line(
+    message = SpooledMessage(
         topic=failure.topic,
         value=failure.value,
         key=failure.key,
@@ -114,9 +121,9 @@ def failure_line(failure: Failure) -> bytes:
         headers=failure.header_pairs,
         msg_id=failure.msg_id,
         timestamp=failure.timestamp,
-        error=f"{type(exception).__name__}: {exception}",
         possibly_stored=failure.possibly_stored,
     )
+    return line_of(message, failure.exception)
 
 
 class Spool:

@@ -36,7 +36,7 @@ import attrs
 
 import producerkit as pk
 from producerkit import settings
-from producerkit._spool import SpooledMessage, read_spool, spool_line
+from producerkit._spool import line_of, read_spool
 from producerkit.cli._args import ArgumentParser, cli_syntax
 from producerkit.cli.produce import add_setting_flags, setting_fields
 from producerkit.errors import ConfigurationError
@@ -184,22 +184,8 @@ async def _send_all(
         try:
             await producer.produce(message.value, nonblocking=True, **message.produce_kwargs())
         except pk.MessageError as exc:  # refused by this producer: kept, with why
-            kept.write(_with_error(message, exc))
+            kept.write(line_of(message, exc))
             counts.kept += 1
-
-
-def _with_error(message: SpooledMessage, exc: BaseException) -> bytes:
-    return spool_line(
-        topic=message.topic,
-        value=message.value,
-        key=message.key,
-        partition=message.partition,
-        headers=message.headers,
-        msg_id=message.msg_id,
-        timestamp=message.timestamp,
-        error=f"{type(exc).__name__}: {exc}",
-        possibly_stored=message.possibly_stored,
-    )
 
 
 async def _stop_on_signal(
