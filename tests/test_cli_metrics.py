@@ -4,6 +4,7 @@ scraped over HTTP while a run goes on and after it (``--metrics-linger``), again
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -115,6 +116,39 @@ def orders(start: int, stop: int) -> str:
     return "".join(
         json.dumps({"id": f"o-{i}", "user": f"u{i % 9}", "n": i}) + "\n" for i in range(start, stop)
     )
+
+
+def test_a_ctrl_c_between_the_run_and_the_linger_ends_the_linger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a suite run found: ``produce --metrics-linger 60`` interrupted right after its
+    summary, while asyncio was still shutting down (the run's signal handling gone, and asyncio
+    leaving SIGINT raising KeyboardInterrupt wherever the main thread was), lost the signal and
+    lingered its whole time. A signal after the run's own handling is kept for the linger, which
+    then ends at once, and the exit code is the run's."""
+    from producerkit.cli import _signals, produce
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(orders(0, 10))
+    real_linger = produce.linger
+    lingered: list[float] = []
+
+    def ctrl_c_then_linger(metrics: Metrics | None, seconds: float, stop: object = None) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # raising or killing would end the session
+            handler = signal.getsignal(sig)
+            assert isinstance(getattr(handler, "__self__", None), _signals.StopRequest), handler
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, as the run ends
+        started = time.monotonic()
+        real_linger(metrics, seconds, stop)  # type: ignore[arg-type]
+        lingered.append(time.monotonic() - started)
+
+    monkeypatch.setattr(produce, "linger", ctrl_c_then_linger)
+    argv = [
+        str(source), "--url", "memory://", "--topic", "t", "--format", "jsonl", "--no-progress",
+        "--metrics-port", "0", "--metrics-linger", "60",
+    ]  # fmt: skip
+    assert produce.main(argv) == 0  # every record acked: the run's code, not an interrupt's
+    assert lingered and lingered[0] < 10, lingered
 
 
 def test_produce_metrics_while_running_and_after(nats_broker: LocalBroker) -> None:

@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from producerkit.cli._signals import interruptible
+from producerkit.cli._signals import StopRequest, interruptible
 from producerkit.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -55,14 +55,18 @@ def start_metrics(args: argparse.Namespace) -> Metrics | None:
     return metrics
 
 
-def linger(metrics: Metrics | None, seconds: float) -> None:
-    """Keep serving the final metrics for ``seconds`` (Ctrl-C ends it early), then stop."""
+def linger(metrics: Metrics | None, seconds: float, stop: StopRequest | None = None) -> None:
+    """Keep serving the final metrics for ``seconds`` (Ctrl-C ends it early), then stop.
+    ``stop``: where the signals go already (one requested ends it, at once if it came before)."""
     if metrics is None:
         return
     try:
-        with interruptible():
-            if seconds > 0:
-                time.sleep(seconds)
+        if stop is not None:
+            stop.wait(seconds)
+        else:
+            with interruptible():
+                if seconds > 0:
+                    time.sleep(seconds)
     except KeyboardInterrupt:
         pass
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,3 +50,20 @@ class StopRequest:
             for sig, handler in previous.items():
                 if handler is not None:
                     signal.signal(sig, handler)
+
+    def listen_again(self) -> None:
+        """Take SIGINT and SIGTERM back, :attr:`requested` cleared: from here on a signal is a
+        new request. For the end of an event loop's own handling of them, after which asyncio
+        leaves SIGINT raising KeyboardInterrupt wherever the main thread is and SIGTERM killing
+        the process (its ``remove_signal_handler``), whatever handled them before."""
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._request)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` or until a signal is requested (at once if one was): whether one
+        was."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+        return self.requested

@@ -250,7 +250,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, early: Stop
         print(help_pointer("producerkit produce"), file=sys.stderr)
         return 2
     finally:
-        linger(metrics, args.metrics_linger)
+        linger(metrics, args.metrics_linger, early)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

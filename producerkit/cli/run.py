@@ -91,13 +91,18 @@ class ProduceRun:
     ) -> None:
         """Until cancelled: a SIGINT or SIGTERM interrupts the run; another one while the
         producer closes stops waiting for the messages in flight (they fail as Purged).
-        ``early``: where the signals went before this took them (one counts as the first)."""
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            task_status.started()
-            if early is not None and early.requested:
-                self._on_signal()
-            async for _ in signals:
-                self._on_signal()
+        ``early``: where the signals went before this took them (one counts as the first), and
+        go again once it stops."""
+        try:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                if early is not None and early.requested:
+                    self._on_signal()
+                async for _ in signals:
+                    self._on_signal()
+        finally:
+            if early is not None:  # a signal after the run is a new request (the linger's end)
+                early.listen_again()
 
     def _on_signal(self) -> None:
         if self._closing and self.interrupted:
