@@ -151,6 +151,26 @@ def test_a_ctrl_c_between_the_run_and_the_linger_ends_the_linger(
     assert lingered and lingered[0] < 10, lingered
 
 
+def test_a_ctrl_c_that_ends_the_demo_ends_its_linger_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from producerkit.cli import demo
+
+    def interrupted(args: object, metrics: object) -> None:
+        raise KeyboardInterrupt
+
+    lingered: list[float] = []
+    real_linger = demo.linger
+
+    def linger(metrics: Metrics | None, seconds: float) -> None:
+        lingered.append(seconds)
+        real_linger(metrics, 0)  # the metrics server closed, as the real linger does
+
+    monkeypatch.setattr(demo, "_run", interrupted)
+    monkeypatch.setattr(demo, "linger", linger)
+    with pytest.raises(KeyboardInterrupt):
+        demo.main(["--metrics-port", "0", "--metrics-linger", "60"])
+    assert lingered == [0]
+
+
 def test_produce_metrics_while_running_and_after(nats_broker: LocalBroker) -> None:
     """Scraped mid-run (the input waits on a pipe) and after it: produced, acked, the latency
     histogram's count, records rejected before they were messages (an unparseable line, a

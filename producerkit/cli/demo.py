@@ -145,10 +145,14 @@ examples:
         metrics = start_metrics(args)
     except ConfigurationError as exc:
         parser.error(str(exc))  # exits with code 2
+    interrupted = False
     try:
         _run(args, metrics)
+    except KeyboardInterrupt:
+        interrupted = True  # the Ctrl-C that ends the demo ends its linger too
+        raise
     finally:
-        linger(metrics, args.metrics_linger)
+        linger(metrics, 0 if interrupted else args.metrics_linger)
     return 0
 
 
