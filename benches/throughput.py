@@ -96,7 +96,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import _brokers
 import _java
@@ -699,6 +699,12 @@ async def in_flight_memory(url: str, count: int, window: int) -> dict[str, float
     }
 
 
+#: How long the bench's own stream requests (create, purge, delete: set-up and clean-up, not
+#: what is measured) wait for the server's answer. nats-py's default is 5 s, and a suite run
+#: beside Spark and Kafka tests saw a one-server stream's delete take longer.
+STREAM_ADMIN_TIMEOUT: Final = 30.0
+
+
 async def purge_streams(url: str, subject: str = "bench") -> None:
     """Empty the JetStream stream that stores ``subject`` (the bench's own: a server named by
     ``--nats-url`` may hold others)."""
@@ -706,8 +712,8 @@ async def purge_streams(url: str, subject: str = "bench") -> None:
 
     nc = await nats.connect(_nats(url))
     try:
-        name = await nc.jetstream().find_stream_name_by_subject(subject)
-        await nc.jsm().purge_stream(name)
+        name = await nc.jetstream(timeout=STREAM_ADMIN_TIMEOUT).find_stream_name_by_subject(subject)
+        await nc.jsm(timeout=STREAM_ADMIN_TIMEOUT).purge_stream(name)
     finally:
         await nc.close()
 
@@ -1595,7 +1601,7 @@ async def new_fast_stream(url: str, name: str, replicas: int = 1) -> None:
 
     nc = await nats.connect(_nats_servers(url))
     try:
-        js = nc.jetstream(timeout=30)
+        js = nc.jetstream(timeout=STREAM_ADMIN_TIMEOUT)
         await js.add_stream(
             name=name, subjects=[name], storage="file", allow_batched=True, num_replicas=replicas
         )
@@ -1610,7 +1616,7 @@ async def delete_stream(url: str, name: str) -> None:
 
     nc = await nats.connect(_nats_servers(url))
     try:
-        await nc.jetstream().delete_stream(name)
+        await nc.jetstream(timeout=STREAM_ADMIN_TIMEOUT).delete_stream(name)
     finally:
         await nc.close()
 
