@@ -124,9 +124,6 @@ def run_blocking(function: Callable[..., Coroutine[Any, Any, _T]], *args: Any, *
 def _prepared_of(url: str) -> PreparedBatches:
     """The prepared batches of ``url``'s backend; ConfigurationError where it has none."""
     spec = spec_for(parse_url(url).scheme)
-    writes = spec.atomic_writes
-    if writes is None:
-        raise ConfigurationError(f"no prepared transactions to end: {spec.atomic_batch_refusal}")
-    if writes.prepared is None:
-        raise ConfigurationError(f"no prepared transactions to end: {writes.prepare_refusal}")
-    return writes.prepared
+    if spec.prepared is None:
+        raise ConfigurationError(f"no prepared transactions to end: {spec.prepare_refusal}")
+    return spec.prepared

@@ -464,6 +464,19 @@ class BackendSpec:
     def takes_timestamps(self) -> bool:
         return self.timestamp_refusal is None
 
+    @property
+    def prepared(self) -> PreparedBatches | None:
+        """How a batch left open here (``atomic_batch(prepare=True)``) is ended elsewhere;
+        None where none can be left open (``prepare_refusal`` says why)."""
+        return None if self.atomic_writes is None else self.atomic_writes.prepared
+
+    @property
+    def prepare_refusal(self) -> str | None:
+        """Why no atomic batch can be left open here (None: one can)."""
+        if self.atomic_writes is None:
+            return self.atomic_batch_refusal
+        return self.atomic_writes.prepare_refusal
+
     def checked_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         if self.check_options is not None:
             return self.check_options(options)

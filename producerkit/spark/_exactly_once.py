@@ -62,7 +62,7 @@ from producerkit.errors import AtomicBatchError, ConfigurationError
 from producerkit.spark._worker import SinkConfig, TaskCounts, publish_task
 
 if TYPE_CHECKING:
-    from producerkit.backends.base import Prepared, PreparedBatches
+    from producerkit.backends.base import BackendSpec, Prepared, PreparedBatches
     from producerkit.spark._chunks import Chunk
     from producerkit.spark._publish import PublishReport
 
@@ -139,23 +139,26 @@ def way_of(config: SinkConfig) -> Literal["prepared", "ids"]:
     rows in an atomic batch it prepares and the driver ends (Kafka transactions), or ``"ids"``,
     each row with an id the broker drops a second time within its duplicate window
     (JetStream). ConfigurationError for a backend with neither."""
-    scheme = parse_url(config.url).scheme
-    spec = spec_for(scheme)
-    if spec.atomic_writes is not None and spec.atomic_writes.prepared is not None:
+    spec = _spec_of(config)
+    if spec.prepared is not None:
         return "prepared"
     if spec.duplicate_window is not None:
         return "ids"
     raise ConfigurationError(
         f"exactly_once is for kafka:// (transactions) and jetstream:// (message ids), not "
-        f"{scheme}://"
+        f"{parse_url(config.url).scheme}://"
     )
 
 
 def prepared_of(config: SinkConfig) -> PreparedBatches:
     """The prepared batches of ``config.url``'s backend (``way_of`` said ``"prepared"``)."""
-    writes = spec_for(parse_url(config.url).scheme).atomic_writes
-    assert writes is not None and writes.prepared is not None
-    return writes.prepared
+    prepared = _spec_of(config).prepared
+    assert prepared is not None
+    return prepared
+
+
+def _spec_of(config: SinkConfig) -> BackendSpec:
+    return spec_for(parse_url(config.url).scheme)
 
 
 def timeout_of(config: SinkConfig) -> float:
@@ -253,7 +256,7 @@ def check_duration(config: SinkConfig, window: float | None, report: PublishRepo
 async def _duplicate_window(config: SinkConfig) -> float | None:
     """The duplicate window (seconds) of the stream ``config.topic`` goes to (see the spec's
     ``duplicate_window``)."""
-    duplicate_window = spec_for(parse_url(config.url).scheme).duplicate_window
+    duplicate_window = _spec_of(config).duplicate_window
     if config.topic is None or duplicate_window is None:
         return None
     return await duplicate_window(config.url, config.topic, dict(config.producer_kwargs))
