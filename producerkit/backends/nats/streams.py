@@ -43,7 +43,7 @@ async def duplicate_window(url: str, topic: str, options: Mapping[str, Any]) -> 
         try:
             name = await stream.find_stream_name_by_subject(subject)
         except nats.js.errors.NotFoundError:
-            create = str(given.get("create_stream", "")).lower() in ("1", "true", "yes")
+            create = _security.parse_bool(given.get("create_stream")) is True
             return DEFAULT_DUPLICATE_WINDOW if create else None
         info = await stream.stream_info(name)
         return float(info.config.duplicate_window or 0)
