@@ -155,15 +155,7 @@ class _Node(LocalBroker):
             self._started_from = self._log_path.stat().st_size
         except FileNotFoundError:
             self._started_from = 0
-        with open(self._log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                start_new_session=True,
-            )
+        super().launch()
 
     def wait_started(self, deadline: float) -> None:
         """Return once the node launched last logged ``Kafka Server started``; a

@@ -103,7 +103,9 @@ class LocalBroker:
         """The broker process is alive (started, and not stopped, killed or exited)."""
         return self.process is not None and self.process.poll() is None
 
-    def start(self, wait: float = 20.0) -> LocalBroker:
+    def launch(self) -> None:
+        """Start the process without waiting: its output appended to its log, in a session of
+        its own (so that a signal to its group reaches every process it starts)."""
         with open(self._log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -113,6 +115,10 @@ class LocalBroker:
                 cwd=self.workdir,
                 start_new_session=True,
             )
+
+    def start(self, wait: float = 20.0) -> LocalBroker:
+        self.launch()
+        assert self.process is not None
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -61,18 +60,6 @@ class _Server(LocalBroker):
         self.server_id = server_id
         self.name = f"n{server_id}"
         self.http_port = http_port
-
-    def launch(self) -> None:
-        """Start the process without waiting (see :meth:`wait_listening`)."""
-        with open(self._log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                start_new_session=True,
-            )
 
     def wait_listening(self, deadline: float) -> None:
         """Return once the server accepts client connections; :class:`BrokerUnavailable` with
