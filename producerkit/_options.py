@@ -131,7 +131,7 @@ class ProducerOptions:
     )
     max_in_flight_messages: int | None = _setting(
         None,
-        "most messages in flight at once (default 1000; 10,000 with Kafka's preset='throughput')",
+        "most messages in flight at once (default 1000; Kafka's idempotent default: 10,000)",
         text=int,
         check=_positive_int,
     )

@@ -144,11 +144,9 @@ class Submitter:
         admission = self._handed_admission
         if admission is not None and slot is None:
             outcome = self._window.spend_reservation(
-                lambda: admission.admit(
-                    message.value, message.key, message.topic, message.partition,
-                    message.headers, message.msg_id, context, None, message.timestamp,
-                ),
-                DECLINED,
+                DECLINED, admission.admit,
+                message.value, message.key, message.topic, message.partition,
+                message.headers, message.msg_id, context, None, message.timestamp,
             )  # fmt: skip
             if outcome is not DECLINED:
                 return outcome  # type: ignore[no-any-return]

@@ -195,20 +195,23 @@ class InFlightWindow:
         if not reserved:
             return core.admit(message, partition, connection, slot, context)  # type: ignore[no-any-return]
         record: Record | None = self.spend_reservation(
-            lambda: core.admit(message, partition, connection, slot, context), None
+            None, core.admit, message, partition, connection, slot, context
         )
         return record
 
-    def spend_reservation(self, admit: Callable[[], _Outcome], declined: object) -> _Outcome:
-        """``admit()``, one admission of a message handed over by another thread, with the room
-        the message reserved (see :meth:`reserve`) given up to it, under :attr:`reserve_lock`
-        (no thread may take that room meanwhile). Where ``admit`` returns ``declined`` or
-        raises, nothing was admitted: the room stays the message's."""
+    def spend_reservation(
+        self, declined: object, admit: Callable[..., _Outcome], *arguments: Any
+    ) -> _Outcome:
+        """``admit(*arguments)``, one admission of a message handed over by another thread,
+        with the room the message reserved (see :meth:`reserve`) given up to it, under
+        :attr:`reserve_lock` (no thread may take that room meanwhile). Where ``admit`` returns
+        ``declined`` or raises, nothing was admitted: the room stays the message's. (A
+        callable and its arguments, not a closure: this runs once per handed-over message.)"""
         core = self.core
         with self.reserve_lock:
             core.taken += 1  # its room is now its record's
             try:
-                outcome = admit()
+                outcome = admit(*arguments)
             except BaseException:
                 core.taken -= 1
                 raise
@@ -449,7 +452,7 @@ class InFlightWindow:
             finally:
                 core.limit -= 1
 
-        record = self.spend_reservation(admit_past_the_bound, None)
+        record = self.spend_reservation(None, admit_past_the_bound)
         self.failed(record, exc, possibly_stored=False)
 
     def _wake(self, in_flight: int) -> None:

@@ -127,10 +127,31 @@ def test_bad_bounds_are_configuration_errors(settings: dict[str, Any]) -> None:
 
 
 def test_the_throughput_preset_brings_its_window_unless_one_is_given() -> None:
-    assert "limit=1000 " in repr(Producer("kafka://127.0.0.1:1", topic="t"))
     preset = Producer("kafka://127.0.0.1:1", topic="t", preset="throughput")
     assert "limit=10000 " in repr(preset)
     given = Producer(
         "kafka://127.0.0.1:1", topic="t", preset="throughput", max_in_flight_messages=7
     )
     assert "limit=7 " in repr(given)
+
+
+@pytest.mark.parametrize(
+    ("options", "limit"),
+    [
+        ({}, 10_000),  # idempotent where the broker grants it: five batches in flight
+        ({"enable_idempotence": True}, 10_000),
+        ({"max_batches_in_flight": 3}, 10_000),
+        ({"enable_idempotence": False}, 1000),  # one batch per partition in flight
+        ({"acks": 1}, 1000),  # rules idempotence out
+        ({"max_batches_in_flight": 1}, 1000),
+        ({"enable_idempotence": False, "preset": "throughput"}, 10_000),
+        ({"max_batches_in_flight": 1, "max_in_flight_messages": 50_000}, 50_000),
+    ],
+)
+def test_kafka_s_default_window_fills_the_batches_a_partition_may_have_in_flight(
+    options: dict[str, Any], limit: int
+) -> None:
+    """Five batches per partition in flight pay only with the messages to fill them: Kafka's
+    default window is 10,000 wherever a partition may have more than one in flight."""
+    assert f"limit={limit} " in repr(Producer("kafka://127.0.0.1:1", topic="t", **options))
+    assert "limit=1000 " in repr(Producer("jetstream://127.0.0.1:1", topic="t"))

@@ -54,7 +54,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS: Final = 60_000
 THROUGHPUT_BATCHES_IN_FLIGHT: Final = 5
 #: The most batches per partition in flight a broker orders for an idempotent producer.
 IDEMPOTENT_BATCHES_IN_FLIGHT_LIMIT: Final = 5
-#: The window with ``preset="throughput"`` when ``max_in_flight_messages`` is not given: five
+#: The window when ``max_in_flight_messages`` is not given and a partition may have several
+#: batches in flight (the idempotent producer, the default, and ``preset="throughput"``): five
 #: batches per partition in flight pay only with enough messages in flight to fill them
 #: (docs/tuning.md: the preset alone at a window of 1000 ran at confluent-kafka's pace).
 THROUGHPUT_WINDOW: Final = 10_000
@@ -230,8 +231,12 @@ def client_settings(options: Mapping[str, Any], timeout: float) -> dict[str, Any
 
 
 def default_window(options: Mapping[str, Any]) -> int | None:
-    """The window's default for these options: THROUGHPUT_WINDOW with the throughput preset."""
-    return THROUGHPUT_WINDOW if options.get("preset") == "throughput" else None
+    """The window's default for these options: THROUGHPUT_WINDOW wherever a partition may have
+    several batches in flight (the idempotent producer, the default, and the throughput
+    preset), else None (the producer's own default). Without the messages to fill them, five
+    batches in flight wait on the window as one does."""
+    idempotent = idempotence_wanted(options)[0] is not False
+    return THROUGHPUT_WINDOW if batches_in_flight(options, idempotent) > 1 else None
 
 
 def idempotent_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
