@@ -154,4 +154,7 @@ def test_kafka_s_default_window_fills_the_batches_a_partition_may_have_in_flight
     """Five batches per partition in flight pay only with the messages to fill them: Kafka's
     default window is 10,000 wherever a partition may have more than one in flight."""
     assert f"limit={limit} " in repr(Producer("kafka://127.0.0.1:1", topic="t", **options))
+
+
+def test_other_backends_keep_a_default_window_of_1000() -> None:
     assert "limit=1000 " in repr(Producer("jetstream://127.0.0.1:1", topic="t"))
