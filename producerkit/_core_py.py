@@ -84,12 +84,16 @@ class WindowCore:
         connection: int,
         slot: Slot,
         context: Any = None,
+        reserved: bool = False,
     ) -> Record | None:
         """Put ``message`` in flight as a record routed to ``partition`` on ``connection``
         (carrying ``slot`` and ``context``): in ``pending``, counted in the peak, its deadline
         watched if the window was empty. From here on it must end acked or failed. None (and
-        nothing done) if the window is :meth:`full`."""
-        if self.full():
+        nothing done) if the window is :meth:`full`. ``reserved``: a message handed over by
+        another thread, whose room its reservation holds: no room is asked, and it is counted
+        ``taken`` once it is in ``pending`` (in flight may look one higher between the two,
+        never one lower: no reservation can take its room)."""
+        if not reserved and self.full():
             return None
         pending = self.pending
         in_flight = len(pending)
@@ -98,6 +102,8 @@ class WindowCore:
             seq, message, partition, time.monotonic() + self.timeout, connection, slot, context
         )
         pending[seq] = record
+        if reserved:
+            self.taken += 1
         if in_flight >= self.peak_in_flight:
             self.peak_in_flight = in_flight + 1
         if not in_flight and not self.watching:
@@ -269,19 +275,21 @@ class Admission:
         context: object,
         expect: object,
         timestamp: object,
+        reserved: bool = False,
     ) -> Any:
         """One message, with ``produce()``'s arguments: None once it is handed to its
         connection, or an awaitable that finishes the hand-off; :data:`DECLINED`, nothing done,
         for every message but one with a bytes value (after the value serializer), a bytes or
         None key, no partition, headers, msg_id, expectation or timestamp, no context unless
         ``takes_context``, a topic whose partition count is known, a size within
-        ``max_payload``, and room in the window. A serializer or trace context that raises
-        declines too (the checked path reports what it raises)."""
+        ``max_payload``, and room in the window (``reserved``: a handed-over message in its
+        reserved room, see :meth:`WindowCore.admit`). A serializer or trace context that
+        raises declines too (the checked path reports what it raises)."""
         if not self._takes(key, partition, headers, msg_id, context, expect, timestamp):
             return DECLINED
         known = self._known(topic)
         window = self._window
-        if known is None or window.full():
+        if known is None or (not reserved and window.full()):
             return DECLINED
         topic, count = known
         key = cast("bytes | None", key)  # _takes checked it
@@ -296,7 +304,7 @@ class Admission:
         stamp = _now_ms() if self._stamps else None
         routed, connection = self._router.route(topic, key, None, count)
         message = new_message(value, key, topic, None, trace, None, stamp)
-        record = window.admit(message, routed, connection, None, context)
+        record = window.admit(message, routed, connection, None, context, reserved)
         if record is None:
             return DECLINED
         return send(self._sends, self._send_failed, self._hand_off, record)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -37,7 +38,7 @@ class Handoff:
         self._submit = submit
         self._queue: deque[tuple[Message, Slot, Any]] = deque()
         self._taking: deque[tuple[Message, Slot, Any]] = deque()  # what the drain is submitting
-        self._lock = window.reserve_lock  # the queue's, and the reservations' (see reserve)
+        self._lock = threading.Lock()  # the queue's, and the reservations' (see reserve)
         self._draining = False  # a drain is scheduled or running
         self._drain: asyncio.Task[None] | None = None
         self._closed = False

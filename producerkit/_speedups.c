@@ -732,16 +732,17 @@ static double monotonic(void) {
 #define M_TIMESTAMP 6
 #define M_FIELDS 7
 
-/* admit(): the record, built and in flight (new reference); Py_None (new reference) when the
- * window is full; NULL with an exception set. fields: a message's, in Message order; partition
- * replaces its partition. */
-/* The record of one message admitted into the window (see WindowCore_doc), or None if the window
- * is full. ``deadline``: monotonic() + timeout as a float (a chunk's records share one, taken
- * as the chunk is admitted), or NULL to take the clock here. */
+/* The record of one message admitted into the window (new reference), or Py_None (new
+ * reference) if the window is full; NULL with an exception set. fields: a message's, in Message
+ * order; partition replaces its partition. ``deadline``: monotonic() + timeout as a float (a
+ * chunk's records share one, taken as the chunk is admitted), or NULL to take the clock here.
+ * ``reserved``: a message handed over by another thread, whose room its reservation holds
+ * (see WindowCore_doc): no room is asked, and the reservation passes to the record as the
+ * record goes into pending, with nothing between (in flight never looks one lower). */
 static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *partition,
                        Py_ssize_t connection, PyObject *slot, PyObject *context, int untrack,
-                       PyObject *deadline) {
-    if (window_full(self)) return Py_NewRef(Py_None);
+                       PyObject *deadline, int reserved) {
+    if (!reserved && window_full(self)) return Py_NewRef(Py_None);
     Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
     PyObject *seq = PyLong_FromLongLong(self->last_seq + 1);
     deadline = deadline == NULL ? PyFloat_FromDouble(monotonic() + self->timeout)
@@ -781,6 +782,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
         Py_DECREF(record);
         return NULL;
     }
+    self->taken += reserved;
     if (in_flight >= self->peak_in_flight) self->peak_in_flight = in_flight + 1;
     if (in_flight == 0 && !self->watching) {
         PyObject *watched = PyObject_CallOneArg(self->watch, record);
@@ -794,16 +796,18 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
 }
 
 static PyObject *WindowCore_admit(WindowCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if ((nargs != 4 && nargs != 5) || !PyTuple_Check(args[0]) ||
+    if (nargs < 4 || nargs > 6 || !PyTuple_Check(args[0]) ||
         PyTuple_GET_SIZE(args[0]) != M_FIELDS) {
         PyErr_SetString(PyExc_TypeError, "admit(message: Message, partition, connection, slot, "
-                                         "context=None) -> Record | None");
+                                         "context=None, reserved=False) -> Record | None");
         return NULL;
     }
     Py_ssize_t connection = PyLong_AsSsize_t(args[2]);
     if (connection == -1 && PyErr_Occurred()) return NULL;
+    int reserved = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (reserved < 0) return NULL;
     return admit(self, &PyTuple_GET_ITEM(args[0], 0), args[1], connection, args[3],
-                 nargs == 5 ? args[4] : Py_None, self->untrack, NULL);
+                 nargs >= 5 ? args[4] : Py_None, self->untrack, NULL, reserved);
 }
 
 static PyObject *WindowCore_full(WindowCore *self, PyObject *unused) {
@@ -814,8 +818,8 @@ static PyMethodDef WindowCore_methods[] = {
     {"full", (PyCFunction)WindowCore_full, METH_NOARGS,
      "full() -> whether the window holds limit messages (the in-flight bound)"},
     {"admit", (PyCFunction)(void (*)(void))WindowCore_admit, METH_FASTCALL,
-     "admit(message, partition, connection, slot, context=None) -> Record, or None if the "
-     "window is full"},
+     "admit(message, partition, connection, slot, context=None, reserved=False) -> Record, or "
+     "None if the window is full (reserved: a handed-over message, in its reserved room)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -826,7 +830,8 @@ static PyMemberDef WindowCore_members[] = {
      "peak of messages in flight"},
     {"handed", T_PYSSIZET, offsetof(WindowCore, handed), 0,
      "messages handed over by other threads (counted in flight until taken)"},
-    {"taken", T_PYSSIZET, offsetof(WindowCore, taken), 0, "handed-over messages admitted"},
+    {"taken", T_PYSSIZET, offsetof(WindowCore, taken), 0,
+     "handed-over messages admitted (admit counts them, reserved=True)"},
     {"timeout", T_DOUBLE, offsetof(WindowCore, timeout), READONLY, "seconds to each deadline"},
     {"watching", T_BOOL, offsetof(WindowCore, watching), 0,
      "the window's deadline timer is armed (set by the window): admit calls watch only when not"},
@@ -942,11 +947,14 @@ static int Admission_init(Admission *self, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
+    if (nargs != 9 && nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "admit(value, key, topic, partition, headers, msg_id, "
-                                         "context, expect, timestamp) takes 9 arguments");
+                                         "context, expect, timestamp, reserved=False) takes 9 "
+                                         "or 10 arguments");
         return NULL;
     }
+    int reserved = nargs == 10 ? PyObject_IsTrue(args[9]) : 0;
+    if (reserved < 0) return NULL;
     PyObject *key = args[1], *topic = args[2], *context = args[6];
     for (int i = 3; i < 9; i++)
         if (args[i] != Py_None && !(i == 6 && self->takes_context)) return Py_NewRef(DECLINED);
@@ -959,7 +967,7 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
         return Py_NewRef(DECLINED); /* first message to it: the Python path learns its count */
     }
     WindowCore *window = self->window;
-    if (window_full(window)) return Py_NewRef(DECLINED);
+    if (!reserved && window_full(window)) return Py_NewRef(DECLINED);
     /* Owned from here: the value (serialized), the headers (the trace context's), the stamp. */
     PyObject *value = Py_NewRef(args[0]), *headers = Py_NewRef(Py_None), *stamp = Py_None;
     PyObject *outcome = Py_NewRef(DECLINED), *record = NULL;
@@ -999,7 +1007,7 @@ static PyObject *Admission_admit(Admission *self, PyObject *const *args, Py_ssiz
     if (route(self->router, topic, key, Py_None, n_obj, &partition, &connection) < 0) goto error;
     PyObject *fields[M_FIELDS] = {value, key, topic, Py_None, headers, Py_None, stamp};
     record = admit(window, fields, partition, connection, Py_None, context, window->untrack,
-                   NULL);
+                   NULL, reserved);
     Py_DECREF(partition);
     if (record == NULL) goto error;
     if (record == Py_None) goto done; /* a serializer's call filled the window: DECLINED */
@@ -1144,7 +1152,7 @@ static PyObject *Admission_admit_chunk(Admission *self, PyObject *const *args, P
         /* A chunk's records all live until the chunk is settled: untracked on every backend
          * (a window of tracked tuples makes the collector's work grow with the window). */
         PyObject *record =
-            admit(window, fields, partition, connection, Py_None, Py_None, 1, deadline);
+            admit(window, fields, partition, connection, Py_None, Py_None, 1, deadline, 0);
         Py_DECREF(partition);
         if (record == NULL) goto error;
         if (only_records != NULL) {

@@ -85,6 +85,7 @@ class WindowCore:
         connection: int,
         slot: Any,
         context: Any = None,
+        reserved: bool = False,
     ) -> Any: ...
 
 class Done:
@@ -129,6 +130,7 @@ class Admission:
         context: object,
         expect: object,
         timestamp: object,
+        reserved: bool = False,
     ) -> Any: ...
     def admit_chunk(
         self,

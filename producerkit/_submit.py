@@ -143,10 +143,9 @@ class Submitter:
         takes it; any other through :meth:`submit`."""
         admission = self._handed_admission
         if admission is not None and slot is None:
-            outcome = self._window.spend_reservation(
-                DECLINED, admission.admit,
-                message.value, message.key, message.topic, message.partition,
-                message.headers, message.msg_id, context, None, message.timestamp,
+            outcome = admission.admit(
+                message.value, message.key, message.topic, message.partition, message.headers,
+                message.msg_id, context, None, message.timestamp, True,
             )  # fmt: skip
             if outcome is not DECLINED:
                 return outcome  # type: ignore[no-any-return]

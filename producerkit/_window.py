@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from producerkit._core_py import answer_slot
 from producerkit._logging import FailureLog
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("producerkit.producer")
 
-_Outcome = TypeVar("_Outcome")
 
 ErrorCallback = Callable[[Failure], object]
 OutcomeCallback = Callable[[Outcome], object]
@@ -90,7 +88,6 @@ class InFlightWindow:
         "low_water",
         "on_full",
         "pending",
-        "reserve_lock",
         "timer",
         "unkept",
         "wait_seconds",
@@ -116,9 +113,6 @@ class InFlightWindow:
 
             core = active()
         self.core = core.WindowCore(limit, timeout, self.watch, untrack)
-        #: Held by other threads reserving room (``Handoff.put``) and by the loop while a
-        #: handed-over message's room passes from its reservation to its record.
-        self.reserve_lock = threading.Lock()
         self._pop_run = core.pop_run
         self._tell_run = core.tell_run
         self._new_delivery = core.new_delivery
@@ -190,46 +184,19 @@ class InFlightWindow:
     ) -> Record | None:
         """The core's admit (see ``_core_py.WindowCore.admit``): the record, or None if full.
         ``reserved``: the message was handed over by another thread and holds room of its own
-        (see :meth:`reserve`), which it gives up as it is admitted."""
-        core = self.core
-        if not reserved:
-            return core.admit(message, partition, connection, slot, context)  # type: ignore[no-any-return]
-        record: Record | None = self.spend_reservation(
-            None, core.admit, message, partition, connection, slot, context
-        )
-        return record
-
-    def spend_reservation(
-        self, declined: object, admit: Callable[..., _Outcome], *arguments: Any
-    ) -> _Outcome:
-        """``admit(*arguments)``, one admission of a message handed over by another thread,
-        with the room the message reserved (see :meth:`reserve`) given up to it, under
-        :attr:`reserve_lock` (no thread may take that room meanwhile). Where ``admit`` returns
-        ``declined`` or raises, nothing was admitted: the room stays the message's. (A
-        callable and its arguments, not a closure: this runs once per handed-over message.)"""
-        core = self.core
-        with self.reserve_lock:
-            core.taken += 1  # its room is now its record's
-            try:
-                outcome = admit(*arguments)
-            except BaseException:
-                core.taken -= 1
-                raise
-            if outcome is declined:
-                core.taken -= 1  # still its room, until it is admitted
-        return outcome
+        (see :meth:`reserve`), which passes to its record."""
+        return self.core.admit(message, partition, connection, slot, context, reserved)  # type: ignore[no-any-return]
 
     def is_full(self, size: int) -> bool:
         """Whether a message of ``size`` bytes must wait for room."""
         return bool(self.core.full())
 
     def reserve(self) -> bool:
-        """In another thread, holding :attr:`reserve_lock`: room for one message handed over
-        to the loop, taken now; False if the window is full. The loop then admits it with
-        ``admit(..., reserved=True)``, or fails it with :meth:`fail_unadmitted`, each holding
-        :attr:`reserve_lock` while the message's room is between its reservation and its
-        record (else a reservation could take that room, and a window of handed-over messages
-        with nothing in flight to settle would wait for room for ever)."""
+        """In another thread, one at a time (the caller's lock): room for one message handed
+        over to the loop, taken now; False if the window is full. The loop then admits it
+        into that room with ``admit(..., reserved=True)``, which asks for no room (a window
+        of handed-over messages with nothing in flight to settle admits them all), or fails
+        it with :meth:`fail_unadmitted`."""
         core = self.core
         if core.full():
             return False
@@ -443,16 +410,7 @@ class InFlightWindow:
     ) -> None:
         """A message handed over (counted in flight since :meth:`reserve`) that cannot be
         admitted: it fails, counted and reported like any other failure."""
-        core = self.core
-
-        def admit_past_the_bound() -> Record:
-            core.limit += 1  # its own room, even where other produces have filled the window
-            try:
-                return core.admit(message, message.partition, 0, slot, context)  # type: ignore[no-any-return]
-            finally:
-                core.limit -= 1
-
-        record = self.spend_reservation(None, admit_past_the_bound)
+        record = self.core.admit(message, message.partition, 0, slot, context, True)
         self.failed(record, exc, possibly_stored=False)
 
     def _wake(self, in_flight: int) -> None:

@@ -166,6 +166,23 @@ def test_the_admission_declines_when_the_window_is_full(core: Core) -> None:
     assert len(sent) == 2
 
 
+def test_a_handed_over_message_is_admitted_into_its_reserved_room(core: Core) -> None:
+    """A window full of messages handed over by other threads, nothing admitted: each is
+    admitted into its own reserved room (else nothing in flight could ever free room for
+    them), the reservation passing to the record, so in flight stays what it was; a message
+    with no reservation still finds the window full."""
+    admission, sent, window = _admission(core, {"t": 1}, limit=2)
+    plain = (b"v", None, None, None, None, None, None, None, None)
+    window.handed = 2  # Handoff.put reserved both: the window is full
+    assert window.full() and admission.admit(*plain) is DECLINED
+    assert admission.admit(*plain, True) is None  # the Admission's way
+    assert (len(window.pending), window.taken) == (1, 1)
+    record = window.admit(Message(b"w", None, "t", None, None, None, None), 0, 0, None, None, True)
+    assert record is not None and (len(window.pending), window.taken) == (2, 2)
+    assert window.full() and admission.admit(*plain) is DECLINED
+    assert len(sent) == 1
+
+
 def test_the_admission_serializes_adds_the_trace_and_carries_the_context(core: Core) -> None:
     """With a value serializer, trace headers and on_delivery, a message is still taken whole:
     its value serialized, the trace context's pairs as its headers (counted in its size), its
