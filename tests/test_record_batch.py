@@ -285,3 +285,71 @@ def test_a_batch_left_without_its_crc_is_stamped_as_one_with_it(implementation: 
     heads = [idempotence.stamp(data, producer, 40) for data in (checked, unchecked)]
     assert heads[0] == heads[1]
     assert DefaultRecordBatch(heads[1] + bytes(unchecked[61:])).validate_crc()
+
+
+class _Sender:
+    """What an Appender reads of the sender, and the ships it schedules."""
+
+    def __init__(self, linger: float) -> None:
+        self.linger = linger
+        self.max_batches_in_flight = 2
+        self.ships: list[float] = []
+
+    def schedule_ship(self, delay: float = 0.0) -> None:
+        self.ships.append(delay)
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.005])
+def test_both_appenders_append_and_arrange_ships_alike(linger: float) -> None:
+    """The C and the Python ``Appender`` (a Kafka connection's ``send``), fed the same records:
+    the same queues, first-record times, full batches and scheduled ships."""
+    from producerkit.backends.kafka.accumulator import Gathering, PartitionQueue
+
+    seen = []
+    for implementation in wire.IMPLEMENTATIONS:
+        queues: dict[str, dict[int, PartitionQueue]] = {}
+
+        def queue_of(record: Record, queues: dict[str, dict[int, PartitionQueue]] = queues) -> Any:
+            queue = PartitionQueue(record.topic, record.partition)  # type: ignore[arg-type]
+            queues.setdefault(record.topic, {})[record.partition] = queue  # type: ignore[index]
+            return queue
+
+        gathering, sender, full = Gathering(), _Sender(linger), []
+        gathering.batch_records = 3
+
+        def batch_full(queue: PartitionQueue, full: list[int] = full) -> Any:
+            full.append(len(queue.records))
+            queue.records.clear()  # sealed
+            return "yield"
+
+        ticks = iter(range(100))
+        append = implementation.Appender(
+            queues, queue_of, gathering, sender, batch_full,
+            lambda ticks=ticks: float(next(ticks)), PartitionQueue,
+        )  # fmt: skip
+        outcomes = []
+        for seq in range(8):
+            if seq == 4:
+                gathering.ship_due = True  # a ship is due: none more is scheduled
+            if seq == 6:
+                gathering.ship_due = False
+                for queue in queues["t"].values():
+                    queue.in_flight = 2  # no room for a batch in flight
+            message = record(seq, b"v", b"k")
+            outcomes.append(append(message._replace(partition=seq % 2)))
+        seen.append(
+            (
+                outcomes,
+                {p: [r.seq for r in q.records] for p, q in queues["t"].items()},
+                {p: q.opened_at for p, q in queues["t"].items()},
+                full,
+                sender.ships,
+            )
+        )
+    if len(seen) == 2:
+        assert seen[0] == seen[1]
+    outcomes, records, opened_at, full, ships = seen[0]
+    assert outcomes == [None] * 4 + ["yield", "yield", None, None]
+    assert records == {0: [6], 1: [7]} and full == [3, 3]  # 0, 2, 4 and 1, 3, 5 sealed
+    assert opened_at == ({0: 2.0, 1: 3.0} if linger else {0: 0.0, 1: 0.0})
+    assert ships == [linger] * 4

@@ -1,7 +1,9 @@
 """The raw clients producerkit is compared with, each behind the open-loop :class:`Target` seam.
 
 - ``aiokafka``: ``await producer.send()`` per message (it returns a future; acks through its
-  done-callback), ``linger_ms=0``, ``acks=1`` (producerkit's defaults);
+  done-callback), at aiokafka's defaults (``linger_ms=0``, ``acks=1``, not idempotent);
+  ``aiokafka-idempotent`` the same with ``enable_idempotence=True`` (acks all), the price of
+  idempotence on the broker, seen through one client;
 - ``confluent-kafka``: librdkafka's defaults (linger 5 ms, acks all), ``produce(...,
   on_delivery=...)`` with a thread blocked in ``poll()`` (so acks are timed when librdkafka reports
   them, not when the event loop next gets round to polling); ``confluent-kafka-linger0`` the
@@ -76,6 +78,7 @@ def _ignore(index: int, ok: bool) -> None:
 
 class AiokafkaPeer:
     name = "aiokafka"
+    settings: dict[str, Any] = {"linger_ms": 0, "acks": 1, "enable_idempotence": False}
 
     def __init__(
         self, url: str, topic: str, limit: int = 1000, compression: str | None = None
@@ -89,11 +92,7 @@ class AiokafkaPeer:
         from aiokafka import AIOKafkaProducer
 
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            linger_ms=0,
-            acks=1,
-            enable_idempotence=False,
-            compression_type=self.compression,
+            bootstrap_servers=self.bootstrap, compression_type=self.compression, **self.settings
         )
         await self.producer.start()
 
@@ -119,6 +118,11 @@ class AiokafkaPeer:
 
     async def close(self) -> None:
         await self.producer.stop()
+
+
+class AiokafkaIdempotentPeer(AiokafkaPeer):
+    name = "aiokafka-idempotent"
+    settings = {"linger_ms": 0, "acks": "all", "enable_idempotence": True}
 
 
 class ConfluentPeer:
@@ -531,6 +535,7 @@ def _stream_name(topic: str) -> str:
 
 PEERS: dict[str, Callable[[str, str, int, str | None], Target]] = {
     "aiokafka": AiokafkaPeer,
+    "aiokafka-idempotent": AiokafkaIdempotentPeer,
     "confluent-kafka": ConfluentPeer,
     "confluent-kafka-linger0": ConfluentLingerZeroPeer,
     "confluent-kafka-aio": ConfluentAIOPeer,
@@ -543,6 +548,7 @@ PEERS: dict[str, Callable[[str, str, int, str | None], Target]] = {
 #: The module each peer imports, and what to install for it.
 _NEEDS = {
     "aiokafka": ("aiokafka", "pip install aiokafka"),
+    "aiokafka-idempotent": ("aiokafka", "pip install aiokafka"),
     "confluent-kafka": ("confluent_kafka", "pip install confluent-kafka"),
     "confluent-kafka-linger0": ("confluent_kafka", "pip install confluent-kafka"),
     "confluent-kafka-aio": ("confluent_kafka.aio", "pip install 'confluent-kafka>=2.13'"),
@@ -561,6 +567,7 @@ _NEEDS = {
 _BY_SCHEME = {
     "kafka": (
         "aiokafka",
+        "aiokafka-idempotent",
         "confluent-kafka",
         "confluent-kafka-linger0",
         "confluent-kafka-aio",

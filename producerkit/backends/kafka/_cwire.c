@@ -10,6 +10,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -534,6 +535,198 @@ static PyObject *crc32c(PyObject *module, PyObject *args) {
     return PyLong_FromUnsignedLong(result);
 }
 
+/* ------------------------------------------------------------------------------ Appender */
+
+PyDoc_STRVAR(Appender_doc,
+"Appender(queues, queue_of, gathering, sender, batch_full, clock)\n\n"
+"The twin of producerkit.backends.kafka.wire.Appender (which says what a call does): the\n"
+"queues' and the gathering's slots read and written in place, by their offsets.");
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *queues;     /* dict topic -> dict partition -> PartitionQueue */
+    PyObject *queue_of;   /* queue_of(record): a queue not in queues yet, made */
+    PyObject *gathering;  /* Gathering: batch_records, ship_due */
+    PyObject *sender;     /* Sender: max_batches_in_flight, linger, schedule_ship */
+    PyObject *batch_full; /* batch_full(queue): seals and ships a full batch; an awaitable */
+    PyObject *clock;      /* time.monotonic */
+    PyTypeObject *queue_type;
+    int lingers;
+    Py_ssize_t records_at, opened_at_at, in_flight_at, batch_records_at, ship_due_at;
+} Appender;
+
+/* The offset of ``cls``'s object slot ``name`` in *offset; -1 with TypeError if it has none. */
+static int slot_offset(PyTypeObject *cls, const char *name, Py_ssize_t *offset) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)cls, name);
+    if (descr == NULL) return -1;
+    int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+               ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+    if (slot) *offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_DECREF(descr);
+    if (!slot) {
+        PyErr_Format(PyExc_TypeError, "Appender: %s of %R is no object slot", name, cls);
+        return -1;
+    }
+    return 0;
+}
+
+#define SLOT(object, offset) (*(PyObject **)((char *)(object) + (offset)))
+
+/* The slot at ``offset`` of ``object``, borrowed; NULL with AttributeError if unset. */
+static PyObject *read_slot(PyObject *object, Py_ssize_t offset, const char *name) {
+    PyObject *value = SLOT(object, offset);
+    if (value == NULL) PyErr_Format(PyExc_AttributeError, "%R has no %s yet", object, name);
+    return value;
+}
+
+static PyObject *Appender_vectorcall(Appender *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL || !PyTuple_Check(args[0]) ||
+        PyTuple_GET_SIZE(args[0]) <= R_PARTITION) {
+        PyErr_SetString(PyExc_TypeError, "append(record: Record) takes one record");
+        return NULL;
+    }
+    PyObject *record = args[0];
+    PyObject *queue = NULL;
+    PyObject *partitions = PyDict_GetItemWithError(self->queues, PyTuple_GET_ITEM(record, R_TOPIC));
+    if (partitions != NULL && PyDict_Check(partitions))
+        queue = PyDict_GetItemWithError(partitions, PyTuple_GET_ITEM(record, R_PARTITION));
+    if (queue != NULL) {
+        Py_INCREF(queue);
+    } else {
+        if (PyErr_Occurred()) return NULL;
+        queue = PyObject_CallOneArg(self->queue_of, record);
+        if (queue == NULL) return NULL;
+    }
+    PyObject *outcome = NULL;
+    if (!PyObject_TypeCheck(queue, self->queue_type)) {
+        PyErr_Format(PyExc_TypeError, "Appender: %R is not a %s", queue, self->queue_type->tp_name);
+        goto done;
+    }
+    PyObject *records = read_slot(queue, self->records_at, "records");
+    if (records == NULL) goto done;
+    if (!PyList_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: a queue's records are not a list");
+        goto done;
+    }
+    if (PyList_Append(records, record) < 0) goto done;
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    if (count == 1 && self->lingers) {
+        PyObject *now = PyObject_CallNoArgs(self->clock);
+        if (now == NULL) goto done;
+        Py_XSETREF(SLOT(queue, self->opened_at_at), now);
+    }
+    PyObject *batch_records = read_slot(self->gathering, self->batch_records_at, "batch_records");
+    if (batch_records == NULL) goto done;
+    Py_ssize_t full_at = PyLong_AsSsize_t(batch_records);
+    if (full_at == -1 && PyErr_Occurred()) goto done;
+    if (count >= full_at) {
+        outcome = PyObject_CallOneArg(self->batch_full, queue);
+        goto done;
+    }
+    PyObject *ship_due = read_slot(self->gathering, self->ship_due_at, "ship_due");
+    if (ship_due == NULL) goto done;
+    int due = PyObject_IsTrue(ship_due);
+    if (due < 0) goto done;
+    if (!due) {
+        PyObject *in_flight = read_slot(queue, self->in_flight_at, "in_flight");
+        if (in_flight == NULL) goto done;
+        PyObject *most = PyObject_GetAttrString(self->sender, "max_batches_in_flight");
+        if (most == NULL) goto done;
+        int room = PyObject_RichCompareBool(in_flight, most, Py_LT);
+        Py_DECREF(most);
+        if (room < 0) goto done;
+        if (room) {
+            PyObject *linger = PyObject_GetAttrString(self->sender, "linger");
+            if (linger == NULL) goto done;
+            PyObject *scheduled = PyObject_CallMethod(self->sender, "schedule_ship", "O", linger);
+            Py_DECREF(linger);
+            if (scheduled == NULL) goto done;
+            Py_DECREF(scheduled);
+        }
+    }
+    outcome = Py_NewRef(Py_None);
+done:
+    Py_DECREF(queue);
+    return outcome;
+}
+
+static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
+    Py_VISIT(self->queues);
+    Py_VISIT(self->queue_of);
+    Py_VISIT(self->gathering);
+    Py_VISIT(self->sender);
+    Py_VISIT(self->batch_full);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->queue_type);
+    return 0;
+}
+
+static int Appender_clear(Appender *self) {
+    Py_CLEAR(self->queues);
+    Py_CLEAR(self->queue_of);
+    Py_CLEAR(self->gathering);
+    Py_CLEAR(self->sender);
+    Py_CLEAR(self->batch_full);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->queue_type);
+    return 0;
+}
+
+static void Appender_dealloc(Appender *self) {
+    PyObject_GC_UnTrack(self);
+    Appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Appender_init(Appender *self, PyObject *args, PyObject *kwargs) {
+    PyObject *queues, *queue_of, *gathering, *sender, *batch_full, *clock, *queue_type;
+    static char *names[] = {"queues", "queue_of", "gathering", "sender", "batch_full", "clock",
+                            "queue_type", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOO!:Appender", names, &PyDict_Type,
+                                     &queues, &queue_of, &gathering, &sender, &batch_full, &clock,
+                                     &PyType_Type, &queue_type))
+        return -1;
+    PyTypeObject *gathering_type = Py_TYPE(gathering);
+    if (slot_offset((PyTypeObject *)queue_type, "records", &self->records_at) < 0 ||
+        slot_offset((PyTypeObject *)queue_type, "opened_at", &self->opened_at_at) < 0 ||
+        slot_offset((PyTypeObject *)queue_type, "in_flight", &self->in_flight_at) < 0 ||
+        slot_offset(gathering_type, "batch_records", &self->batch_records_at) < 0 ||
+        slot_offset(gathering_type, "ship_due", &self->ship_due_at) < 0)
+        return -1;
+    PyObject *linger = PyObject_GetAttrString(sender, "linger");
+    if (linger == NULL) return -1;
+    int lingers = PyObject_IsTrue(linger);
+    Py_DECREF(linger);
+    if (lingers < 0) return -1;
+    Appender_clear(self);
+    self->queues = Py_NewRef(queues);
+    self->queue_of = Py_NewRef(queue_of);
+    self->gathering = Py_NewRef(gathering);
+    self->sender = Py_NewRef(sender);
+    self->batch_full = Py_NewRef(batch_full);
+    self->clock = Py_NewRef(clock);
+    self->queue_type = (PyTypeObject *)Py_NewRef(queue_type);
+    self->lingers = lingers;
+    self->vectorcall = (vectorcallfunc)Appender_vectorcall;
+    return 0;
+}
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit.backends.kafka._cwire.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = Appender_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_traverse = (traverseproc)Appender_traverse,
+    .tp_clear = (inquiry)Appender_clear,
+    .tp_vectorcall_offset = offsetof(Appender, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
 static PyMethodDef methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"encode_records", (PyCFunction)(void (*)(void))encode_records_only, METH_FASTCALL,
@@ -555,8 +748,13 @@ PyMODINIT_FUNC PyInit__cwire(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_sse42;
 #endif
+    if (PyType_Ready(&AppenderType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
+    if (PyModule_AddObjectRef(module, "Appender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     const char *crc = crc32c_impl == crc32c_table ? "table" : "sse4.2";
     if (PyModule_AddStringConstant(module, "CRC32C", crc) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_VALUE", R_VALUE) < 0 ||

@@ -22,6 +22,7 @@ from producerkit.backends.kafka import (
     options,
     record_batch,
     transactions,
+    wire,
 )
 from producerkit.backends.kafka.accumulator import (
     Accumulator,
@@ -100,6 +101,11 @@ class KafkaConnection(Connection):
         )
         self._accumulator.batch_ready = self._sender.schedule_ship
         self._lingers = self._sender.linger > 0
+        self._append = wire.ACTIVE.Appender(
+            self._queues, self._accumulator.queue_of, gathering, self._sender, self._batch_full,
+            time.monotonic, PartitionQueue,
+        )  # fmt: skip
+        self.send = self._append  # type: ignore[method-assign,assignment]
 
     async def connect(self) -> None:
         settings = self._settings
@@ -396,26 +402,18 @@ class KafkaConnection(Connection):
     # ------------------------------------------------------------------ the hot path
 
     def send(self, record: Record) -> Awaitable[None] | None:
-        """Append ``record`` to its partition's open list and arrange for it to ship."""
-        try:
-            queue = self._queues[record.topic][record.partition]  # type: ignore[index]
-        except KeyError:
-            queue = self._accumulator.queue_of(record)
-        records = queue.records
-        records.append(record)
-        gathering = self._gathering
-        if len(records) == 1 and self._lingers:
-            queue.opened_at = time.monotonic()
-        if len(records) >= gathering.batch_records:
-            # Enough for a full batch: encode it now and let the loop write it (and read acks)
-            # at once, not only when the window is full, so the broker works while the caller
-            # keeps producing.
-            self._accumulator.seal(queue)
-            self._sender.schedule_ship()
-            return asyncio.sleep(0)
-        if not gathering.ship_due and queue.in_flight < self._sender.max_batches_in_flight:
-            self._sender.schedule_ship(self._sender.linger)
-        return None
+        """Append ``record`` to its partition's open list and arrange for it to ship: each
+        connection's own ``wire.Appender`` (C where built, no Python frame per record) takes
+        this method's place as the connection is made."""
+        return self._append(record)
+
+    def _batch_full(self, queue: PartitionQueue) -> Awaitable[None]:
+        """A partition has enough open records for a full batch: it is encoded now, and the
+        loop writes it (and reads acks) at once, not only when the window is full, so the
+        broker works while the caller keeps producing."""
+        self._accumulator.seal(queue)
+        self._sender.schedule_ship()
+        return asyncio.sleep(0)
 
     def send_many(
         self, records: list[Record], failed: Callable[[Record, Exception], object]

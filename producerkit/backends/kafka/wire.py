@@ -11,7 +11,8 @@ it is sent), ``encode_records`` (the same records section without its header,
 with where it stopped and its first and max timestamps), ``frame_batch(section, codec, count,
 first, latest)`` (a RecordBatch around a compressed section), ``crc32c_of(*parts)`` (CRC-32C of the
 parts' concatenation) and ``partition_runs(records)`` (records grouped by topic and partition, in
-first-seen order). :data:`ACTIVE` is the one the backend uses; :data:`IMPLEMENTATIONS` lists the
+first-seen order), and ``Appender``, the connection's ``send`` (see :class:`Appender`).
+:data:`ACTIVE` is the one the backend uses; :data:`IMPLEMENTATIONS` lists the
 ones this installation has, for tests that run both; :data:`SPEEDUPS` says whether the C one is
 on (and its CRC-32C), for benchmarks and bug reports.
 """
@@ -19,7 +20,7 @@ on (and its CRC-32C), for benchmarks and bug reports.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, NamedTuple
 
 from producerkit._fast import load_extension
@@ -45,6 +46,7 @@ class Wire(NamedTuple):
     frame_batch: Callable[[Any, int, int, int, int], bytes]
     crc32c_of: Callable[..., int]
     partition_runs: Callable[[list[Record]], list[list[Record]]]
+    Appender: Callable[..., Callable[[Record], Awaitable[None] | None]]
 
 
 # --------------------------------------------------------------------------- Python
@@ -172,6 +174,63 @@ def partition_runs_in_python(records: list[Record]) -> list[list[Record]]:
     return list(runs.values())
 
 
+class Appender:
+    """``append(record)``, a Kafka connection's ``send``: ``record`` added to its partition's
+    open records (``queues[topic][partition]``, else ``queue_of(record)``, which makes the
+    queue), its first one's time taken (``queue.opened_at = clock()``) where the sender
+    lingers, and its ship arranged: a full batch (``gathering.batch_records`` records) goes to
+    ``batch_full(queue)``, which seals and ships it, and its awaitable is returned (the caller
+    yields to the loop); else, unless a ship is due (``gathering.ship_due``), one is scheduled
+    after the linger if the partition has room for a batch in flight. None otherwise. The C
+    twin (``_cwire.Appender``) reads the slots of ``queue_type`` and the gathering in place."""
+
+    __slots__ = (
+        "_batch_full",
+        "_clock",
+        "_gathering",
+        "_lingers",
+        "_queue_of",
+        "_queues",
+        "_sender",
+    )
+
+    def __init__(
+        self,
+        queues: dict[str, dict[int, Any]],
+        queue_of: Callable[[Record], Any],
+        gathering: Any,
+        sender: Any,
+        batch_full: Callable[[Any], Awaitable[None]],
+        clock: Callable[[], float],
+        queue_type: type,
+    ) -> None:
+        self._queues = queues
+        self._queue_of = queue_of
+        self._gathering = gathering
+        self._sender = sender
+        self._batch_full = batch_full
+        self._clock = clock
+        self._lingers = sender.linger > 0
+
+    def __call__(self, record: Record) -> Awaitable[None] | None:
+        try:
+            queue = self._queues[record.topic][record.partition]  # type: ignore[index]
+        except KeyError:
+            queue = self._queue_of(record)
+        records = queue.records
+        records.append(record)
+        if len(records) == 1 and self._lingers:
+            queue.opened_at = self._clock()
+        gathering = self._gathering
+        if len(records) >= gathering.batch_records:
+            return self._batch_full(queue)
+        if not gathering.ship_due:
+            sender = self._sender
+            if queue.in_flight < sender.max_batches_in_flight:
+                sender.schedule_ship(sender.linger)
+        return None
+
+
 PYTHON = Wire(
     "python",
     encode_batch_in_python,
@@ -179,6 +238,7 @@ PYTHON = Wire(
     frame_batch_in_python,
     crc32c_of_in_python,
     partition_runs_in_python,
+    Appender,
 )
 
 # --------------------------------------------------------------------------- C
@@ -202,6 +262,7 @@ if _cwire is not None:
         _cwire.frame_batch,
         _crc32c_of_in_c,
         _cwire.partition_runs,
+        _cwire.Appender,
     )
 
 #: The implementations this installation has: Python, and C where it was built.
