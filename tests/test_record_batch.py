@@ -334,7 +334,7 @@ def test_both_appenders_append_and_arrange_ships_alike(linger: float) -> None:
             if seq == 6:
                 gathering.ship_due = False
                 for queue in queues["t"].values():
-                    queue.in_flight = 2  # no room for a batch in flight
+                    queue.in_flight = 1  # its answers ship what gathers
             message = record(seq, b"v", b"k")
             outcomes.append(append(message._replace(partition=seq % 2)))
         seen.append(

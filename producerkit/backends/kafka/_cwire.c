@@ -548,7 +548,7 @@ typedef struct {
     PyObject *queues;     /* dict topic -> dict partition -> PartitionQueue */
     PyObject *queue_of;   /* queue_of(record): a queue not in queues yet, made */
     PyObject *gathering;  /* Gathering: batch_records, ship_due */
-    PyObject *sender;     /* Sender: max_batches_in_flight, linger, schedule_ship */
+    PyObject *sender;     /* Sender: linger, schedule_ship */
     PyObject *batch_full; /* batch_full(queue): seals and ships a full batch; an awaitable */
     PyObject *clock;      /* time.monotonic */
     PyTypeObject *queue_type;
@@ -632,12 +632,9 @@ static PyObject *Appender_vectorcall(Appender *self, PyObject *const *args, size
     if (!due) {
         PyObject *in_flight = read_slot(queue, self->in_flight_at, "in_flight");
         if (in_flight == NULL) goto done;
-        PyObject *most = PyObject_GetAttrString(self->sender, "max_batches_in_flight");
-        if (most == NULL) goto done;
-        int room = PyObject_RichCompareBool(in_flight, most, Py_LT);
-        Py_DECREF(most);
-        if (room < 0) goto done;
-        if (room) {
+        int busy = PyObject_IsTrue(in_flight);
+        if (busy < 0) goto done;
+        if (!busy) {
             PyObject *linger = PyObject_GetAttrString(self->sender, "linger");
             if (linger == NULL) goto done;
             PyObject *scheduled = PyObject_CallMethod(self->sender, "schedule_ship", "O", linger);

@@ -433,8 +433,8 @@ class KafkaConnection(Connection):
             if len(queue.records) >= batch_records:
                 accumulator.seal(queue, len(queue.records) // batch_records * batch_records)
                 sealed = True
-            elif not gathering.ship_due and queue.in_flight < sender.max_batches_in_flight:
-                sender.schedule_ship(sender.linger)
+            elif not gathering.ship_due and not queue.in_flight:
+                sender.schedule_ship(sender.linger)  # else the answers in flight ship them
         if not sealed:
             return []
         sender.schedule_ship()

@@ -86,7 +86,7 @@ _SEQUENCE_CODES: Final = frozenset(
 
 class Sender:
     """Ships what the accumulator sealed: at most ``max_batches_in_flight`` batches per
-    partition in requests at once."""
+    partition in requests at once, of which one at most not full (:meth:`ship_all`)."""
 
     def __init__(
         self,
@@ -151,9 +151,12 @@ class Sender:
 
     def ship_all(self, *, now: bool = False) -> None:
         """Send the next batch of every partition that has one and room in flight
-        (``max_batches_in_flight``), in one request per leader. With a linger, a partition's
+        (``max_batches_in_flight``), in one request per leader. A partition with a request in
+        flight sends only full batches until its answers come (or ``now``: a flush): its open
+        records gather meanwhile into one batch, not a request each, which a broker answering
+        one connection's requests in turn would queue. With a linger, a partition's
         open records wait until the first of them is ``linger`` old (or a batch is full, or
-        ``now``: a flush), as librdkafka's and the Java client's ``linger.ms`` do."""
+        ``now``), as librdkafka's and the Java client's ``linger.ms`` do."""
         self._ship_soon = self._gathering.ship_due = False
         if self._linger_timer is not None:
             self._linger_timer.cancel()
@@ -174,6 +177,8 @@ class Sender:
                 and not queue.backoff
                 and (queue.records or queue.full)
             ):
+                if queue.in_flight and not queue.full and not now:
+                    continue  # open records gather until the answers come (they ship then)
                 if linger and not queue.full and started - queue.opened_at < linger:
                     if lingering_since is None or queue.opened_at < lingering_since:
                         lingering_since = queue.opened_at

@@ -181,8 +181,9 @@ class Appender:
     lingers, and its ship arranged: a full batch (``gathering.batch_records`` records) goes to
     ``batch_full(queue)``, which seals and ships it, and its awaitable is returned (the caller
     yields to the loop); else, unless a ship is due (``gathering.ship_due``), one is scheduled
-    after the linger if the partition has room for a batch in flight. None otherwise. The C
-    twin (``_cwire.Appender``) reads the slots of ``queue_type`` and the gathering in place."""
+    after the linger if the partition has nothing in flight (with a request in flight, its
+    answers ship what gathered: ``Sender.ship_all``). None otherwise. The C twin
+    (``_cwire.Appender``) reads the slots of ``queue_type`` and the gathering in place."""
 
     __slots__ = (
         "_batch_full",
@@ -224,10 +225,9 @@ class Appender:
         gathering = self._gathering
         if len(records) >= gathering.batch_records:
             return self._batch_full(queue)
-        if not gathering.ship_due:
+        if not gathering.ship_due and not queue.in_flight:
             sender = self._sender
-            if queue.in_flight < sender.max_batches_in_flight:
-                sender.schedule_ship(sender.linger)
+            sender.schedule_ship(sender.linger)
         return None
 
 
