@@ -5,6 +5,7 @@ encoder is in test_fast_paths.py."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -178,6 +179,15 @@ def test_crc32c_matches_aiokafkas() -> None:
     for data in (b"", b"a", b"123456789", bytes(range(256)) * 33):
         assert _cwire.crc32c(data) == calc_crc32c(data)
     assert _cwire.crc32c(b"123456789") == 0xE3069283  # the standard check value
+    # Around the lengths where the hardware CRC runs three streams at once (3 x 256 and
+    # 3 x 8192 bytes), from unaligned starts, and continued from a CRC given.
+    data = bytes(random.Random(7).getrandbits(8) for _ in range(3 * 8192 * 2 + 1000))
+    for length in (767, 768, 769, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 9, len(data) - 3):
+        for start in (0, 1, 3):
+            part = data[start : start + length]
+            assert _cwire.crc32c(part) == calc_crc32c(part), (length, start)
+            half = length // 2
+            assert _cwire.crc32c(part[half:], _cwire.crc32c(part[:half])) == calc_crc32c(part)
 
 
 def test_pop_run_settles_a_run_and_names_the_blocking_ones(core: Any) -> None:
