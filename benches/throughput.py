@@ -898,6 +898,17 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only or ["null", "kafka", "jetstream"])
     if args.kafka_broker != "tansu" and only != {"peers"}:
         parser.error("--kafka-broker apache or both: with --only peers alone")
+    # Each of these runs a table of its own and returns: two of them would run only the first.
+    tables = sorted(
+        only & {"production", "compression", "batch", "peers", "jetstream-cluster"}
+        | ({"defaults/memory"} if only & {"defaults", "memory"} else set())
+    )
+    plain = sorted(only & {"null", "kafka", "jetstream"})
+    if len(tables) > 1 or (tables and plain):
+        parser.error(
+            f"--only {' and '.join(tables + plain)}: {' or '.join(tables)} runs alone "
+            "(a table of its own); null, kafka and jetstream go together"
+        )
     from producerkit._fast import SPEEDUPS
     from producerkit.backends.kafka import wire
 

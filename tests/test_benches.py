@@ -275,3 +275,19 @@ async def test_new_peer_runs_open_loop(
     timings = await run_peer(peer, url, topic, messages, rate=0, count=300, warmup=10)
     assert timings.sent == 300
     assert bytes(timings.status[:300]) == bytes([1]) * 300  # every message acked
+
+
+def test_throughput_refuses_two_tables_in_one_run() -> None:
+    """Each of ``--only batch``, ``peers``, ``defaults``/``memory``, ... runs a table of its
+    own and returns: asked together with another, the run is refused, naming them, rather than
+    running the first and leaving the rest out without a word."""
+    for only in (["batch", "defaults"], ["null", "peers"]):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "benches" / "throughput.py")]
+            + [arg for name in only for arg in ("--only", name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert all(name in done.stderr for name in only) and "runs alone" in done.stderr
