@@ -3,7 +3,8 @@
 - ``aiokafka``: ``await producer.send()`` per message (it returns a future; acks through its
   done-callback), at aiokafka's defaults (``linger_ms=0``, ``acks=1``, not idempotent);
   ``aiokafka-idempotent`` the same with ``enable_idempotence=True`` (acks all), the price of
-  idempotence on the broker, seen through one client;
+  idempotence on the broker, seen through one client: run only where named (``--peers``), as
+  Tansu 0.6 answers aiokafka's InitProducerId with an error;
 - ``confluent-kafka``: librdkafka's defaults (linger 5 ms, acks all), ``produce(...,
   on_delivery=...)`` with a thread blocked in ``poll()`` (so acks are timed when librdkafka reports
   them, not when the event loop next gets round to polling); ``confluent-kafka-linger0`` the
@@ -567,7 +568,6 @@ _NEEDS = {
 _BY_SCHEME = {
     "kafka": (
         "aiokafka",
-        "aiokafka-idempotent",
         "confluent-kafka",
         "confluent-kafka-linger0",
         "confluent-kafka-aio",

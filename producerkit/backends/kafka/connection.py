@@ -105,7 +105,8 @@ class KafkaConnection(Connection):
             self._queues, self._accumulator.queue_of, gathering, self._sender, self._batch_full,
             time.monotonic, PartitionQueue,
         )  # fmt: skip
-        self.send = self._append  # type: ignore[method-assign,assignment]
+        if type(self).send is _OWN_SEND:  # a subclass's send, or one patched in, stays
+            self.send = self._append  # type: ignore[method-assign,assignment]
 
     async def connect(self) -> None:
         settings = self._settings
@@ -404,7 +405,8 @@ class KafkaConnection(Connection):
     def send(self, record: Record) -> Awaitable[None] | None:
         """Append ``record`` to its partition's open list and arrange for it to ship: each
         connection's own ``wire.Appender`` (C where built, no Python frame per record) takes
-        this method's place as the connection is made."""
+        this method's place as the connection is made, unless the class's ``send`` is not
+        this one (a subclass's, or a test's stand-in)."""
         return self._append(record)
 
     def _batch_full(self, queue: PartitionQueue) -> Awaitable[None]:
@@ -517,3 +519,7 @@ async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: 
         raise TLSError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
     finally:
         writer.transport.abort()
+
+
+#: ``KafkaConnection.send`` as defined here: a connection whose class has it uses its appender.
+_OWN_SEND = KafkaConnection.send
