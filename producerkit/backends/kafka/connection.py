@@ -105,8 +105,6 @@ class KafkaConnection(Connection):
             self._queues, self._accumulator.queue_of, gathering, self._sender, self._batch_full,
             time.monotonic, PartitionQueue,
         )  # fmt: skip
-        if type(self).send is _OWN_SEND:  # a subclass's send, or one patched in, stays
-            self.send = self._append  # type: ignore[method-assign,assignment]
 
     async def connect(self) -> None:
         settings = self._settings
@@ -402,12 +400,12 @@ class KafkaConnection(Connection):
 
     # ------------------------------------------------------------------ the hot path
 
-    def send(self, record: Record) -> Awaitable[None] | None:
-        """Append ``record`` to its partition's open list and arrange for it to ship: each
-        connection's own ``wire.Appender`` (C where built, no Python frame per record) takes
-        this method's place as the connection is made, unless the class's ``send`` is not
-        this one (a subclass's, or a test's stand-in)."""
-        return self._append(record)
+    @property
+    def send(self) -> Callable[[Record], Awaitable[None] | None]:
+        """``send(record)``: ``record`` appended to its partition's open list, its ship
+        arranged. The connection's own ``wire.Appender``, C where built: no Python frame per
+        record (a subclass's ``send``, or one patched onto the class, replaces it whole)."""
+        return self._append
 
     def _batch_full(self, queue: PartitionQueue) -> Awaitable[None]:
         """A partition has enough open records for a full batch: it is encoded now, and the
@@ -519,7 +517,3 @@ async def _probe_tls(server: tuple[str, int], context: ssl.SSLContext, timeout: 
         raise TLSError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
     finally:
         writer.transport.abort()
-
-
-#: ``KafkaConnection.send`` as defined here: a connection whose class has it uses its appender.
-_OWN_SEND = KafkaConnection.send
