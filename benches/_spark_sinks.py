@@ -41,7 +41,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from producerkit.spark import publish
+from producerkit.spark import publish, stream_writer
 
 #: The timed topic's own limits: its partitions keep a few writes' worth of log, so that
 #: rounds of 10 million rows do not fill the disk (the broker checks every few seconds).
@@ -297,6 +297,10 @@ def batch(spark: SparkSession, kafka: Kafka, settings: dict[str, Any]) -> None:
 #: source costs). Nothing to read back: its latencies are none, its micro-batch phases are.
 STREAM_FLOOR = "Python data source, no producer"
 
+#: The sink of the streaming query written with ``producerkit.spark.stream_writer`` (a
+#: ``mapInArrow`` stage into Spark's ``noop`` sink) rather than ``format(...)``.
+STREAM_WRITER = "stream_writer"
+
 
 class _CountingWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Any) -> WriterCommitMessage:
@@ -348,6 +352,7 @@ def streaming(spark: SparkSession, kafka: Kafka, settings: dict[str, Any]) -> No
     queries = {
         'format("kafka")': ("kafka", {"kafka.bootstrap.servers": kafka.bootstrap}),
         'format("producerkit")': ("producerkit", {"url": settings["url"]}),
+        "stream_writer()": (STREAM_WRITER, {"url": settings["url"]}),
         STREAM_FLOOR: (NoProducerSink.name(), {}),
     }
     for sink, options in queries.values():
@@ -372,13 +377,11 @@ def _stream_once(
     topic = f"bench-spark-stream-{time.monotonic_ns()}"
     kafka.create(topic, partitions, {"message.timestamp.type": "LogAppendTime"})
     with tempfile.TemporaryDirectory() as checkpoint:
-        query = (
-            source.writeStream.format(sink)
-            .options(**options)
-            .option("topic", topic)
-            .option("checkpointLocation", checkpoint)
-            .start()
-        )
+        if sink == STREAM_WRITER:
+            writer = stream_writer(source, options["url"], topic=topic)
+        else:
+            writer = source.writeStream.format(sink).options(**options).option("topic", topic)
+        query = writer.option("checkpointLocation", checkpoint).start()
         cpu, started = tree_cpu(), time.perf_counter()
         time.sleep(seconds)
         progress = query.recentProgress

@@ -56,7 +56,8 @@ broker's beside it. Each
 round's figures are divided by ``format("kafka")``'s of the same round, and the medians of those
 ratios reported. After the rounds every sink writes the DataFrame once more into a topic of its
 own, read back by a consumer (``read_committed``) and counted. Then a streaming query from the
-``rate`` source at ``--stream-rate`` rows/s through each sink for ``--stream-seconds``: the
+``rate`` source at ``--stream-rate`` rows/s through each sink (producerkit's
+``format("producerkit")`` and ``stream_writer()``) for ``--stream-seconds``: the
 latency from each row's timestamp (carried in its value) to its log-append time on the broker,
 and each micro-batch's phases; beside them, a Python data source that publishes nothing (what a
 micro-batch through any Python data source costs).

@@ -272,6 +272,61 @@ def test_streaming_format_and_batch_publisher(
     assert len(anyio.run(read_kafka, kafka_broker.url, topic2, 30)) == 30
 
 
+def test_stream_writer_publishes_each_micro_batch(
+    spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    for part in range(3):
+        lines = [json.dumps({"key": f"k{i}", "value": f"v{i}"}) for i in range(part, 30, 3)]
+        (source / f"part-{part}.json").write_text("\n".join(lines))
+    stream = (
+        spark.readStream.schema("key string, value string")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+    )
+    topic = _topic()
+    query = (
+        pks.stream_writer(stream, kafka_broker.url, topic=topic)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert len(query.recentProgress) == 3  # one micro-batch a file
+    records = anyio.run(read_kafka, kafka_broker.url, topic, 30)
+    assert sorted(r["value"] for r in records) == sorted(f"v{i}".encode() for i in range(30))
+    assert {r["key"] for r in records} == {f"k{i}".encode() for i in range(30)}
+
+
+def test_stream_writer_refuses_what_needs_a_commit_and_fails_the_query_on_failure(
+    spark: SparkSession, nats_broker: NatsSessionBroker, tmp_path: Path
+) -> None:
+    rate = spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
+    for refused in ({"exactly_once": True}, {"on_error": "count"}):
+        with pytest.raises(ConfigurationError, match="does not take"):
+            pks.stream_writer(rate, "null://", topic="t", **refused)
+    with pytest.raises(ConfigurationError, match="streaming DataFrame"):
+        pks.stream_writer(_rows(spark, 10), "null://", topic="t")
+    with pytest.raises(ConfigurationError, match="is not a column"):
+        pks.stream_writer(rate, "null://", topic="t", value_col="missing")
+
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "rows.json").write_text(json.dumps({"value": "v"}))
+    stream = spark.readStream.schema("value string").json(str(source))
+    query = (
+        # no stream for the subject: every message fails
+        pks.stream_writer(stream, nats_broker.jetstream_url, topic=_topic(), timeout=5.0)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="message\\(s\\) failed"):
+        query.awaitTermination(120)
+
+
 # ---------------------------------------------------------------------- serializers
 
 

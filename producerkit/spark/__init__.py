@@ -9,6 +9,7 @@
 
     df.write.format("producerkit").option("url", url).option("topic", "orders").save()
     df.writeStream.format("producerkit").option("url", url).option("topic", "orders").start()
+    stream_writer(df, url, topic="orders").option("checkpointLocation", path).start()
     df.writeStream.foreachBatch(batch_publisher(url, topic="orders")).start()   # older Sparks
     df.foreachPartition(partition_writer(url, topic="orders"))   # beside per-partition code
 
@@ -28,7 +29,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from producerkit.spark._partition import PartitionCounters, partition_writer, read_report
-from producerkit.spark._publish import PartitionReport, PublishReport, batch_publisher, publish
+from producerkit.spark._publish import (
+    PartitionReport,
+    PublishReport,
+    batch_publisher,
+    publish,
+    stream_writer,
+)
 from producerkit.spark._worker import close_all
 
 if TYPE_CHECKING:
@@ -45,6 +52,7 @@ __all__ = [
     "publish",
     "read_report",
     "register",
+    "stream_writer",
 ]
 
 

@@ -26,6 +26,7 @@ from producerkit.spark._worker import DEFAULT_IDLE_TIMEOUT, SinkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     from producerkit.serializers import Serializer
 
@@ -37,6 +38,7 @@ __all__ = [
     "make_config",
     "publish",
     "spark_default",
+    "stream_writer",
     "task_rates",
     "with_settings",
 ]
@@ -499,19 +501,15 @@ def _task_rates_of(
     return task_rates(df.sparkSession, max_rate, max_bytes_rate, df.rdd.getNumPartitions())
 
 
-def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
-    """Run the publish job for a checked config: the one place a Spark job is started. With
-    ``exactly_once``, the driver's step around it too (``_exactly_once``)."""
+def _publishing_frame(df: DataFrame, config: SinkConfig, job: dict[str, Any] | None) -> DataFrame:
+    """``df``'s columns the config names, through ``mapInArrow`` into the tasks that publish
+    them: one result row per task (``_entry.RESULT_SCHEMA``). Nothing runs until an action (a
+    batch DataFrame's) or a query (a streaming one's) does."""
     from pyspark.sql import functions as F
 
-    from producerkit.spark import _exactly_once as exactly
     from producerkit.spark._entry import RESULT_SCHEMA, make_partition_function
 
     check_python(df.sparkSession)
-    job, window = None, None
-    if config.exactly_once:
-        window = exactly.check_job(config)
-        job = exactly.new_job()
     register_entry_by_value()
     selected = []
     for role, column in config.columns().items():
@@ -519,10 +517,20 @@ def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
         if role == "id":
             expression = expression.cast("string")  # ids travel as str whatever their type
         selected.append(expression.alias(str(column)))
-    function = make_partition_function(
-        config.to_dict(), driver_python(), None if job is None else job.to_dict()
-    )
-    job_df = df.select(*selected).mapInArrow(function, RESULT_SCHEMA)
+    function = make_partition_function(config.to_dict(), driver_python(), job)
+    return df.select(*selected).mapInArrow(function, RESULT_SCHEMA)
+
+
+def run_publish(df: DataFrame, config: SinkConfig) -> PublishReport:
+    """Run the publish job for a checked config: the one place a Spark job is started. With
+    ``exactly_once``, the driver's step around it too (``_exactly_once``)."""
+    from producerkit.spark import _exactly_once as exactly
+
+    job, window = None, None
+    if config.exactly_once:
+        window = exactly.check_job(config)
+        job = exactly.new_job()
+    job_df = _publishing_frame(df, config, None if job is None else job.to_dict())
     started = time.perf_counter()
     if job is None or exactly.way_of(config) != "prepared":
         rows = job_df.collect()
@@ -585,3 +593,59 @@ def batch_publisher(
             on_report(batch_id, report)
 
     return publish_batch
+
+
+def stream_writer(
+    df: DataFrame,
+    url: str,
+    *,
+    value_col: str = "value",
+    key_col: str | None = "key",
+    topic_col: str | None = None,
+    partition_col: str | None = None,
+    headers_col: str | None = None,
+    id_col: str | None = None,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    **options: Any,
+) -> DataStreamWriter:
+    """A streaming query's writer that publishes each micro-batch at least once, with the fewest
+    steps a micro-batch can take from Python: ``stream_writer(df, url, topic="t")
+    .option("checkpointLocation", path).start()``.
+
+    Each micro-batch's tasks publish their rows as :func:`publish`'s do (the same keywords, the
+    worker's cached producer, a flush before the task ends) inside one ``mapInArrow`` stage,
+    and Spark's ``noop`` sink ends the query: no Python runs on the driver per micro-batch, which
+    ``format("producerkit")`` (a Python data source) pays for in each one. A task whose messages
+    failed raises, so the micro-batch fails and the query stops with that error; restarted from
+    its checkpoint, it publishes that micro-batch again (at-least-once, as Spark's own Kafka
+    sink). Not here, since each needs a commit per micro-batch: ``exactly_once`` and
+    ``on_error="count"`` (use ``writeStream.format("producerkit")``).
+    """
+    if not df.isStreaming:
+        raise ConfigurationError(
+            "stream_writer() takes a streaming DataFrame; for a batch one use publish()"
+        )
+    for refused in ("exactly_once", "on_error"):
+        if refused in options:
+            raise ConfigurationError(
+                f"stream_writer does not take {refused}: a task that fails raises, and there is "
+                'no commit per micro-batch; use df.writeStream.format("producerkit") with '
+                f'.option("{refused}", ...)'
+            )
+    rates = task_rates(
+        df.sparkSession, options.pop("max_rate", None), options.pop("max_bytes_rate", None)
+    )
+    config = make_config(
+        url,
+        value_col=value_col,
+        key_col=key_col,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        headers_col=headers_col,
+        id_col=id_col,
+        idle_timeout=idle_timeout,
+        **options,
+        **rates,
+    )
+    config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
+    return _publishing_frame(df, config, None).writeStream.format("noop")
