@@ -625,13 +625,6 @@ def stream_writer(
         raise ConfigurationError(
             "stream_writer() takes a streaming DataFrame; for a batch one use publish()"
         )
-    for refused in ("exactly_once", "on_error"):
-        if refused in options:
-            raise ConfigurationError(
-                f"stream_writer does not take {refused}: a task that fails raises, and there is "
-                'no commit per micro-batch; use df.writeStream.format("producerkit") with '
-                f'.option("{refused}", ...)'
-            )
     rates = task_rates(
         df.sparkSession, options.pop("max_rate", None), options.pop("max_bytes_rate", None)
     )
@@ -647,5 +640,13 @@ def stream_writer(
         **options,
         **rates,
     )
+    asked = {"exactly_once": config.exactly_once, "on_error": config.on_error != "fail"}
+    refused = [name for name, given in asked.items() if given]
+    if refused:
+        raise ConfigurationError(
+            f"stream_writer does not take {refused[0]}: there is no commit per micro-batch (a "
+            'task whose messages failed raises); use df.writeStream.format("producerkit") with '
+            f'.option("{refused[0]}", ...)'
+        )
     config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
     return _publishing_frame(df, config, None).writeStream.format("noop")
