@@ -618,6 +618,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         cpu = table["local[1] publish()"]["python_cpu_us_per_row"]
         print(f"  local[1] publish() Python CPU per row {cpu:.2f} us (target <= 0.8, issue 27)")
+    confluent = table.get("single process, confluent-kafka", {}).get("python_cpu_us_per_row")
+    for master in ("local[1]", "local[2]"):
+        ours = table.get(f"{master} publish()", {}).get("python_cpu_us_per_row")
+        if ours is not None and confluent:
+            figures[f"{master}_publish_cpu_over_confluent"] = ours / confluent
+            print(
+                f"  {master} publish() Python CPU per row / confluent-kafka's "
+                f"{ours / confluent:.2f}x (each its best round; target <= 0.4, issue 46)"
+            )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(figures, file, indent=2)
