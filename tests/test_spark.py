@@ -307,8 +307,9 @@ def test_stream_writer_refuses_what_needs_a_commit_and_fails_the_query_on_failur
     for refused in ({"exactly_once": True}, {"on_error": "count"}):
         with pytest.raises(ConfigurationError, match=f"does not take {next(iter(refused))}"):
             pks.stream_writer(rate, "null://", topic="t", **refused)
-    # what it does anyway is no error
+    # what it does anyway is no error; a job's rate is split over the task slots
     pks.stream_writer(rate, "null://", topic="t", exactly_once=False, on_error="fail")
+    pks.stream_writer(rate, "null://", topic="t", max_rate=1000)
     with pytest.raises(ConfigurationError, match="streaming DataFrame"):
         pks.stream_writer(_rows(spark, 10), "null://", topic="t")
     with pytest.raises(ConfigurationError, match="is not a column"):

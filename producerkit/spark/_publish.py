@@ -472,33 +472,38 @@ def publish(
             'df.writeStream.format("producerkit") or '
             ".foreachBatch(producerkit.spark.batch_publisher(url, ...))"
         )
-    rates = _task_rates_of(df, options.pop("max_rate", None), options.pop("max_bytes_rate", None))
-    config = make_config(
-        url,
-        value_col=value_col,
-        key_col=key_col,
-        topic_col=topic_col,
-        partition_col=partition_col,
-        headers_col=headers_col,
-        id_col=id_col,
-        on_error=on_error,
-        idle_timeout=idle_timeout,
-        exactly_once=exactly_once,
-        exactly_once_timeout=exactly_once_timeout,
-        **options,
-        **rates,
-    )
-    config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
-    return run_publish(df, config)
+    keywords = {
+        "value_col": value_col,
+        "key_col": key_col,
+        "topic_col": topic_col,
+        "partition_col": partition_col,
+        "headers_col": headers_col,
+        "id_col": id_col,
+        "on_error": on_error,
+        "idle_timeout": idle_timeout,
+        "exactly_once": exactly_once,
+        "exactly_once_timeout": exactly_once_timeout,
+    }
+    return run_publish(df, _config_for(df, url, {**keywords, **options}))
+
+
+def _config_for(df: DataFrame, url: str, keywords: dict[str, Any]) -> SinkConfig:
+    """:func:`publish`'s keywords for a publish of ``df`` as a checked SinkConfig: the job's
+    rate limits split over its tasks, the columns checked against ``df``'s."""
+    rates = _task_rates_of(df, keywords.pop("max_rate", None), keywords.pop("max_bytes_rate", None))
+    config = make_config(url, **keywords, **rates)
+    return check_columns(dict(df.dtypes), config, key_given=keywords.get("key_col", "key") != "key")
 
 
 def _task_rates_of(
     df: DataFrame, max_rate: float | None, max_bytes_rate: float | None
 ) -> dict[str, float]:
-    """:func:`task_rates` for a publish of ``df`` (its partition count is read only if needed)."""
+    """:func:`task_rates` for a publish of ``df`` (its partition count is read only if needed,
+    and not known for a streaming DataFrame: the task slots alone then)."""
     if max_rate is None and max_bytes_rate is None:
         return {}
-    return task_rates(df.sparkSession, max_rate, max_bytes_rate, df.rdd.getNumPartitions())
+    partitions = None if df.isStreaming else df.rdd.getNumPartitions()
+    return task_rates(df.sparkSession, max_rate, max_bytes_rate, partitions)
 
 
 def _publishing_frame(df: DataFrame, config: SinkConfig, job: dict[str, Any] | None) -> DataFrame:
@@ -595,51 +600,27 @@ def batch_publisher(
     return publish_batch
 
 
-def stream_writer(
-    df: DataFrame,
-    url: str,
-    *,
-    value_col: str = "value",
-    key_col: str | None = "key",
-    topic_col: str | None = None,
-    partition_col: str | None = None,
-    headers_col: str | None = None,
-    id_col: str | None = None,
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    **options: Any,
-) -> DataStreamWriter:
+def stream_writer(df: DataFrame, url: str, **keywords: Any) -> DataStreamWriter:
     """A streaming query's writer that publishes each micro-batch at least once, with the fewest
     steps a micro-batch can take from Python: ``stream_writer(df, url, topic="t")
     .option("checkpointLocation", path).start()``.
 
-    Each micro-batch's tasks publish their rows as :func:`publish`'s do (the same keywords, the
-    worker's cached producer, a flush before the task ends) inside one ``mapInArrow`` stage,
-    and Spark's ``noop`` sink ends the query: no Python runs on the driver per micro-batch, which
-    ``format("producerkit")`` (a Python data source) pays for in each one. A task whose messages
-    failed raises, so the micro-batch fails and the query stops with that error; restarted from
-    its checkpoint, it publishes that micro-batch again (at-least-once, as Spark's own Kafka
-    sink). Not here, since each needs a commit per micro-batch: ``exactly_once`` and
-    ``on_error="count"`` (use ``writeStream.format("producerkit")``).
+    Takes :func:`publish`'s keywords (the columns, ``idle_timeout``, the Producer settings,
+    backend options, ``max_rate``). Each micro-batch's tasks publish their rows as
+    :func:`publish`'s do (the worker's cached producer, a flush before the task ends) inside one
+    ``mapInArrow`` stage, and Spark's ``noop`` sink ends the query: no Python runs on the driver
+    per micro-batch, which ``format("producerkit")`` (a Python data source) pays for in each
+    one. A task whose messages failed raises, so the micro-batch fails and the query stops with
+    that error; restarted from its checkpoint, it publishes that micro-batch again
+    (at-least-once, as Spark's own Kafka sink). Not here, since each needs a commit per
+    micro-batch: ``exactly_once=True`` and ``on_error="count"`` (use
+    ``writeStream.format("producerkit")``).
     """
     if not df.isStreaming:
         raise ConfigurationError(
             "stream_writer() takes a streaming DataFrame; for a batch one use publish()"
         )
-    rates = task_rates(
-        df.sparkSession, options.pop("max_rate", None), options.pop("max_bytes_rate", None)
-    )
-    config = make_config(
-        url,
-        value_col=value_col,
-        key_col=key_col,
-        topic_col=topic_col,
-        partition_col=partition_col,
-        headers_col=headers_col,
-        id_col=id_col,
-        idle_timeout=idle_timeout,
-        **options,
-        **rates,
-    )
+    config = _config_for(df, url, dict(keywords))
     asked = {"exactly_once": config.exactly_once, "on_error": config.on_error != "fail"}
     refused = [name for name, given in asked.items() if given]
     if refused:
@@ -648,5 +629,4 @@ def stream_writer(
             'task whose messages failed raises); use df.writeStream.format("producerkit") with '
             f'.option("{refused[0]}", ...)'
         )
-    config = check_columns(dict(df.dtypes), config, key_given=key_col != "key")
     return _publishing_frame(df, config, None).writeStream.format("noop")
