@@ -420,8 +420,8 @@ def publish(
     report instead.
 
     Args:
-        df: a batch DataFrame (for streaming, use ``writeStream.format("producerkit")`` or
-            ``foreachBatch(batch_publisher(...))``).
+        df: a batch DataFrame (for streaming, use :func:`stream_writer`,
+            ``writeStream.format("producerkit")`` or ``foreachBatch(batch_publisher(...))``).
         url: the producer URL, reachable from every executor.
         value_col: the column to publish (required): string or binary, or any type with a
             ``value_serializer``. ``key_col``: likewise with ``key_serializer``, used if
@@ -469,6 +469,7 @@ def publish(
     if df.isStreaming:
         raise ConfigurationError(
             "publish() takes a batch DataFrame; for streaming use "
+            "producerkit.spark.stream_writer(df, url, ...), "
             'df.writeStream.format("producerkit") or '
             ".foreachBatch(producerkit.spark.batch_publisher(url, ...))"
         )
