@@ -226,15 +226,22 @@ async def test_publish_inside_a_running_event_loop(spark: SparkSession) -> None:
     assert (report.delivered, report.failed) == (1000, 0)
 
 
-def test_streaming_format_and_batch_publisher(
-    spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
-) -> None:
+def _json_files(tmp_path: Path, files: int) -> Path:
+    """A directory of ``files`` JSON files of 10 rows each, ``{"key": "k<i>", "value": "v<i>"}``
+    for i in 0..10 * files - 1, in order: one micro-batch a file with ``maxFilesPerTrigger=1``."""
     source = tmp_path / "in"
     source.mkdir()
-    for part in range(3):
+    for part in range(files):
         numbers = range(part * 10, part * 10 + 10)
         lines = [json.dumps({"key": f"k{i}", "value": f"v{i}"}) for i in numbers]
         (source / f"part-{part}.json").write_text("\n".join(lines))
+    return source
+
+
+def test_streaming_format_and_batch_publisher(
+    spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
+) -> None:
+    source = _json_files(tmp_path, 3)
     stream = spark.readStream.schema("key string, value string").option("maxFilesPerTrigger", 1)
 
     topic, report_path = _topic(), tmp_path / "stream.jsonl"
@@ -275,15 +282,10 @@ def test_streaming_format_and_batch_publisher(
 def test_stream_writer_publishes_each_micro_batch(
     spark: SparkSession, kafka_broker: LocalBroker, tmp_path: Path
 ) -> None:
-    source = tmp_path / "in"
-    source.mkdir()
-    for part in range(3):
-        lines = [json.dumps({"key": f"k{i}", "value": f"v{i}"}) for i in range(part, 30, 3)]
-        (source / f"part-{part}.json").write_text("\n".join(lines))
     stream = (
         spark.readStream.schema("key string, value string")
         .option("maxFilesPerTrigger", 1)
-        .json(str(source))
+        .json(str(_json_files(tmp_path, 3)))
     )
     topic = _topic()
     query = (
