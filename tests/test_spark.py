@@ -317,10 +317,7 @@ def test_stream_writer_refuses_what_needs_a_commit_and_fails_the_query_on_failur
     with pytest.raises(ConfigurationError, match="is not a column"):
         pks.stream_writer(rate, "null://", topic="t", value_col="missing")
 
-    source = tmp_path / "in"
-    source.mkdir()
-    (source / "rows.json").write_text(json.dumps({"value": "v"}))
-    stream = spark.readStream.schema("value string").json(str(source))
+    stream = spark.readStream.schema("key string, value string").json(str(_json_files(tmp_path, 1)))
     query = (
         # no stream for the subject: every message fails
         pks.stream_writer(stream, nats_broker.jetstream_url, topic=_topic(), timeout=5.0)

@@ -490,7 +490,8 @@ def publish(
 
 def _config_for(df: DataFrame, url: str, keywords: dict[str, Any]) -> SinkConfig:
     """:func:`publish`'s keywords for a publish of ``df`` as a checked SinkConfig: the job's
-    rate limits split over its tasks, the columns checked against ``df``'s."""
+    rate limits split over its tasks, the columns checked against ``df``'s. The rate limits are
+    popped from ``keywords``: each caller passes a dict of its own."""
     rates = _task_rates_of(df, keywords.pop("max_rate", None), keywords.pop("max_bytes_rate", None))
     config = make_config(url, **keywords, **rates)
     return check_columns(dict(df.dtypes), config, key_given=keywords.get("key_col", "key") != "key")
@@ -621,7 +622,7 @@ def stream_writer(df: DataFrame, url: str, **keywords: Any) -> DataStreamWriter:
         raise ConfigurationError(
             "stream_writer() takes a streaming DataFrame; for a batch one use publish()"
         )
-    config = _config_for(df, url, dict(keywords))
+    config = _config_for(df, url, keywords)
     asked = {"exactly_once": config.exactly_once, "on_error": config.on_error != "fail"}
     refused = [name for name, given in asked.items() if given]
     if refused:
