@@ -128,7 +128,10 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, con
         c = _mm_crc32_u8((uint32_t)c, *p++);
         n--;
     }
-    for (size_t block = CRC_LONG; block >= CRC_SHORT; block = block == CRC_LONG ? CRC_SHORT : 0) {
+    static const size_t blocks[2] = {CRC_LONG, CRC_SHORT};
+    for (int b = 0; b < 2; b++) {
+        size_t block = blocks[b];
+        uint32_t (*tables)[256] = b == 0 ? crc_long : crc_short;
         while (n >= 3 * block) {
             uint64_t c1 = 0, c2 = 0, word;
             for (const unsigned char *end = p + block; p < end; p += 8) {
@@ -139,7 +142,6 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, con
                 memcpy(&word, p + 2 * block, 8);
                 c2 = _mm_crc32_u64(c2, word);
             }
-            uint32_t (*tables)[256] = block == CRC_LONG ? crc_long : crc_short;
             c = crc_shift(tables, (uint32_t)c) ^ (uint32_t)c1;
             c = crc_shift(tables, (uint32_t)c) ^ (uint32_t)c2;
             p += 2 * block;
