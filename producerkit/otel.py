@@ -483,8 +483,11 @@ class _Instruments:
 
         def observe(options: CallbackOptions) -> list[Observation]:
             with self._lock:
+                # The members first: those gone since the last collection move into the
+                # retired totals, which are copied only then.
+                members = self._members_now()
                 totals = dict(self._retired[name])
-                for counts in self._members_now():
+                for counts in members:
                     _add(totals, points(counts))
                 # Never lower than last reported: stats read from another thread than the
                 # producer's may miss a message on its way from in flight to settled.

@@ -190,6 +190,29 @@ async def test_several_producers_on_one_provider_are_all_read(
     assert sum(len(outcome.numbers) for outcome in seen) == 20
 
 
+def test_a_collection_right_after_a_metrics_is_gone_counts_it_in_every_counter() -> None:
+    """A ProducerMetrics garbage-collected before the first collection (a cycle collected at
+    any moment) is in every counter of that collection, the first one read included."""
+    reader = Reader()
+
+    def short_lived() -> None:
+        metrics = otel.ProducerMetrics(reader.provider)
+        with metrics.watch(
+            pk.SyncProducer(f"memory://{uuid.uuid4().hex}", topic="t", on_outcome=metrics)
+        ) as p:
+            for _ in range(25):
+                p.produce(b"v", nonblocking=True)
+
+    short_lived()
+    gc.collect()
+    totals = {
+        name: sum(point.value for point in points)
+        for name, points in reader.points().items()
+        if name in ("producerkit.messages.produced", "producerkit.messages.acked")
+    }
+    assert totals == {"producerkit.messages.produced": 25, "producerkit.messages.acked": 25}
+
+
 def test_one_backend_per_instance_and_unwatch() -> None:
     """Outcomes do not say which producer they came from, so one ProducerMetrics serves one
     backend; a producer unwatched is no longer read."""
