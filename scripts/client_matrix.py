@@ -886,6 +886,31 @@ def failed_tests(log_path: Path, limit: int = 6) -> list[str]:
     return names[:limit] + ([f"... {len(names) - limit} more"] if len(names) > limit else [])
 
 
+def why_failed(log_path: Path, limit: int = 40) -> list[str]:
+    """What the log says of its failures, for a CI output that keeps no log: pytest's short
+    summary lines (each test with its message), then the first failure's ``E`` lines and the
+    location it names last, at most ``limit`` lines in all."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    summary = [line for line in lines if re.match(r"(?:FAILED|ERROR) \S", line)]
+    first: list[str] = []
+    for index, line in enumerate(lines):
+        if re.match(r"_{3,} .* _{3,}$", line):
+            block = lines[index : index + 2000]
+            ends = [i for i, text in enumerate(block[1:], 1) if re.match(r"_{3,} .* _{3,}$", text)]
+            block = block[: ends[0]] if ends else block
+            errors = [text for text in block if text.startswith("E ")]
+            where = [text for text in block if re.match(r"\S+\.py:\d+: ", text)]
+            first = [block[0], *errors, *where[-1:]]
+            break
+    picked = summary[:6] + first
+    return picked[:limit] + (
+        [f"... {len(picked) - limit} more lines"] if len(picked) > limit else []
+    )
+
+
 # ---------------------------------------------------------------------------- one combination
 
 
@@ -1296,6 +1321,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"  {row.note}")
         if row.log:
             print(f"  log: {row.log}")
+            for line in why_failed(Path(row.log)):
+                print(f"  | {line}")
     print(f"\n{len(rows)} rows, {len(failed)} failed, {total:.0f}s in all; supported {ranges}")
     # One closing line in pytest's words: every test and every probe, passed or failed.
     passed = sum(r.passed or 0 for r in rows) + sum(1 for r in rows if r.passed is None and r.ok)
