@@ -60,7 +60,8 @@ async def test_purge_against_a_stalled_link_is_immediate_and_exact(
         purged = producer.purge()
         elapsed = time.monotonic() - started
         stats = producer.stats
-        assert elapsed < 0.5, elapsed  # no wait for the 5 s timeout (0.1 s is usual; GC may add)
+        # No wait for the 5 s timeout (0.1 s is usual): half of it, which load cannot reach.
+        assert elapsed < 2.5, elapsed
         assert stats.in_flight == 0
         assert stats.produced == stats.acked + stats.failed == 901
         assert len(purged) == stats.failed == 900

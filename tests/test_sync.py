@@ -102,7 +102,8 @@ def test_from_on_error_on_jetstream(nats_broker: LocalBroker) -> None:
     with pytest.raises(pk.ProduceError) as caught:
         sync.close()
     assert len(caught.value.failures) == 5 and len(elapsed) == 5
-    assert max(elapsed) < 0.1, elapsed
+    # At once, not after the 30 s timeout: a bound that a loaded machine cannot reach by chance.
+    assert max(elapsed) < 5, elapsed
 
 
 # ---------------------------------------------------------------------- close
