@@ -65,6 +65,350 @@ static PyObject *raised_exception(void) {
 #endif
 }
 
+/* ------------------------------------------------------------------------------ the ledger */
+
+PyDoc_STRVAR(Ledger_doc,
+"The window's ledger in C: sequence number -> record, for the records in flight, in the order\n"
+"they were admitted. A mapping as the Python core's dict is used: len, in, [seq], del, pop,\n"
+"get, keys(), values(), items() (lists, in admission order) and iteration over the seqs.\n"
+"Only admission puts records in, each with a higher seq than any before. A record sits in a\n"
+"ring indexed by its seq; one still in flight when the ring comes round to its slot again\n"
+"moves to a dict behind it (older than every record in the ring), so order is kept.");
+
+#define LEDGER_FIRST_SLOTS 64
+#define LEDGER_MAX_SLOTS (1 << 20)
+
+typedef struct {
+    PyObject_HEAD
+    PyObject **records; /* slot seq & mask -> its record (a reference), or NULL */
+    long long *seqs;    /* the seq of each slot's record */
+    Py_ssize_t mask;    /* slots - 1 (a power of two) */
+    Py_ssize_t in_ring; /* records in the ring */
+    long long head;     /* no record in the ring has a lower seq */
+    long long next;     /* one above the highest seq put */
+    PyObject *overflow; /* dict seq -> record: records the ring came round to, oldest first */
+} Ledger;
+
+static PyTypeObject LedgerType;
+
+static PyObject *Ledger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "Ledger() takes no arguments");
+        return NULL;
+    }
+    Ledger *self = (Ledger *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->records = PyMem_Calloc(LEDGER_FIRST_SLOTS, sizeof(PyObject *));
+    self->seqs = PyMem_Calloc(LEDGER_FIRST_SLOTS, sizeof(long long));
+    self->overflow = PyDict_New();
+    if (self->records == NULL || self->seqs == NULL || self->overflow == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->mask = LEDGER_FIRST_SLOTS - 1;
+    self->head = self->next = 1;
+    return (PyObject *)self;
+}
+
+static inline Py_ssize_t ledger_len(Ledger *self) {
+    return self->in_ring + PyDict_GET_SIZE(self->overflow);
+}
+
+static int Ledger_traverse(Ledger *self, visitproc visit, void *arg) {
+    if (self->records != NULL && self->in_ring > 0)
+        for (Py_ssize_t i = 0; i <= self->mask; i++) Py_VISIT(self->records[i]);
+    Py_VISIT(self->overflow);
+    return 0;
+}
+
+/* Empty (the collector breaking a cycle through a record): usable after, and empty. */
+static int Ledger_clear(Ledger *self) {
+    if (self->records != NULL)
+        for (Py_ssize_t i = 0; i <= self->mask; i++) Py_CLEAR(self->records[i]);
+    self->in_ring = 0;
+    if (self->overflow != NULL) PyDict_Clear(self->overflow);
+    return 0;
+}
+
+static void Ledger_dealloc(Ledger *self) {
+    PyObject_GC_UnTrack(self);
+    Ledger_clear(self);
+    Py_CLEAR(self->overflow);
+    PyMem_Free(self->records);
+    PyMem_Free(self->seqs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Twice the slots, each record moved to its slot there (the ring's seqs lie within one round
+ * of the old size, so no two meet). 0, or -1 with MemoryError set. */
+static int ledger_grow(Ledger *self) {
+    Py_ssize_t slots = (self->mask + 1) * 2;
+    PyObject **records = PyMem_Calloc(slots, sizeof(PyObject *));
+    long long *seqs = PyMem_Calloc(slots, sizeof(long long));
+    if (records == NULL || seqs == NULL) {
+        PyMem_Free(records);
+        PyMem_Free(seqs);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i <= self->mask; i++) {
+        if (self->records[i] == NULL) continue;
+        long long seq = self->seqs[i];
+        records[seq & (slots - 1)] = self->records[i];
+        seqs[seq & (slots - 1)] = seq;
+    }
+    PyMem_Free(self->records);
+    PyMem_Free(self->seqs);
+    self->records = records;
+    self->seqs = seqs;
+    self->mask = slots - 1;
+    return 0;
+}
+
+/* Put ``record`` (a Record whose seq, ``seq``, is above every seq put before) in the ledger,
+ * taking a new reference. 0, or -1 with an exception set. */
+static int ledger_put(Ledger *self, long long seq, PyObject *record) {
+    if (seq < self->next) {
+        PyErr_SetString(PyExc_ValueError, "the ledger takes each record with a higher seq");
+        return -1;
+    }
+    if (self->in_ring + 1 > (self->mask + 1) / 2 && self->mask + 1 < LEDGER_MAX_SLOTS &&
+        ledger_grow(self) < 0)
+        return -1;
+    Py_ssize_t slot = (Py_ssize_t)(seq & self->mask);
+    PyObject *there = self->records[slot];
+    if (there != NULL) { /* still in flight a round later: behind the ring, in seq order */
+        if (PyDict_SetItem(self->overflow, PyTuple_GET_ITEM(there, R_SEQ), there) < 0) return -1;
+        Py_DECREF(there);
+        self->in_ring--;
+    }
+    self->records[slot] = Py_NewRef(record);
+    self->seqs[slot] = seq;
+    self->in_ring++;
+    self->next = seq + 1;
+    return 0;
+}
+
+/* The slot holding ``seq`` in the ring, or -1. */
+static inline Py_ssize_t ledger_slot(Ledger *self, long long seq) {
+    Py_ssize_t slot = (Py_ssize_t)(seq & self->mask);
+    return self->records[slot] != NULL && self->seqs[slot] == seq ? slot : -1;
+}
+
+/* ``key`` as a seq: 1, 0 if it is not an int or out of range (no record has it), -1 on error. */
+static int ledger_seq_of(PyObject *key, long long *seq) {
+    if (!PyLong_Check(key)) return 0;
+    int overflowed;
+    *seq = PyLong_AsLongLongAndOverflow(key, &overflowed);
+    if (*seq == -1 && PyErr_Occurred()) return -1;
+    return !overflowed;
+}
+
+/* Remove ``key``'s record: a new reference to it, or NULL: with an exception set on error,
+ * without one if it is not there. */
+static PyObject *ledger_pop(Ledger *self, PyObject *key) {
+    long long seq;
+    int is_seq = ledger_seq_of(key, &seq);
+    if (is_seq < 0) return NULL;
+    if (is_seq) {
+        Py_ssize_t slot = ledger_slot(self, seq);
+        if (slot >= 0) {
+            PyObject *record = self->records[slot];
+            self->records[slot] = NULL;
+            self->in_ring--;
+            return record;
+        }
+    }
+    if (PyDict_GET_SIZE(self->overflow) == 0) return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *record;
+    if (PyDict_Pop(self->overflow, key, &record) < 0) return NULL;
+    return record;
+#else
+    PyObject *record = _PyDict_Pop(self->overflow, key, Py_None);
+    if (record == Py_None) {
+        Py_DECREF(record);
+        return NULL;
+    }
+    return record;
+#endif
+}
+
+/* ``key``'s record (borrowed), or NULL: with an exception set on error, without if absent. */
+static PyObject *ledger_get(Ledger *self, PyObject *key) {
+    long long seq;
+    int is_seq = ledger_seq_of(key, &seq);
+    if (is_seq < 0) return NULL;
+    if (is_seq) {
+        Py_ssize_t slot = ledger_slot(self, seq);
+        if (slot >= 0) return self->records[slot];
+    }
+    if (PyDict_GET_SIZE(self->overflow) == 0) return NULL;
+    return PyDict_GetItemWithError(self->overflow, key);
+}
+
+/* pending.pop(key, None) is not None for the window's ledger (a Ledger, or the Python core's
+ * dict): 1/0, -1 with an exception set. */
+static int ledger_discard(PyObject *pending, PyObject *key) {
+    if (Py_IS_TYPE(pending, &LedgerType)) {
+        PyObject *record = ledger_pop((Ledger *)pending, key);
+        if (record == NULL) return PyErr_Occurred() ? -1 : 0;
+        Py_DECREF(record);
+        return 1;
+    }
+    return dict_pop(pending, key);
+}
+
+/* What iteration yields, in admission order: 0 keys, 1 values, 2 (key, value) pairs. A new
+ * list, or NULL with an exception set. */
+static PyObject *ledger_list(Ledger *self, int what) {
+    PyObject *listed = PyList_New(0);
+    if (listed == NULL) return NULL;
+    PyObject *key, *value;
+    Py_ssize_t position = 0;
+    while (PyDict_Next(self->overflow, &position, &key, &value)) {
+        PyObject *item = what == 0 ? Py_NewRef(key)
+                         : what == 1 ? Py_NewRef(value)
+                                     : PyTuple_Pack(2, key, value);
+        if (item == NULL || PyList_Append(listed, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(listed);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    long long slots = self->mask + 1;
+    if (self->head < self->next - slots) self->head = self->next - slots;
+    int found = 0;
+    for (long long seq = self->head; seq < self->next; seq++) {
+        Py_ssize_t slot = ledger_slot(self, seq);
+        if (slot < 0) {
+            if (!found) self->head = seq + 1; /* gone, and never put again */
+            continue;
+        }
+        found = 1;
+        PyObject *record = self->records[slot], *seq_object = PyTuple_GET_ITEM(record, R_SEQ);
+        PyObject *item = what == 0 ? Py_NewRef(seq_object)
+                         : what == 1 ? Py_NewRef(record)
+                                     : PyTuple_Pack(2, seq_object, record);
+        if (item == NULL || PyList_Append(listed, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(listed);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return listed;
+}
+
+static Py_ssize_t Ledger_length(Ledger *self) { return ledger_len(self); }
+
+static PyObject *Ledger_subscript(Ledger *self, PyObject *key) {
+    PyObject *record = ledger_get(self, key);
+    if (record == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return Py_NewRef(record);
+}
+
+static int Ledger_ass_subscript(Ledger *self, PyObject *key, PyObject *value) {
+    if (value != NULL) {
+        PyErr_SetString(PyExc_TypeError, "records enter the ledger by admission only");
+        return -1;
+    }
+    PyObject *record = ledger_pop(self, key);
+    if (record == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    Py_DECREF(record);
+    return 0;
+}
+
+static int Ledger_contains(Ledger *self, PyObject *key) {
+    PyObject *record = ledger_get(self, key);
+    return record != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *Ledger_pop(Ledger *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "pop(seq[, default])");
+        return NULL;
+    }
+    PyObject *record = ledger_pop(self, args[0]);
+    if (record != NULL || PyErr_Occurred()) return record;
+    if (nargs == 2) return Py_NewRef(args[1]);
+    PyErr_SetObject(PyExc_KeyError, args[0]);
+    return NULL;
+}
+
+static PyObject *Ledger_get(Ledger *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(seq[, default])");
+        return NULL;
+    }
+    PyObject *record = ledger_get(self, args[0]);
+    if (record != NULL) return Py_NewRef(record);
+    if (PyErr_Occurred()) return NULL;
+    return Py_NewRef(nargs == 2 ? args[1] : Py_None);
+}
+
+static PyObject *Ledger_keys(Ledger *self, PyObject *unused) { return ledger_list(self, 0); }
+static PyObject *Ledger_values(Ledger *self, PyObject *unused) { return ledger_list(self, 1); }
+static PyObject *Ledger_items(Ledger *self, PyObject *unused) { return ledger_list(self, 2); }
+
+static PyObject *Ledger_iter(Ledger *self) {
+    PyObject *keys = ledger_list(self, 0);
+    if (keys == NULL) return NULL;
+    PyObject *iterator = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return iterator;
+}
+
+static PyObject *Ledger_repr(Ledger *self) {
+    return PyUnicode_FromFormat("<producerkit Ledger of %zd records>", ledger_len(self));
+}
+
+static PyMappingMethods Ledger_as_mapping = {
+    .mp_length = (lenfunc)Ledger_length,
+    .mp_subscript = (binaryfunc)Ledger_subscript,
+    .mp_ass_subscript = (objobjargproc)Ledger_ass_subscript,
+};
+
+static PySequenceMethods Ledger_as_sequence = {
+    .sq_contains = (objobjproc)Ledger_contains,
+};
+
+static PyMethodDef Ledger_methods[] = {
+    {"pop", (PyCFunction)(void (*)(void))Ledger_pop, METH_FASTCALL,
+     "pop(seq[, default]) -> the record, removed"},
+    {"get", (PyCFunction)(void (*)(void))Ledger_get, METH_FASTCALL,
+     "get(seq[, default]) -> the record, or default"},
+    {"keys", (PyCFunction)Ledger_keys, METH_NOARGS, "the seqs in admission order (a list)"},
+    {"values", (PyCFunction)Ledger_values, METH_NOARGS,
+     "the records in admission order (a list)"},
+    {"items", (PyCFunction)Ledger_items, METH_NOARGS,
+     "(seq, record) pairs in admission order (a list)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LedgerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "producerkit._speedups.Ledger",
+    .tp_basicsize = sizeof(Ledger),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = Ledger_doc,
+    .tp_new = Ledger_new,
+    .tp_dealloc = (destructor)Ledger_dealloc,
+    .tp_traverse = (traverseproc)Ledger_traverse,
+    .tp_clear = (inquiry)Ledger_clear,
+    .tp_as_mapping = &Ledger_as_mapping,
+    .tp_as_sequence = &Ledger_as_sequence,
+    .tp_iter = (getiterfunc)Ledger_iter,
+    .tp_methods = Ledger_methods,
+    .tp_repr = (reprfunc)Ledger_repr,
+};
+
 PyDoc_STRVAR(pop_run_doc,
 "pop_run(pending, records) -> (count, waiting)\n\n"
 "Remove each record from pending (a dict by sequence number) and count those that were there;\n"
@@ -72,8 +416,9 @@ PyDoc_STRVAR(pop_run_doc,
 "InFlightWindow.acked_run's loop, for a whole Kafka batch at once.");
 
 static PyObject *pop_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "pop_run(pending: dict, records: list)");
+    if (nargs != 2 || !(PyDict_Check(args[0]) || Py_IS_TYPE(args[0], &LedgerType)) ||
+        !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "pop_run(pending: Ledger | dict, records: list)");
         return NULL;
     }
     PyObject *pending = args[0], *records = args[1], *waiting = NULL;
@@ -84,7 +429,7 @@ static PyObject *pop_run(PyObject *module, PyObject *const *args, Py_ssize_t nar
             PyErr_SetString(PyExc_TypeError, "pop_run: a record is not a producerkit Record");
             goto error;
         }
-        int found = dict_pop(pending, PyTuple_GET_ITEM(record, R_SEQ));
+        int found = ledger_discard(pending, PyTuple_GET_ITEM(record, R_SEQ));
         if (found < 0) goto error;
         if (!found) continue; /* already failed (timed out) or reported twice */
         count++;
@@ -276,8 +621,9 @@ PyDoc_STRVAR(tell_run_doc,
 "on_delivery raises goes to report(exc), and the run goes on. Returns how many were removed.");
 
 static PyObject *tell_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "tell_run(pending: dict, records: list, first_offset, "
+    if (nargs != 8 || !(PyDict_Check(args[0]) || Py_IS_TYPE(args[0], &LedgerType)) ||
+        !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "tell_run(pending: Ledger | dict, records: list, first_offset, "
                                          "stored_at, make_delivery, on_delivery, report, answer)");
         return NULL;
     }
@@ -298,7 +644,7 @@ static PyObject *tell_run(PyObject *module, PyObject *const *args, Py_ssize_t na
             PyErr_SetString(PyExc_TypeError, "tell_run: a record is not a producerkit Record");
             goto error;
         }
-        int found = dict_pop(pending, PyTuple_GET_ITEM(record, R_SEQ));
+        int found = ledger_discard(pending, PyTuple_GET_ITEM(record, R_SEQ));
         if (found < 0) goto error;
         if (!found) continue; /* already failed (timed out) or reported twice */
         count++;
@@ -653,7 +999,7 @@ PyDoc_STRVAR(WindowCore_doc,
 
 typedef struct {
     PyObject_HEAD
-    PyObject *pending; /* dict seq -> record: the ledger */
+    PyObject *pending; /* the ledger (a Ledger): seq -> record */
     long long last_seq; /* record[SEQ] of the last record admitted (the first has 1) */
     PyObject *watch;   /* watch(record): the first record into an empty window */
     Py_ssize_t limit, peak_in_flight, handed, taken;
@@ -666,7 +1012,7 @@ typedef struct {
  * settled and those handed over by other threads and not yet admitted. Every admission asks
  * it (WindowCore.full in Python). */
 static inline int window_full(WindowCore *window) {
-    return PyDict_GET_SIZE(window->pending) + window->handed - window->taken >= window->limit;
+    return ledger_len((Ledger *)window->pending) + window->handed - window->taken >= window->limit;
 }
 
 static int WindowCore_traverse(WindowCore *self, visitproc visit, void *arg) {
@@ -696,7 +1042,7 @@ static int WindowCore_init(WindowCore *self, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ndO|p:WindowCore", names, &limit, &timeout,
                                      &watch, &untrack))
         return -1;
-    PyObject *pending = PyDict_New();
+    PyObject *pending = PyObject_CallNoArgs((PyObject *)&LedgerType);
     if (pending == NULL) return -1;
     WindowCore_clear(self);
     self->pending = pending;
@@ -743,7 +1089,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
                        Py_ssize_t connection, PyObject *slot, PyObject *context, int untrack,
                        PyObject *deadline, int reserved) {
     if (!reserved && window_full(self)) return Py_NewRef(Py_None);
-    Py_ssize_t in_flight = PyDict_GET_SIZE(self->pending);
+    Py_ssize_t in_flight = ledger_len((Ledger *)self->pending);
     PyObject *seq = PyLong_FromLongLong(self->last_seq + 1);
     deadline = deadline == NULL ? PyFloat_FromDouble(monotonic() + self->timeout)
                                 : Py_NewRef(deadline);
@@ -778,7 +1124,7 @@ static PyObject *admit(WindowCore *self, PyObject *const *fields, PyObject *part
         PyObject_GC_Track(record);
 
     /* From here on the message is counted: it must end acked or failed. */
-    if (PyDict_SetItem(self->pending, seq, record) < 0) {
+    if (ledger_put((Ledger *)self->pending, self->last_seq, record) < 0) {
         Py_DECREF(record);
         return NULL;
     }
@@ -1476,6 +1822,7 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&RouterType) < 0 ||
+        PyType_Ready(&LedgerType) < 0 ||
         PyType_Ready(&WindowCoreType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
         PyType_Ready(&SlotsMakerType) < 0 || PyType_Ready(&DoneType) < 0 ||
         PyType_Ready(&ExactBytesType) < 0 ||
@@ -1519,6 +1866,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(module, "Record", (PyObject *)&RecordType) < 0 ||
         PyModule_AddObjectRef(module, "Router", (PyObject *)&RouterType) < 0 ||
         PyModule_AddObjectRef(module, "WindowCore", (PyObject *)&WindowCoreType) < 0 ||
+        PyModule_AddObjectRef(module, "Ledger", (PyObject *)&LedgerType) < 0 ||
         PyModule_AddObjectRef(module, "Admission", (PyObject *)&AdmissionType) < 0 ||
         PyModule_AddObjectRef(module, "SlotsMaker", (PyObject *)&SlotsMakerType) < 0 ||
         PyModule_AddObjectRef(module, "ExactBytes", (PyObject *)&ExactBytesType) < 0 ||

@@ -1,6 +1,6 @@
 """Types of the optional C module built from _speedups.c (loaded by producerkit._fast)."""
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Final
 
 MESSAGE_VALUE: Final[int]
@@ -24,9 +24,25 @@ RECORD_TIMESTAMP: Final[int]
 RECORD_CONTEXT: Final[int]
 DECLINED: Final[object]
 
-def pop_run(pending: dict[int, Any], records: list[Any]) -> tuple[int, list[int] | None]: ...
+class Ledger:
+    """The window's ledger: seq -> record in flight, in admission order (filled by admission)."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, seq: object) -> bool: ...
+    def __getitem__(self, seq: int) -> Any: ...
+    def __delitem__(self, seq: int) -> None: ...
+    def __iter__(self) -> Iterator[int]: ...
+    def pop(self, seq: int, default: Any = ..., /) -> Any: ...
+    def get(self, seq: int, default: Any = None, /) -> Any: ...
+    def keys(self) -> list[int]: ...
+    def values(self) -> list[Any]: ...
+    def items(self) -> list[tuple[int, Any]]: ...
+
+def pop_run(
+    pending: Ledger | dict[int, Any], records: list[Any]
+) -> tuple[int, list[int] | None]: ...
 def tell_run(
-    pending: dict[int, Any],
+    pending: Ledger | dict[int, Any],
     records: list[Any],
     first_offset: int | None,
     stored_at: float | None,
@@ -63,7 +79,7 @@ class Router:
     ) -> tuple[int | None, int]: ...
 
 class WindowCore:
-    pending: dict[int, Any]
+    pending: Ledger
     limit: int
     peak_in_flight: int
     handed: int

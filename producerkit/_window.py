@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from producerkit._core_py import answer_slot
@@ -119,7 +119,9 @@ class InFlightWindow:
         #: ``unwritten(records)``: the seqs of those their connections still hold unwritten
         #: (they are then never written), asked of records failed by their deadline or at close.
         self._unwritten = unwritten
-        self.pending: dict[int, Record] = self.core.pending
+        #: seq -> record in flight, in admission order: the C core's Ledger or the Python
+        #: core's dict, used through what both have (in, len, pop, del, values(), iteration).
+        self.pending: MutableMapping[int, Record] = self.core.pending
         self.timer: asyncio.TimerHandle | None = None  # watches the oldest deadline
         self.low_water = int(limit * resume_at)
         self.waits = 0

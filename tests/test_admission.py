@@ -456,6 +456,87 @@ def test_the_c_window_core_admits_as_the_python_one(
     assert [r.seq for r in watched[0]] == [r.seq for r in watched[1]]
 
 
+def _settle(pending: Any, op: str, count: int, where: float) -> None:
+    """One step of settling on a core's ledger (the C Ledger or the Python dict)."""
+    keys = list(pending)
+    if op in ("pop", "del") and keys:
+        seq = keys[int(where * len(keys))]
+        if op == "pop":
+            assert pending.pop(seq).seq == seq
+        else:
+            del pending[seq]
+    elif op == "absent":  # a seq never admitted, and one settled: nothing, and no error
+        for seq in ((keys[-1] if keys else 0) + count, 0, -1, 2**70, "1"):
+            assert seq not in pending and pending.get(seq) is None
+            assert pending.pop(seq, None) is None
+            with pytest.raises(KeyError):
+                pending[seq]
+
+
+@needs_both
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "churn", "pop", "del", "absent"]),
+            st.integers(min_value=1, max_value=90),
+            st.floats(min_value=0, max_value=1, exclude_max=True),
+        ),
+        max_size=40,
+    )
+)
+def test_the_c_ledger_keeps_what_the_python_dict_keeps(
+    steps: list[tuple[str, int, float]],
+) -> None:
+    """The C core's ledger (a ring by seq, with a dict behind it for records still in flight
+    when the ring comes round to their slot) answers as the Python core's dict after any admits
+    and settles: the same records in the same order, stragglers and growth included."""
+    assert _core.C is not None
+    cores = [
+        implementation.WindowCore(100_000, 5.0, lambda record: None)
+        for implementation in (_core.PYTHON, _core.C)
+    ]
+    message = Message(b"v", None, "t", None, None, None, None)
+    for op, count, where in steps:
+        for core in cores:
+            if op == "admit":
+                for _ in range(count):
+                    core.admit(message, 0, 0, None)
+            elif op == "churn":  # records in and straight out, past those that stay
+                for _ in range(count * 3):
+                    del core.pending[core.admit(message, 0, 0, None).seq]
+            else:
+                _settle(core.pending, op, count, where)
+        python, c = (core.pending for core in cores)
+        assert list(python) == list(c) == [record.seq for record in c.values()]
+        assert len(python) == len(c) and bool(python) == bool(c)
+        assert [(seq, r.seq) for seq, r in python.items()] == [(s, r.seq) for s, r in c.items()]
+        assert all(seq in c and c[seq].seq == c.get(seq).seq == seq for seq in python)
+
+
+@pytest.mark.skipif(_core.C is None, reason=f"producerkit._speedups: {SPEEDUPS}")
+def test_a_record_still_in_flight_rounds_later_keeps_its_place_in_the_c_ledger() -> None:
+    """Records that stay while thousands of others come and go (the ring comes round to their
+    slots, then grows) are still found, in admission order, and settle once."""
+    assert _core.C is not None
+    core = _core.C.WindowCore(100_000, 5.0, lambda record: None)
+    pending = core.pending
+    message = Message(b"v", None, "t", None, None, None, None)
+    stayed = []
+    for _ in range(3):
+        stayed.append(core.admit(message, 0, 0, None))
+        for _ in range(1_000):
+            del pending[core.admit(message, 0, 0, None).seq]
+    many = [core.admit(message, 0, 0, None) for _ in range(5_000)]
+    assert list(pending) == [record.seq for record in stayed + many]
+    assert pending[stayed[1].seq] is stayed[1] and stayed[0].seq in pending
+    assert pending.pop(stayed[1].seq) is stayed[1] and pending.pop(stayed[1].seq, None) is None
+    assert _core.C.pop_run(pending, [stayed[0], many[0], stayed[0]]) == (2, None)
+    assert list(pending.values()) == [stayed[2], *many[1:]]
+    with pytest.raises(TypeError, match="admission"):
+        pending[10**9] = stayed[2]
+
+
 async def test_an_acked_run_tells_on_delivery_alike_in_c_and_python(
     core: Core, caplog: pytest.LogCaptureFixture
 ) -> None:
