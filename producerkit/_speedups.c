@@ -37,16 +37,19 @@
 
 /* ------------------------------------------------------------------------------ settling */
 
-/* pending.pop(key, None) is not None, as 1/0 (-1 with an exception set). */
-static int dict_pop(PyObject *dict, PyObject *key) {
+/* dict.pop(key, None) for a dict whose values are never None: the value (a new reference), or
+ * NULL, with an exception set on error and without one if key was not there. */
+static PyObject *dict_take(PyObject *dict, PyObject *key) {
 #if PY_VERSION_HEX >= 0x030D0000
-    return PyDict_Pop(dict, key, NULL);
+    PyObject *value;
+    return PyDict_Pop(dict, key, &value) < 0 ? NULL : value;
 #else
     PyObject *value = _PyDict_Pop(dict, key, Py_None);
-    if (value == NULL) return -1;
-    int found = value != Py_None;
-    Py_DECREF(value);
-    return found;
+    if (value == Py_None) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    return value;
 #endif
 }
 
@@ -219,19 +222,7 @@ static PyObject *ledger_pop(Ledger *self, PyObject *key) {
             return record;
         }
     }
-    if (PyDict_GET_SIZE(self->overflow) == 0) return NULL;
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject *record;
-    if (PyDict_Pop(self->overflow, key, &record) < 0) return NULL;
-    return record;
-#else
-    PyObject *record = _PyDict_Pop(self->overflow, key, Py_None);
-    if (record == Py_None) {
-        Py_DECREF(record);
-        return NULL;
-    }
-    return record;
-#endif
+    return PyDict_GET_SIZE(self->overflow) == 0 ? NULL : dict_take(self->overflow, key);
 }
 
 /* ``key``'s record (borrowed), or NULL: with an exception set on error, without if absent. */
@@ -250,13 +241,23 @@ static PyObject *ledger_get(Ledger *self, PyObject *key) {
 /* pending.pop(key, None) is not None for the window's ledger (a Ledger, or the Python core's
  * dict): 1/0, -1 with an exception set. */
 static int ledger_discard(PyObject *pending, PyObject *key) {
-    if (Py_IS_TYPE(pending, &LedgerType)) {
-        PyObject *record = ledger_pop((Ledger *)pending, key);
-        if (record == NULL) return PyErr_Occurred() ? -1 : 0;
-        Py_DECREF(record);
-        return 1;
-    }
-    return dict_pop(pending, key);
+    PyObject *record = Py_IS_TYPE(pending, &LedgerType) ? ledger_pop((Ledger *)pending, key)
+                                                        : dict_take(pending, key);
+    if (record == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_DECREF(record);
+    return 1;
+}
+
+/* Append to ``listed`` what ``what`` asks of one entry: 0 its seq, 1 its record, 2 both as a
+ * pair. 0, or -1 with an exception set. */
+static int ledger_append(PyObject *listed, int what, PyObject *seq, PyObject *record) {
+    PyObject *item = what == 0 ? Py_NewRef(seq)
+                     : what == 1 ? Py_NewRef(record)
+                                 : PyTuple_Pack(2, seq, record);
+    if (item == NULL) return -1;
+    int appended = PyList_Append(listed, item);
+    Py_DECREF(item);
+    return appended;
 }
 
 /* What iteration yields, in admission order: 0 keys, 1 values, 2 (key, value) pairs. A new
@@ -267,15 +268,10 @@ static PyObject *ledger_list(Ledger *self, int what) {
     PyObject *key, *value;
     Py_ssize_t position = 0;
     while (PyDict_Next(self->overflow, &position, &key, &value)) {
-        PyObject *item = what == 0 ? Py_NewRef(key)
-                         : what == 1 ? Py_NewRef(value)
-                                     : PyTuple_Pack(2, key, value);
-        if (item == NULL || PyList_Append(listed, item) < 0) {
-            Py_XDECREF(item);
+        if (ledger_append(listed, what, key, value) < 0) {
             Py_DECREF(listed);
             return NULL;
         }
-        Py_DECREF(item);
     }
     long long slots = self->mask + 1;
     if (self->head < self->next - slots) self->head = self->next - slots;
@@ -287,16 +283,11 @@ static PyObject *ledger_list(Ledger *self, int what) {
             continue;
         }
         found = 1;
-        PyObject *record = self->records[slot], *seq_object = PyTuple_GET_ITEM(record, R_SEQ);
-        PyObject *item = what == 0 ? Py_NewRef(seq_object)
-                         : what == 1 ? Py_NewRef(record)
-                                     : PyTuple_Pack(2, seq_object, record);
-        if (item == NULL || PyList_Append(listed, item) < 0) {
-            Py_XDECREF(item);
+        PyObject *record = self->records[slot];
+        if (ledger_append(listed, what, PyTuple_GET_ITEM(record, R_SEQ), record) < 0) {
             Py_DECREF(listed);
             return NULL;
         }
-        Py_DECREF(item);
     }
     return listed;
 }
@@ -411,7 +402,8 @@ static PyTypeObject LedgerType = {
 
 PyDoc_STRVAR(pop_run_doc,
 "pop_run(pending, records) -> (count, waiting)\n\n"
-"Remove each record from pending (a dict by sequence number) and count those that were there;\n"
+"Remove each record from pending (the window's ledger by sequence number: a Ledger, or the\n"
+"Python core's dict) and count those that were there;\n"
 "waiting lists the positions, in records, of removed records with a future (None if none).\n"
 "InFlightWindow.acked_run's loop, for a whole Kafka batch at once.");
 
@@ -623,8 +615,9 @@ PyDoc_STRVAR(tell_run_doc,
 static PyObject *tell_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !(PyDict_Check(args[0]) || Py_IS_TYPE(args[0], &LedgerType)) ||
         !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "tell_run(pending: Ledger | dict, records: list, first_offset, "
-                                         "stored_at, make_delivery, on_delivery, report, answer)");
+        PyErr_SetString(PyExc_TypeError, "tell_run(pending: Ledger | dict, records: list, "
+                                         "first_offset, stored_at, make_delivery, on_delivery, "
+                                         "report, answer)");
         return NULL;
     }
     PyObject *pending = args[0], *records = args[1], *make = args[4], *tell = args[5];
