@@ -329,6 +329,18 @@ static void put_crc(unsigned char *base, Py_ssize_t size) {
              crc32c_impl(0, base + ATTRIBUTES_OFFSET, (size_t)(size - ATTRIBUTES_OFFSET)));
 }
 
+/* How many records ahead pass 2 asks for a value's first bytes: its copy starts with them in
+ * cache instead of waiting on each value's first lines in turn. */
+#define PREFETCH_AHEAD 4
+
+static inline void prefetch_bytes(PyObject *data) {
+    if (!PyBytes_CheckExact(data)) return;
+    const char *start = PyBytes_AS_STRING(data);
+    __builtin_prefetch(start);
+    __builtin_prefetch(start + 64);
+    __builtin_prefetch(start + 128);
+}
+
 /* Encode records[start:end] (as many as fit in max_bytes, at least one) after header_room
  * bytes left free: a new bytes object, or NULL with an exception set. */
 static PyObject *encode_records(PyObject *records, Py_ssize_t start, Py_ssize_t max_bytes,
@@ -365,6 +377,7 @@ static PyObject *encode_records(PyObject *records, Py_ssize_t start, Py_ssize_t 
     unsigned char *out = base + header_room;
     for (Py_ssize_t i = start; i < end; i++) {
         const RecordSlot *slot = &slots[i - start];
+        if (i + PREFETCH_AHEAD < end) prefetch_bytes(slots[i + PREFETCH_AHEAD - start].view.value);
         out = put_record(out, &slot->view, slot->body, slot->timestamp_delta, i - start);
     }
     PyMem_Free(slots);
