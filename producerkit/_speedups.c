@@ -400,12 +400,19 @@ static PyTypeObject LedgerType = {
     .tp_repr = (reprfunc)Ledger_repr,
 };
 
+/* A hint to load the cache line at p, to be written (a no-op where the compiler has none). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH_TO_WRITE(p) __builtin_prefetch((p), 1)
+#else
+#define PREFETCH_TO_WRITE(p) ((void)(p))
+#endif
+
 /* An acked run's records are dropped soon after it is settled (their list goes with the Kafka
  * batch), and each drop decrefs the record's value and key: objects admitted long before, out
  * of cache, each a miss in turn. Settling asks for their headers first, a run at a time. */
 static inline void prefetch_release(PyObject *record) {
-    __builtin_prefetch(PyTuple_GET_ITEM(record, R_VALUE), 1);
-    __builtin_prefetch(PyTuple_GET_ITEM(record, R_KEY), 1);
+    PREFETCH_TO_WRITE(PyTuple_GET_ITEM(record, R_VALUE));
+    PREFETCH_TO_WRITE(PyTuple_GET_ITEM(record, R_KEY));
 }
 
 PyDoc_STRVAR(pop_run_doc,

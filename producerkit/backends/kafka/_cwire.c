@@ -329,6 +329,13 @@ static void put_crc(unsigned char *base, Py_ssize_t size) {
              crc32c_impl(0, base + ATTRIBUTES_OFFSET, (size_t)(size - ATTRIBUTES_OFFSET)));
 }
 
+/* A hint to load the cache line at p for reading (a no-op where the compiler has none). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((p))
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 /* How many records ahead pass 2 asks for a value's first bytes: its copy starts with them in
  * cache instead of waiting on each value's first lines in turn. */
 #define PREFETCH_AHEAD 4
@@ -336,9 +343,9 @@ static void put_crc(unsigned char *base, Py_ssize_t size) {
 static inline void prefetch_bytes(PyObject *data) {
     if (!PyBytes_CheckExact(data)) return;
     const char *start = PyBytes_AS_STRING(data);
-    __builtin_prefetch(start);
-    __builtin_prefetch(start + 64);
-    __builtin_prefetch(start + 128);
+    PREFETCH(start);
+    PREFETCH(start + 64);
+    PREFETCH(start + 128);
 }
 
 /* Encode records[start:end] (as many as fit in max_bytes, at least one) after header_room
