@@ -7,8 +7,9 @@ On Tansu with null storage (``--kafka-broker tansu``, the default), on one Apach
 (``apache``: its JVM with the flags of Kafka's own start script, warmed up for ``--warmup``
 seconds first, see ``benches/_brokers.py``), or on both, rounds interleaved (each runner on one
 broker, then on the other), the same 512-byte keyed messages as ``benches/throughput.py``:
-producerkit's ``produce()`` at its defaults and with the bench's throughput settings,
-``produce_batch`` (chunks of 10,000) with them, confluent-kafka at librdkafka's defaults, and
+producerkit's ``produce()`` at its defaults, with ``preset="throughput"`` alone and with the
+bench's throughput settings (``throughput.KAFKA_SETTINGS``), ``produce_batch`` (chunks of
+10,000) with the latter, confluent-kafka at librdkafka's defaults, and
 the Java producer at its defaults and with its throughput settings (``throughput.JAVA_ROWS``:
 kafka-clients in a JVM of its own, ``benches/_java.py``; skipped, saying why, without a JDK or
 with ``--no-java``), each on a new 4-partition topic. For each run: the rate, the CPU this
@@ -115,6 +116,9 @@ def main() -> int:
             producerkit_run(url, topic, messages)
         ),
         'producerkit produce(), preset="throughput"': lambda url, topic: asyncio.run(
+            producerkit_run(url, topic, messages, preset="throughput")
+        ),
+        "producerkit produce(), throughput settings": lambda url, topic: asyncio.run(
             producerkit_run(url, topic, messages, **KAFKA_SETTINGS)
         ),
         "producerkit produce_batch": lambda url, topic: asyncio.run(
