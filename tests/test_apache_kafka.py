@@ -5,6 +5,7 @@ restarted, a leader moved, and the errors for a node that cannot start and a mis
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import uuid
@@ -48,6 +49,42 @@ def test_a_producerkit_round_trip(apache_kafka: ApacheKafka) -> None:
     assert before - 1000 <= first["timestamp"] <= int(time.time() * 1000) + 1000
     # Without ``expected``: up to each partition's end.
     assert apache_kafka.read(topic, isolation="read_uncommitted") == records
+
+
+def test_a_batch_larger_than_the_topic_takes_fails_naming_max_batch_size(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """A topic whose max.message.bytes is below the batches producerkit builds refuses them:
+    each message of a refused batch fails with MessageTooLarge (on producerkit's own path
+    naming the limit and max_batch_size, and not stored); the rest are acked and read back.
+    Below the limit, every message is stored."""
+    topic = fresh("small-batches")
+    apache_kafka.create_topic(topic, config={"max.message.bytes": 20_000})
+    values = [b"%04d" % i + b"x" * 508 for i in range(200)]
+    with pk.SyncProducer(apache_kafka.url, topic=topic, timeout=20) as producer:
+        producer.produce_batch(values)
+        with pytest.raises(pk.ProduceError) as raised:
+            producer.flush()
+        failures = raised.value.failures
+        stats = producer.stats
+    assert failures and stats.acked + stats.failed == 200
+    assert all(isinstance(failure.exception, pk.MessageTooLarge) for failure in failures)
+    if os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() != "public":
+        # aiokafka, which sends the batches on the public path, says neither
+        assert not any(failure.possibly_stored for failure in failures)
+        text = str(failures[0].exception)
+        assert "max.message.bytes" in text and "max_batch_size (now 524,288 bytes)" in text
+    stored = [record["value"] for record in apache_kafka.read(topic)]
+    assert sorted(stored + [failure.value for failure in failures]) == values
+
+    fitting = fresh("fitting-batches")
+    apache_kafka.create_topic(fitting, config={"max.message.bytes": 20_000})
+    with pk.SyncProducer(
+        apache_kafka.url, topic=fitting, timeout=20, max_batch_size=16_384
+    ) as producer:
+        producer.produce_batch(values)
+        producer.flush()
+    assert sorted(record["value"] for record in apache_kafka.read(fitting, expected=200)) == values
 
 
 def test_read_committed_hides_an_aborted_transaction(apache_kafka: ApacheKafka) -> None:

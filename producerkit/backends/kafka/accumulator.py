@@ -189,6 +189,11 @@ class Accumulator:
         self._compressed_encoder = encode if isinstance(encode, CompressedEncoder) else None
         self.batch_ready: Callable[[], object] = lambda: None
 
+    @property
+    def max_batch_size(self) -> int:
+        """The most bytes of records an uncompressed batch holds (``max_batch_size``)."""
+        return self._max_batch_size
+
     def queue_of(self, record: Record) -> PartitionQueue:
         partitions = self.queues.get(record.topic)
         if partitions is None:

@@ -70,6 +70,10 @@ _DUPLICATE_SEQUENCE: Final = 46
 _INVALID_PRODUCER_EPOCH: Final = 47
 _UNKNOWN_PRODUCER_ID: Final = 59
 _PRODUCER_FENCED: Final = 90
+#: Produce error codes for a batch larger than the topic (``max.message.bytes``) or the log
+#: segment (``segment.bytes``) takes.
+_MESSAGE_TOO_LARGE: Final = 10
+_RECORD_LIST_TOO_LARGE: Final = 18
 #: A transaction's Produce, refused while the coordinator still ends the previous transaction
 #: (transactions v2: the broker adds the partition itself, and waits only briefly): retried.
 _CONCURRENT_TRANSACTIONS: Final = 51
@@ -389,12 +393,37 @@ class Sender:
             self._retry_or_fail(batch, DeliveryError(f"the broker did not answer for {queue.key}"))
         elif batch.sequence is not None and code in _SEQUENCE_CODES:
             self._settle_sequence_error(batch, code)
+        elif code in (_MESSAGE_TOO_LARGE, _RECORD_LIST_TOO_LARGE):
+            self._retry_or_fail(batch, self._too_large(batch, code))
         else:
             broker_error = kafka_errors.for_code(code)()
             if broker_error.invalid_metadata:
                 self._client.force_metadata_update()
             busy = code == _CONCURRENT_TRANSACTIONS and self.transactional
             self._retry_or_fail(batch, broker_error, retriable=True if busy else None)
+
+    def _too_large(self, batch: Batch, code: int) -> kafka_errors.KafkaError:
+        """The broker's refusal of ``batch`` as too large, saying which limit refused it and,
+        for a batch of several messages, which setting keeps batches under it."""
+        count = len(batch.records)
+        data = batch.data
+        size = f", {len(data):,} bytes" if isinstance(data, bytes | bytearray) else ""
+        limit = (
+            "the topic's max.message.bytes (or the broker's message.max.bytes)"
+            if code == _MESSAGE_TOO_LARGE
+            else "the topic's log segment (segment.bytes)"
+        )
+        text = (
+            f"the broker refused a batch of {count} message{'s' if count > 1 else ''}{size} for "
+            f"{batch.queue.key} as larger than {limit}"
+        )
+        if count > 1:
+            text += (
+                f": set max_batch_size (now {self._accumulator.max_batch_size:,} bytes) below "
+                "that limit; producerkit does not split a refused batch"
+            )
+        error: kafka_errors.KafkaError = kafka_errors.for_code(code)(text)
+        return error
 
     def _settle_sequence_error(self, batch: Batch, code: int) -> None:
         """The broker's answer about the idempotent producer's numbering (see the module
