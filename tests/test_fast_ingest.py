@@ -664,3 +664,81 @@ async def test_kill_and_restart_keep_every_message_accounted(
     assert {b"before-%d" % n for n in range(500)} <= set(in_stream)
     nothing_unstored_is_there(ledger, in_stream)
     offsets_hold(ledger, in_stream)
+
+
+class _Host:
+    """A lane's connection, recording what the lane asks of it (no server)."""
+
+    timeout = 5.0
+
+    def __init__(self) -> None:
+        self.reports = _Reports()
+        self.chunks: dict[bytes, fast_ingest.Chunk] = {}
+        self.runs: list[tuple[int, int, int]] = []  # (first number, records, last op)
+        self.controls: list[str] = []
+        self.electing: list[int] = []
+        self.singles: list[int] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write_run(self, records: list[Any], prefix: bytes, first: int, last_op: int) -> None:
+        self.runs.append((first, len(records), last_op))
+
+    def write_control(self, subject: str, reply: str) -> None:
+        self.controls.append(reply)
+
+    def send_one(self, record: Any) -> None:
+        self.singles.append(record.seq)
+
+    def wait_out_election(self, record: Any) -> bool:
+        self.electing.append(record.seq)
+        return True
+
+    def fast_reply_prefix(self) -> str:
+        return "_FI."
+
+    def subject(self, record: Any) -> str:
+        return str(record.topic)
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.pending: dict[int, Any] = {}
+        self.failures: list[tuple[int, bool]] = []
+
+    def failed(self, record: Any, error: BaseException, possibly_stored: bool = True) -> None:
+        self.pending.pop(record.seq, None)
+        self.failures.append((record.seq, possibly_stored))
+
+
+async def test_a_503_to_a_ping_of_a_one_message_chunk_is_no_election_answer() -> None:
+    """A chunk whose first message went unanswered (its leader died holding it, which may have
+    stored it) is pinged with number 1. No leader hearing the ping (503) says nothing of that
+    message: the chunk is pinged again, its record is not taken as unstored and sent on the
+    per-message path, as a 503 to the message itself would be."""
+    from producerkit._record import Record
+
+    host = _Host()
+    lane = fast_ingest.Lane(host, "S", anchor=None)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 60
+    records = [
+        Record(seq, b"v", None, "orders", None, None, None, deadline, 0, None, None)
+        for seq in range(1, fast_ingest.MIN_CHUNK + 1)
+    ]
+    for record in records:
+        host.reports.pending[record.seq] = record
+        lane.queue.append(record)
+    lane.drain()
+    chunk = lane.chunk
+    assert chunk is not None and host.runs == [(1, 1, fast_ingest.APPEND)]
+    assert chunk.written == 1  # the lane's first chunk waits for its first reply
+
+    lane.on_reply(chunk, 1, fast_ingest.PING, b"", {"Status": "503"})
+    assert host.electing == []  # before: its record waited out an "election" ...
+    assert chunk.key in lane.unsettled  # ... and the chunk was dropped as if nothing was stored
+    assert host.reports.failures == [] and host.singles == []
+
+    lane.on_reply(chunk, 1, fast_ingest.START, b"", {"Status": "503"})
+    assert host.electing == [1]  # the message's own 503: nothing of the chunk was stored
+    assert chunk.key not in lane.unsettled

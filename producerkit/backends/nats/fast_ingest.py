@@ -463,7 +463,9 @@ class Lane:
             self.drain()
             return
         no_responders = not data and (headers or {}).get("Status") == "503"
-        if number == 1 and no_responders and self._election(chunk):
+        # Only the first message's own 503 says nothing of the chunk was stored: a ping of a
+        # chunk of one message has number 1 too, and its 503 says only that no leader heard it.
+        if number == 1 and op == START and no_responders and self._election(chunk):
             self.drain()
             return
         if no_responders and op in (PING, COMMIT_EOB):
