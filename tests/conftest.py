@@ -52,11 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benches"))
 
 from chaos.judges.kafka_recorder import RecordingKafkaCluster
 
+#: This run is on the clients' public API path (``PRODUCERKIT_CLIENT_PATH=public``, a run of
+#: CI), where the clients send what producerkit's own path writes itself.
+ON_THE_PUBLIC_PATH = os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public"
+
 #: Kafka transactions (atomic batches, exactly-once) are producerkit's own Produce requests: on
-#: the public path (``PRODUCERKIT_CLIENT_PATH=public``, a run of CI) they are refused, typed
-#: (tests/test_transactions.py checks the refusal on every run).
+#: the public path they are refused, typed (tests/test_transactions.py checks the refusal on
+#: every run).
 TRANSACTIONS_ON_THE_FAST_PATH = pytest.mark.skipif(
-    os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public",
+    ON_THE_PUBLIC_PATH,
     reason="Kafka transactions need producerkit's own Produce requests (the public path "
     "refuses them with AtomicBatchError kind='unsupported')",
 )

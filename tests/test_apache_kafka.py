@@ -5,13 +5,13 @@ restarted, a leader moved, and the errors for a node that cannot start and a mis
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ON_THE_PUBLIC_PATH
 
 import producerkit as pk
 from producerkit.errors import BrokerUnavailable, ConfigurationError, MissingDependencyError
@@ -69,7 +69,7 @@ def test_a_batch_larger_than_the_topic_takes_fails_naming_max_batch_size(
         stats = producer.stats
     assert failures and stats.acked + stats.failed == 200
     assert all(isinstance(failure.exception, pk.MessageTooLarge) for failure in failures)
-    if os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() != "public":
+    if not ON_THE_PUBLIC_PATH:
         # aiokafka, which sends the batches on the public path, says neither
         assert not any(failure.possibly_stored for failure in failures)
         text = str(failures[0].exception)

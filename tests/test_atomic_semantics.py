@@ -13,21 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import TRANSACTIONS_ON_THE_FAST_PATH, BackendCase
+from conftest import ON_THE_PUBLIC_PATH, TRANSACTIONS_ON_THE_FAST_PATH, BackendCase
 
 import producerkit as pk
 
 pytestmark = pytest.mark.anyio
-
-#: Kafka's atomic batches are refused, typed, on aiokafka's public API (test_transactions.py).
-_ON_THE_PUBLIC_PATH = TRANSACTIONS_ON_THE_FAST_PATH.args[0]
 
 
 def _atomic(backend: BackendCase) -> BackendCase:
     """``backend`` able to take atomic batches, or the test skipped where it declares none."""
     if backend.spec.atomic_writes is None:
         pytest.skip(f"{backend.name}:// declares no atomic writes")
-    if backend.kafka and _ON_THE_PUBLIC_PATH:
+    if backend.kafka and ON_THE_PUBLIC_PATH:  # refused, typed (test_transactions.py)
         pytest.skip(TRANSACTIONS_ON_THE_FAST_PATH.kwargs["reason"])
     if "allow_atomic" in backend.spec.options:  # a stream that allows them (JetStream)
         return backend.with_options(allow_atomic=True)

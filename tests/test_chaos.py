@@ -33,7 +33,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -50,6 +49,7 @@ from chaos.judges.kafka_wire import ServedBatch, record_batches
 from chaos.judges.stored import Stored
 from chaos.readback import fetch_request, fetch_response
 from chaos.workload import ACKED, Ledger
+from conftest import ON_THE_PUBLIC_PATH
 
 import producerkit as pk
 from producerkit.errors import ConfigurationError
@@ -172,8 +172,7 @@ def test_chaos_on_the_jetstream_cluster_loses_nothing_and_stores_no_id_twice(
     cluster = report["cluster"]
     assert cluster["replication"] == 3, cluster
     # Fast batches are written on producerkit's own path only (the public path: one PubAck each).
-    public = os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public"
-    assert (cluster["fast_ingest_acked"] > 0) is not public, cluster
+    assert (cluster["fast_ingest_acked"] > 0) is not ON_THE_PUBLIC_PATH, cluster
     if "kill" in modes:  # the leader's server, by the seed's role
         assert cluster["faults_done"]["kill_leader"] == 1, cluster
         death = report["result"]["leader_death_to_next_ack_s"]

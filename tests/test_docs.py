@@ -65,6 +65,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import ON_THE_PUBLIC_PATH
 
 from producerkit.backends import memory as memory_backend
 
@@ -130,9 +131,6 @@ def test_strict_build_catches(tmp_path: Path) -> None:
 
 
 RUN_AS_PASTED = {ROOT / "README.md", ROOT / "docs" / "quickstart.md"}
-#: Kafka transactions need producerkit's own Produce requests: on the clients' public API path
-#: (a run of CI) a block that opens one is not run.
-_ON_THE_PUBLIC_PATH = os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public"
 SHELL_RUNS = ("bash", "bash interrupt")
 
 
@@ -173,11 +171,12 @@ def test_blocks_run(
             continue
         if "pyspark" in code and not _spark_available():
             continue
-        if _ON_THE_PUBLIC_PATH and (
+        if ON_THE_PUBLIC_PATH and (
             ("atomic_batch(" in code and "kafka" in code) or _uses(code, refused_names)
         ):
-            # refused there, typed (tests/test_transactions.py checks the refusal); so is a
-            # later block that calls what such a block defined
+            # Kafka transactions need producerkit's own Produce requests: refused there,
+            # typed (tests/test_transactions.py checks the refusal); so is a later block that
+            # calls what such a block defined
             refused_names |= _defines(code)
             continue
         for placeholder, url in urls.items():

@@ -9,7 +9,6 @@ with ``possibly_stored`` False only for what the stream does not hold.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from conftest import read_jetstream
+from conftest import ON_THE_PUBLIC_PATH, read_jetstream
 
 import producerkit as pk
 from producerkit._spool import read_spool
@@ -32,7 +31,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.brokers,
     pytest.mark.skipif(
-        os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public",
+        ON_THE_PUBLIC_PATH,
         reason="fast batches are written on producerkit's own path; nats-py's public API "
         "publishes one PubAck each (today's path, tested by the other JetStream tests)",
     ),

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ON_THE_PUBLIC_PATH
 
 import producerkit as pk
 from producerkit.bench.report import final_lines
@@ -21,7 +21,7 @@ from producerkit.testing.pytest_plugin import NatsSessionBroker
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(
-        os.environ.get("PRODUCERKIT_CLIENT_PATH", "").strip().lower() == "public",
+        ON_THE_PUBLIC_PATH,
         reason="fast batches are written on producerkit's own path only",
     ),
 ]
