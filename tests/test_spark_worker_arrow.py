@@ -1,6 +1,7 @@
 """The Spark sink's worker without Spark: Arrow chunks reach produce_batch as Arrow arrays (no
 Python object per row in the worker) and publish the same as the row path; a null value still
-fails its own row only; a reused Spark worker freezes what it holds once it has a producer."""
+fails its own row only; a reused Spark worker freezes what it holds once it has a producer,
+and again at its 2nd, 4th, 8th, ... task."""
 
 from __future__ import annotations
 
@@ -153,4 +154,68 @@ def test_a_reused_spark_worker_freezes_what_it_holds(monkeypatch: pytest.MonkeyP
         _worker.close_all()
         assert gc.get_freeze_count() == 0
     finally:
+        gc.unfreeze()
+
+
+def test_a_reused_spark_worker_freezes_again_at_its_2nd_4th_8th_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a worker takes in after its producer is built (PySpark's pandas, pyarrow.compute)
+    is frozen too: collected and frozen once more at the 2nd, 4th, 8th, ... task."""
+
+    def frozen(held: list[list[int]]) -> list[int]:
+        collected = {id(item) for item in gc.get_objects()}  # every generation but frozen
+        return [item[0] for item in held if id(item) not in collected]
+
+    gc.unfreeze()
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    config = _worker.SinkConfig(url="null://", topic="t")
+    held: list[list[int]] = []  # one object per task taken in before it (a list is tracked)
+    seen: dict[int, list[int]] = {}
+    try:
+        for task in range(1, 10):
+            held.append([task])
+            _worker.publish_task(config, [{"value": [b"a"]}])
+            seen[task] = frozen(held)
+    finally:
+        _worker.close_all()
+        gc.unfreeze()
+    assert seen == {
+        1: [1],  # the producer is built: the first freeze
+        2: [1, 2],
+        3: [1, 2],
+        4: [1, 2, 3, 4],
+        5: [1, 2, 3, 4],
+        6: [1, 2, 3, 4],
+        7: [1, 2, 3, 4],
+        8: [1, 2, 3, 4, 5, 6, 7, 8],
+        9: [1, 2, 3, 4, 5, 6, 7, 8],
+    }
+    assert gc.get_freeze_count() == 0  # the producer closed: all of it unfrozen
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_format_producerkit_freezes_the_driver_workers_that_plan_its_writes(
+    monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    """Spark asks a reused Python worker on the driver for the writer (twice per micro-batch),
+    and PySpark's daemon collects garbage after each ask: the first ask freezes what it holds,
+    and nothing outside a reused worker."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from producerkit.spark import ProducerkitDataSource
+
+    schema = StructType([StructField("value", BinaryType())])
+    source = ProducerkitDataSource({"url": "null://", "topic": "t"})
+    ask = source.streamWriter if streaming else source.writer
+    gc.unfreeze()
+    try:
+        ask(schema, False)
+        assert gc.get_freeze_count() == 0
+        monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+        ask(schema, False)
+        assert gc.get_freeze_count() > 0
+    finally:
+        _worker._unfreeze()
         gc.unfreeze()

@@ -46,6 +46,7 @@ from producerkit.spark._worker import (
     SinkConfig,
     chunks_from_arrow,
     chunks_from_rows,
+    freeze_long_lived,
     publish_task,
 )
 
@@ -102,6 +103,7 @@ class ProducerkitDataSource(DataSource):
         return "producerkit"
 
     def writer(self, schema: StructType, overwrite: bool) -> ProducerkitWriter:
+        freeze_long_lived()
         config = self._config(schema, overwrite)
         if config.sink.exactly_once:
             config = replace(config, job=exactly.new_job())
@@ -110,6 +112,7 @@ class ProducerkitDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> ProducerkitStreamWriter:
         """Spark asks for one on the driver before each micro-batch (and again to commit it):
         with ``exactly_once``, what the commit log holds as an intent is committed first."""
+        freeze_long_lived()
         config = self._config(schema, overwrite)
         if config.sink.exactly_once:
             log = exactly.CommitLog(exactly.log_directory(self.options, config.log))

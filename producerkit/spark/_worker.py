@@ -196,8 +196,11 @@ class _Entry:
 _cache: dict[str, _Entry] = {}
 _cache_lock = threading.Lock()
 _reaper_pid: int | None = None
-#: The process in which :func:`_freeze_long_lived` froze objects (None: none).
+#: The process in which :func:`freeze_long_lived` froze objects (None: none).
 _frozen_in: int | None = None
+#: Calls of :func:`freeze_long_lived` in ``_frozen_in`` since its first freeze, that one's
+#: included.
+_calls_since_freeze = 0
 _atexit_registered = False
 
 
@@ -216,34 +219,40 @@ def _lease(config: SinkConfig) -> _Entry:
                 raise
             entry = _cache[key] = _Entry(producer)
             _start_housekeeping(config.idle_timeout)
-            _freeze_long_lived()
+        freeze_long_lived()
     entry.lock.acquire()
     return entry
 
 
-def _freeze_long_lived() -> None:
-    """In a reused Spark Python worker, exempt what it holds now from the garbage collector.
+def freeze_long_lived() -> None:
+    """In a reused Spark Python worker, exempt what it holds now from the garbage collector (a
+    collection, then ``gc.freeze``): at the first call in the process, then at the 2nd, 4th,
+    8th, ... Called by each task as it leases a producer, and by ``format("producerkit")`` each
+    time Spark asks the driver's Python workers for its writer (twice per micro-batch).
 
     PySpark's daemon runs a full ``gc.collect()`` in a reused worker after every task, and a
-    full collection visits every object the worker holds: pyspark's, pyarrow's, the cached
-    producer's. That cost about 35 ms of CPU per task on the 2-core development machine (0.35
-    µs per row of 100,000-row tasks: more than Spark's reading of the rows). Once a worker has
-    built a producer, the objects it holds are long-lived: after one collection they are frozen
-    (``gc.freeze``), so the later per-task collections visit only what later tasks allocate.
-    Frozen objects are still freed when nothing refers to them; only the cycle collector skips
-    them, and :func:`_close_quietly` unfreezes them when a cached producer closes so that the
-    closed producer's cycles can be collected. Nothing is done outside a reused worker
+    full collection visits everything the worker holds: pyspark's, pandas', pyarrow's and the
+    producer's objects (docs/performance.md has what that cost). Frozen, they are left out of
+    the later collections, which visit only what later tasks allocate; the freezes after the
+    first take in what the worker imports or keeps later. A frozen object is still freed when
+    nothing refers to it; one that becomes garbage in a cycle is kept until
+    :func:`_close_quietly` unfreezes all as a cached producer closes: a bounded amount, a freeze
+    coming at each doubling of the calls. Nothing is done outside a reused worker
     (``SPARK_REUSE_WORKER``, set by Spark for its daemon's workers).
     """
-    global _frozen_in
-    if os.environ.get("SPARK_REUSE_WORKER"):
+    global _frozen_in, _calls_since_freeze
+    if not os.environ.get("SPARK_REUSE_WORKER"):
+        return
+    if _frozen_in != os.getpid():
+        _frozen_in, _calls_since_freeze = os.getpid(), 0
+    _calls_since_freeze += 1
+    if _calls_since_freeze & (_calls_since_freeze - 1) == 0:  # 1, 2, 4, 8, ...
         gc.collect()
         gc.freeze()
-        _frozen_in = os.getpid()
 
 
 def _unfreeze() -> None:
-    """Undo :func:`_freeze_long_lived` in this process (nothing if it froze nothing here)."""
+    """Undo :func:`freeze_long_lived` in this process (nothing if it froze nothing here)."""
     global _frozen_in
     if _frozen_in == os.getpid():
         _frozen_in = None
@@ -313,7 +322,7 @@ def _close_quietly(producer: SyncProducer, timeout: float | None = None) -> None
     except Exception:
         logger.debug("error closing a cached producer", exc_info=True)
     finally:
-        _unfreeze()  # the closed producer's cycles may be collected (_freeze_long_lived)
+        _unfreeze()  # the closed producer's cycles may be collected (freeze_long_lived)
 
 
 # ---------------------------------------------------------------------- publishing one task
