@@ -414,14 +414,16 @@ def _stream_once(
 
 def main() -> None:
     settings: dict[str, Any] = json.loads(sys.argv[1])
-    spark = (
+    builder = (
         SparkSession.builder.master(settings["master"])
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", settings["driver_memory"])
         .config("spark.jars", ",".join(settings["jars"]))
         .config("spark.sql.shuffle.partitions", str(settings["partitions"]))
-        .getOrCreate()
     )
+    for name, value in settings["spark_conf"].items():
+        builder = builder.config(name, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     kafka = Kafka(settings["bootstrap"])
     if settings["batch"]:

@@ -350,10 +350,12 @@ def _compare_sinks(args: argparse.Namespace) -> int:
             "stream_rate": args.stream_rate,
             "stream_seconds": args.stream_seconds,
             "stream_repeat": args.stream_repeat,
+            "spark_conf": dict(one.split("=", 1) for one in args.spark_conf or ()),
         }
         print(
             f"{args.rows:,} rows of {settings['size']} B, {settings['master']}, "
-            f"{broker.name} broker, Spark's Kafka sink {release}, load {load['start']}",
+            f"{broker.name} broker, Spark's Kafka sink {release}, load {load['start']}"
+            + "".join(f", {name}={value}" for name, value in settings["spark_conf"].items()),
             flush=True,
         )
         lines = _run_lines(
@@ -368,6 +370,7 @@ def _compare_sinks(args: argparse.Namespace) -> int:
         master=settings["master"],
         broker=broker.name,
         spark_kafka=release,
+        spark_conf=settings["spark_conf"],
         load=load,
         verified=[line for kind, line in lines if kind == "VERIFY"],
         streaming=[line for kind, line in lines if kind == "STREAM"],
@@ -547,6 +550,13 @@ def main(argv: list[str] | None = None) -> int:
         "--stream-seconds", type=float, default=0, help="each streaming query's run (0: none)"
     )
     sinks.add_argument("--stream-repeat", type=int, default=2, help="streaming rounds")
+    sinks.add_argument(
+        "--spark-conf",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a setting of the Spark session every sink runs in (repeat the flag for more), "
+        "e.g. spark.python.unix.domain.socket.enabled=true",
+    )
     _brokers.add_broker_flags(parser, nats=False)
     _brokers.add_kafka_broker_choice(parser, warmup=60.0)
     parser.set_defaults(kafka_broker=None)
