@@ -89,9 +89,12 @@ os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executa
 import psutil
 from pyspark.sql import SparkSession, functions as F
 from producerkit.spark import partition_writer, publish
-master, url, rows, size, partitions, repeat, limit, extra_peers = sys.argv[1:9]
-spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
-         .config("spark.driver.memory", "1g").getOrCreate())
+master, url, rows, size, partitions, repeat, limit, extra_peers, conf = sys.argv[1:10]
+builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+           .config("spark.driver.memory", "1g"))
+for name, value in json.loads(conf).items():
+    builder = builder.config(name, value)
+spark = builder.getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 df = spark.range(int(rows), numPartitions=int(partitions)).select(
     F.lpad(F.col("id").cast("string"), 8, "0").alias("key"),
@@ -260,6 +263,7 @@ def _spark(master: str, url: str, args: argparse.Namespace) -> dict[str, dict[st
             str(args.repeat),
             str(args.limit),
             "1" if master == "local[1]" else "0",
+            json.dumps(_spark_conf(args)),
         ],
         capture_output=True,
         text=True,
@@ -316,6 +320,11 @@ def spark_kafka_jars(version: str) -> tuple[str, list[Path]]:
     raise SystemExit("Spark's Kafka sink: no version resolved")
 
 
+def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
+    """``--spark-conf``'s settings: name -> value."""
+    return dict(one.split("=", 1) for one in args.spark_conf or ())
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -350,7 +359,7 @@ def _compare_sinks(args: argparse.Namespace) -> int:
             "stream_rate": args.stream_rate,
             "stream_seconds": args.stream_seconds,
             "stream_repeat": args.stream_repeat,
-            "spark_conf": dict(one.split("=", 1) for one in args.spark_conf or ()),
+            "spark_conf": _spark_conf(args),
         }
         print(
             f"{args.rows:,} rows of {settings['size']} B, {settings['master']}, "
@@ -528,6 +537,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Spark masters to run, comma-separated (--compare sinks: one, local[2] by default)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a setting of every Spark session the run starts (repeat the flag for more), "
+        "e.g. spark.python.unix.domain.socket.enabled=true",
+    )
     sinks = parser.add_argument_group("--compare sinks")
     sinks.add_argument(
         "--kafka-tuned",
@@ -550,13 +566,6 @@ def main(argv: list[str] | None = None) -> int:
         "--stream-seconds", type=float, default=0, help="each streaming query's run (0: none)"
     )
     sinks.add_argument("--stream-repeat", type=int, default=2, help="streaming rounds")
-    sinks.add_argument(
-        "--spark-conf",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a setting of the Spark session every sink runs in (repeat the flag for more), "
-        "e.g. spark.python.unix.domain.socket.enabled=true",
-    )
     _brokers.add_broker_flags(parser, nats=False)
     _brokers.add_kafka_broker_choice(parser, warmup=60.0)
     parser.set_defaults(kafka_broker=None)
@@ -599,13 +608,17 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "value_bytes": args.size,
         "cpus": os.cpu_count(),
+        "spark_conf": _spark_conf(args),
         "runs": table,
     }
     if "local[1] publish()" in rate:
         figures["local1_per_core_over_single"] = rate["local[1] publish()"] / rate["single process"]
         if "local[2] publish()" in rate:
             figures["local2_over_local1"] = rate["local[2] publish()"] / rate["local[1] publish()"]
-    print(f"{args.rows:,} rows of {args.size} B to Tansu (null storage), {os.cpu_count()} CPUs")
+    print(
+        f"{args.rows:,} rows of {args.size} B to Tansu (null storage), {os.cpu_count()} CPUs"
+        + "".join(f", {name}={value}" for name, value in _spark_conf(args).items())
+    )
     print(
         f"  {'run':<36} {'rows/s':>10} {'Python CPU us/row':>18} {'x single':>9} {'JVM us/row':>11}"
     )

@@ -54,6 +54,7 @@ TINY: dict[str, dict[str, list[str]]] = {
         "": [
             *["--rows", "200", "--repeat", "1", "--masters", "local[1]", "--partitions", "1"],
             *["--topic-partitions", "2", "--limit", "100", *KAFKA],
+            *["--spark-conf", "spark.sql.shuffle.partitions=2"],
         ],
         # Spark's own Kafka sink (its jars from Maven the first time) beside producerkit's
         "sinks": [
